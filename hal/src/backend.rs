@@ -1,0 +1,207 @@
+//! The traits a backend implements. Code above the HAL never calls these directly: it
+//! uses the validated handles ([`crate::Device`], [`crate::Stream`], [`crate::Event`]),
+//! which check every argument and then call in here. A backend may therefore assume
+//! what each method's docs list under "Guaranteed by the HAL".
+//!
+//! All traits are object safe; the HAL holds implementations as `Arc<dyn …>` /
+//! `Box<dyn …>`, so a backend loaded at run time (a vendor plugin) fits exactly like
+//! a built-in one.
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::dtype::{BinaryOp, DType, Scalar};
+use crate::error::Result;
+use crate::event::Event;
+use crate::info::{DeviceInfo, MemoryInfo};
+use crate::kernel::{KernelDesc, KernelImpl, LaunchDims, RawKernelArg};
+use crate::memory::{HostSlice, RawAllocation, RawSlice};
+
+/// Cheap facts about one device, from [`Backend::enumerate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSummary {
+    /// The device's index within its backend.
+    pub index: u32,
+    /// Its name.
+    pub name: String,
+}
+
+/// A family of devices (host, Vulkan, CUDA, one vendor plugin …).
+///
+/// Thread-safe. `enumerate` must be cheap and must not create devices; a backend that is
+/// not present on this machine returns [`crate::Error::Unavailable`] from it and is then
+/// simply listed with no devices.
+pub trait Backend: Send + Sync {
+    /// The registered name, used in device ids (`host`, `vulkan`, `plugin.simnpu`).
+    fn name(&self) -> &str;
+
+    /// The devices present, or `Unavailable` with the reason.
+    fn enumerate(&self) -> Result<Vec<DeviceSummary>>;
+
+    /// Creates device `index`. Called at most once per index per registry.
+    ///
+    /// Guaranteed by the HAL: `index` was listed by `enumerate`.
+    fn create_device(&self, index: u32) -> Result<Arc<dyn DeviceImpl>>;
+}
+
+/// One device. Thread-safe; owned by the HAL's [`crate::Device`] handle.
+pub trait DeviceImpl: Send + Sync {
+    /// Static properties, read once when the device is created.
+    fn info(&self) -> DeviceInfo;
+
+    /// Current memory use.
+    fn memory_info(&self) -> Result<MemoryInfo>;
+
+    /// Allocates `size` bytes. Dropping the last `Arc` releases them.
+    ///
+    /// Guaranteed by the HAL: `1 <= size <= capabilities.max_allocation`.
+    fn allocate(&self, size: u64) -> Result<Arc<dyn RawAllocation>>;
+
+    /// Creates a stream.
+    fn create_stream(&self) -> Result<Box<dyn StreamImpl>>;
+
+    /// Loads a kernel.
+    ///
+    /// Guaranteed by the HAL: the source's format is in `capabilities.kernel_formats`.
+    fn load_kernel(&self, desc: &KernelDesc) -> Result<Arc<dyn KernelImpl>>;
+
+    /// The device as `Any`, for code that knows the backend (benchmarks, tests).
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A builtin operation, validated. Element counts are the slice lengths divided by the
+/// dtype size.
+///
+/// Guaranteed by the HAL for every variant: every slice is on this stream's device, in
+/// bounds, non-empty, aligned to and a whole number of its dtype's elements; the dtypes
+/// are supported by the device; element counts agree; two slices of one operation are
+/// either identical (same memory, offset and length) or disjoint.
+#[derive(Debug, Clone)]
+pub enum BuiltinOp {
+    /// `dst[i] = value` (the dtype is the value's).
+    Fill {
+        /// Destination.
+        dst: RawSlice,
+        /// The value.
+        value: Scalar,
+    },
+    /// `dst[i] = a[i] op b[i]`.
+    Binary {
+        /// The operator.
+        op: BinaryOp,
+        /// Element type of all three.
+        dtype: DType,
+        /// Left operand.
+        a: RawSlice,
+        /// Right operand.
+        b: RawSlice,
+        /// Destination (may be identical to `a` or `b`).
+        dst: RawSlice,
+    },
+    /// `dst[i] = dst[i] op src[i]`.
+    Accumulate {
+        /// The operator.
+        op: BinaryOp,
+        /// Element type of both.
+        dtype: DType,
+        /// Accumulator.
+        dst: RawSlice,
+        /// Operand (may be identical to `dst`).
+        src: RawSlice,
+    },
+    /// `dst[i] = src[i] * alpha` (the dtype is `alpha`'s).
+    Scale {
+        /// Factor.
+        alpha: Scalar,
+        /// Source.
+        src: RawSlice,
+        /// Destination (may be identical to `src`).
+        dst: RawSlice,
+    },
+    /// `dst[i] = src[i] as dst_dtype`.
+    Cast {
+        /// Source.
+        src: RawSlice,
+        /// Source element type.
+        src_dtype: DType,
+        /// Destination (disjoint from `src`, or identical when the sizes agree).
+        dst: RawSlice,
+        /// Destination element type.
+        dst_dtype: DType,
+    },
+}
+
+/// An in-order queue of work on one device. Thread-safe: several threads may enqueue
+/// at once; the order between them is the order in which the calls take effect.
+///
+/// Errors of enqueued work are reported asynchronously: by the next
+/// [`StreamImpl::synchronize`] or [`StreamImpl::query`] and by events recorded after
+/// the failure. After reporting, the stream is usable again.
+///
+/// Contract on held resources: a backend keeps the `Arc`s it was given (memory, host
+/// memory, kernels) until the operation completes, and drops them no later than the
+/// moment `synchronize` returns or an event recorded after the operation completes.
+pub trait StreamImpl: Send + Sync {
+    /// Copies host bytes to the device. Guaranteed: `src.len == dst.len`.
+    fn copy_host_to_device(&self, src: HostSlice, dst: RawSlice) -> Result<()>;
+
+    /// Copies device bytes to the host. Guaranteed: `src.len == dst.len`.
+    fn copy_device_to_host(&self, src: RawSlice, dst: HostSlice) -> Result<()>;
+
+    /// Copies between two ranges of this device. Guaranteed: equal lengths; disjoint.
+    fn copy_device_to_device(&self, src: RawSlice, dst: RawSlice) -> Result<()>;
+
+    /// Enqueues a builtin operation.
+    fn builtin(&self, op: BuiltinOp) -> Result<()>;
+
+    /// Enqueues a kernel launch.
+    ///
+    /// Guaranteed: `kernel` came from this device's `load_kernel`; `args` match the
+    /// declared parameters; a writable buffer overlaps no other buffer argument; every
+    /// dimension of `dims` is at least 1.
+    fn launch(
+        &self,
+        kernel: &Arc<dyn KernelImpl>,
+        desc: &KernelDesc,
+        dims: LaunchDims,
+        args: Vec<RawKernelArg>,
+    ) -> Result<()>;
+
+    /// Records an event at the current end of the stream.
+    fn record_event(&self) -> Result<Arc<dyn EventImpl>>;
+
+    /// Makes later work wait for an event of the same backend (any of its devices).
+    fn wait_event(&self, event: &Arc<dyn EventImpl>) -> Result<()>;
+
+    /// Makes later work wait for an event of another backend. The backend bridges on
+    /// the host: it must not start later work before `event.wait()` would return.
+    fn wait_foreign_event(&self, event: Event) -> Result<()>;
+
+    /// Blocks until all enqueued work is done; returns the first error since the last
+    /// report.
+    fn synchronize(&self) -> Result<()>;
+
+    /// `Ok(true)` when all enqueued work is done, `Ok(false)` while some is pending; the
+    /// first error since the last report otherwise.
+    fn query(&self) -> Result<bool>;
+}
+
+/// A point on a stream's timeline. Thread-safe.
+pub trait EventImpl: Send + Sync {
+    /// `Ok(true)` once the work before the event finished, `Ok(false)` before; the error
+    /// of that work if it failed.
+    fn query(&self) -> Result<bool>;
+
+    /// Blocks until the work before the event finished (or `timeout` passed:
+    /// [`crate::Error::Timeout`]); returns that work's error if it failed.
+    fn wait(&self, timeout: Option<Duration>) -> Result<()>;
+
+    /// Time from `earlier` to this event.
+    ///
+    /// Guaranteed by the HAL: both events are on this device and complete.
+    fn elapsed_since(&self, earlier: &dyn EventImpl) -> Result<Duration>;
+
+    /// The event as `Any`, for the owning backend to downcast.
+    fn as_any(&self) -> &dyn Any;
+}

@@ -1,0 +1,96 @@
+//! What a device is and what it can do: [`DeviceInfo`], [`Capabilities`], [`MemoryInfo`].
+
+use std::fmt;
+
+use crate::dtype::DType;
+use crate::kernel::KernelFormat;
+
+/// The broad kind of a device, for display and for coarse placement decisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    /// A CPU (the host backend's virtual devices, or a CPU Vulkan driver like lavapipe).
+    Cpu,
+    /// A discrete or integrated GPU.
+    Gpu,
+    /// A neural processing unit or other fixed-function accelerator.
+    Npu,
+    /// Anything else.
+    Other,
+}
+
+impl DeviceKind {
+    /// The lowercase name (`"cpu"`, `"gpu"` …).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Gpu => "gpu",
+            DeviceKind::Npu => "npu",
+            DeviceKind::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a device can do. The conformance suite skips a case whose capability is absent,
+/// naming the capability as the reason.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Capabilities {
+    /// Dtypes the builtin operations support on this device.
+    pub dtypes: Vec<DType>,
+    /// The largest single allocation in bytes.
+    pub max_allocation: u64,
+    /// Whether the device can copy to and from other devices of its backend directly.
+    pub peer_access: bool,
+    /// Whether events are backed by timeline semaphores (or an equivalent counter), so
+    /// that waits on them cost no host thread.
+    pub timeline_events: bool,
+    /// Whether events carry timestamps, so that [`crate::Event::elapsed_since`] works.
+    pub event_timing: bool,
+    /// Kernel formats [`crate::Device::load_kernel`] accepts.
+    pub kernel_formats: Vec<KernelFormat>,
+    /// The largest number of streams the device supports at once (`u32::MAX`: no limit).
+    pub max_streams: u32,
+}
+
+impl Capabilities {
+    /// Whether builtin operations on `dtype` are supported.
+    pub fn supports_dtype(&self, dtype: DType) -> bool {
+        self.dtypes.contains(&dtype)
+    }
+
+    /// Whether kernels of `format` can be loaded.
+    pub fn supports_kernel_format(&self, format: KernelFormat) -> bool {
+        self.kernel_formats.contains(&format)
+    }
+}
+
+/// The static description of a device, read once when it is created.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceInfo {
+    /// The device's human-readable name (`"host CPU (virtual device 0)"`, `"llvmpipe"` …).
+    pub name: String,
+    /// Its broad kind.
+    pub kind: DeviceKind,
+    /// The vendor, where the backend knows it.
+    pub vendor: String,
+    /// The driver or runtime version, where the backend knows it.
+    pub driver: String,
+    /// Total memory the device can allocate, in bytes.
+    pub memory_bytes: u64,
+    /// What it can do.
+    pub capabilities: Capabilities,
+}
+
+/// A snapshot of a device's memory use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryInfo {
+    /// Total bytes the device can hold.
+    pub total: u64,
+    /// Bytes currently free for new allocations.
+    pub free: u64,
+}

@@ -1,0 +1,403 @@
+//! Memory handles: device [`Allocation`]s addressed through [`BufferSlice`]s, and
+//! [`HostBuffer`]s, the host memory that asynchronous copies read from and write to.
+//!
+//! # Ownership and lifetime
+//! An [`Allocation`] is a cheap, clonable handle. The device memory behind it is
+//! released when [`Allocation::free`] is called or when the last handle is dropped,
+//! whichever comes first; operations already enqueued keep the memory alive until they
+//! complete, so freeing never pulls memory out from under queued work. Using an
+//! allocation after `free` is an [`Error::InvalidArgument`], never undefined behaviour.
+//!
+//! A [`HostBuffer`] is owned by one holder. While asynchronous copies that use it are in
+//! flight, the backend holds a share of it, and [`HostBuffer::as_slice`] /
+//! [`HostBuffer::as_mut_slice`] refuse with an error that says to synchronize first.
+//! This is what makes asynchronous copies safe without pinning borrows to a stream.
+
+use std::alloc::Layout;
+use std::any::Any;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+use crate::id::DeviceId;
+
+/// The backend side of a device allocation. Backends implement it for their own memory
+/// object; the HAL only holds it and hands it back to the same backend.
+///
+/// Dropping the last `Arc` of a raw allocation releases its memory: that is how
+/// [`Allocation::free`] and in-flight operations cooperate.
+pub trait RawAllocation: Any + Send + Sync {
+    /// The size in bytes (at least 1: the HAL serves zero-size allocations itself).
+    fn size(&self) -> u64;
+    /// The allocation as `Any`, for the owning backend to downcast.
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
+}
+
+/// Downcasts a raw allocation to the backend's concrete type. A failure means memory of
+/// one backend reached another, which validation forbids: an internal bug, reported as
+/// an [`Error::Backend`] rather than a panic.
+pub fn downcast_raw<T: Any + Send + Sync>(
+    raw: &Arc<dyn RawAllocation>,
+    backend: &str,
+) -> Result<Arc<T>> {
+    raw.clone().into_any().downcast::<T>().map_err(|_| {
+        Error::backend_message(
+            backend,
+            format!(
+                "internal error: an allocation of another backend reached the {backend} backend (expected {})",
+                std::any::type_name::<T>()
+            ),
+        )
+    })
+}
+
+static NEXT_ALLOCATION_ID: AtomicU64 = AtomicU64::new(1);
+
+enum AllocState {
+    /// Usable; `None` for a zero-size allocation, which has no backend memory.
+    Live(Option<Arc<dyn RawAllocation>>),
+    Freed,
+}
+
+struct AllocationInner {
+    id: u64,
+    device: DeviceId,
+    device_uid: u64,
+    size: u64,
+    state: Mutex<AllocState>,
+}
+
+/// A region of device memory. Clone to share; see the module docs for lifetime rules.
+///
+/// Thread-safe: handles may be used from any thread.
+#[derive(Clone)]
+pub struct Allocation {
+    inner: Arc<AllocationInner>,
+}
+
+impl Allocation {
+    pub(crate) fn new(
+        device: DeviceId,
+        device_uid: u64,
+        size: u64,
+        raw: Option<Arc<dyn RawAllocation>>,
+    ) -> Self {
+        Allocation {
+            inner: Arc::new(AllocationInner {
+                id: NEXT_ALLOCATION_ID.fetch_add(1, Ordering::Relaxed),
+                device,
+                device_uid,
+                size,
+                state: Mutex::new(AllocState::Live(raw)),
+            }),
+        }
+    }
+
+    /// A process-unique number naming this allocation in messages.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// Its size in bytes.
+    pub fn size(&self) -> u64 {
+        self.inner.size
+    }
+
+    /// The device that owns it.
+    pub fn device(&self) -> &DeviceId {
+        &self.inner.device
+    }
+
+    pub(crate) fn device_uid(&self) -> u64 {
+        self.inner.device_uid
+    }
+
+    /// Whether [`Allocation::free`] has been called.
+    pub fn is_freed(&self) -> bool {
+        matches!(
+            *self.inner.state.lock().unwrap_or_else(|p| p.into_inner()),
+            AllocState::Freed
+        )
+    }
+
+    /// Releases the memory now (queued operations that use it still complete).
+    /// Freeing twice is an [`Error::InvalidArgument`].
+    pub fn free(&self) -> Result<()> {
+        let mut state = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        match std::mem::replace(&mut *state, AllocState::Freed) {
+            AllocState::Live(_raw) => Ok(()),
+            AllocState::Freed => Err(Error::invalid(format!(
+                "allocation #{} on {} was already freed; free each allocation once",
+                self.inner.id, self.inner.device
+            ))),
+        }
+    }
+
+    /// The backend memory, or an error if the allocation was freed. `Ok(None)` for a
+    /// zero-size allocation.
+    pub(crate) fn raw(&self) -> Result<Option<Arc<dyn RawAllocation>>> {
+        match &*self.inner.state.lock().unwrap_or_else(|p| p.into_inner()) {
+            AllocState::Live(raw) => Ok(raw.clone()),
+            AllocState::Freed => Err(Error::invalid(format!(
+                "allocation #{} on {} was used after it was freed; keep it alive until the last operation that uses it is enqueued",
+                self.inner.id, self.inner.device
+            ))),
+        }
+    }
+
+    /// The bytes `[offset, offset + len)` of this allocation. Bounds are checked when the
+    /// slice is used.
+    pub fn slice(&self, offset: u64, len: u64) -> BufferSlice<'_> {
+        BufferSlice {
+            allocation: self,
+            offset,
+            len,
+        }
+    }
+
+    /// The whole allocation as a slice.
+    pub fn whole(&self) -> BufferSlice<'_> {
+        self.slice(0, self.inner.size)
+    }
+}
+
+impl fmt::Debug for Allocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Allocation")
+            .field("id", &self.inner.id)
+            .field("device", &self.inner.device.to_string())
+            .field("size", &self.inner.size)
+            .field("freed", &self.is_freed())
+            .finish()
+    }
+}
+
+/// A byte range `(allocation, offset, length)`: how every operation addresses device
+/// memory, so that memory pools can sub-allocate on every backend.
+#[derive(Clone, Copy, Debug)]
+pub struct BufferSlice<'a> {
+    /// The allocation.
+    pub allocation: &'a Allocation,
+    /// Byte offset into the allocation.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+impl<'a> From<&'a Allocation> for BufferSlice<'a> {
+    fn from(a: &'a Allocation) -> Self {
+        a.whole()
+    }
+}
+
+impl fmt::Display for BufferSlice<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "allocation #{} on {} [{}..{}) of {} bytes",
+            self.allocation.id(),
+            self.allocation.device(),
+            self.offset,
+            self.offset.saturating_add(self.len),
+            self.allocation.size()
+        )
+    }
+}
+
+/// A validated, resolved device range handed to a backend: the memory is live, the range
+/// is in bounds, non-empty, and on the backend's own device.
+#[derive(Clone)]
+pub struct RawSlice {
+    /// The backend memory.
+    pub memory: Arc<dyn RawAllocation>,
+    /// Byte offset.
+    pub offset: u64,
+    /// Length in bytes (at least 1).
+    pub len: u64,
+}
+
+impl fmt::Debug for RawSlice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RawSlice[{}..{})", self.offset, self.offset + self.len)
+    }
+}
+
+/// Host memory that asynchronous copies can use: aligned to [`HostMemory::ALIGN`] bytes
+/// and zero-filled. Shared between its [`HostBuffer`] and in-flight operations.
+pub struct HostMemory {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: HostMemory owns its bytes like a Box<[u8]>; the pointer is never aliased by
+// another owner. Concurrent access goes through raw pointers whose exclusivity is the
+// stream ordering contract documented on `HostMemory::as_ptr`.
+unsafe impl Send for HostMemory {}
+// SAFETY: as above; shared references only hand out the raw pointer.
+unsafe impl Sync for HostMemory {}
+
+impl HostMemory {
+    /// Alignment of every host buffer, enough for any dtype and for SIMD loads.
+    pub const ALIGN: usize = 64;
+
+    fn layout(len: usize) -> Result<Layout> {
+        Layout::from_size_align(len, Self::ALIGN).map_err(|e| {
+            Error::invalid(format!(
+                "a host buffer of {len} bytes cannot be laid out ({e}); ask for fewer bytes"
+            ))
+        })
+    }
+
+    fn new(len: usize) -> Result<Self> {
+        if len == 0 {
+            return Ok(HostMemory {
+                ptr: NonNull::dangling(),
+                len: 0,
+            });
+        }
+        let layout = Self::layout(len)?;
+        // SAFETY: `layout` has a non-zero size (checked above).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).ok_or_else(|| Error::OutOfMemory {
+            device: "host".to_string(),
+            requested: len as u64,
+            free: 0,
+            capacity: 0,
+            hint: "the process could not get this much host memory; use a smaller staging buffer"
+                .to_string(),
+        })?;
+        Ok(HostMemory { ptr, len })
+    }
+
+    /// The first byte. Backends read and write through it while executing an operation
+    /// that names this buffer; the HAL guarantees that the user holds no reference into
+    /// the buffer meanwhile (see [`HostBuffer::as_mut_slice`]). Two operations on
+    /// different streams that touch the same bytes without an event between them race,
+    /// as they would on any device.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for HostMemory {
+    fn drop(&mut self) {
+        if self.len == 0 {
+            return;
+        }
+        if let Ok(layout) = Self::layout(self.len) {
+            // SAFETY: the pointer came from `alloc_zeroed` with this same layout and is
+            // freed exactly once, here.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+/// A host staging buffer for asynchronous copies. See the module docs.
+pub struct HostBuffer {
+    memory: Arc<HostMemory>,
+}
+
+impl HostBuffer {
+    /// A zero-filled buffer of `len` bytes.
+    pub fn new(len: usize) -> Result<Self> {
+        Ok(HostBuffer {
+            memory: Arc::new(HostMemory::new(len)?),
+        })
+    }
+
+    /// A buffer holding a copy of `data`.
+    pub fn from_bytes(data: &[u8]) -> Result<Self> {
+        let mut b = HostBuffer::new(data.len())?;
+        b.as_mut_slice()?.copy_from_slice(data);
+        Ok(b)
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.memory.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.memory.len == 0
+    }
+
+    /// How many enqueued operations still hold this buffer.
+    pub fn in_flight(&self) -> usize {
+        Arc::strong_count(&self.memory) - 1
+    }
+
+    fn busy_error(&self) -> Error {
+        Error::invalid(format!(
+            "the host buffer is still used by {} enqueued operation(s); synchronize the stream (or wait for an event recorded after them) before touching it",
+            self.in_flight()
+        ))
+    }
+
+    /// The bytes, if no enqueued operation still uses the buffer.
+    pub fn as_slice(&mut self) -> Result<&[u8]> {
+        let busy = self.busy_error();
+        let mem = Arc::get_mut(&mut self.memory).ok_or(busy)?;
+        if mem.len == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: `get_mut` proved this handle is the only owner, so no operation can
+        // touch the bytes while the returned borrow (tied to `&mut self`) lives; the
+        // pointer is valid for `len` initialised (zero-filled) bytes.
+        Ok(unsafe { std::slice::from_raw_parts(mem.ptr.as_ptr(), mem.len) })
+    }
+
+    /// The bytes, mutably, if no enqueued operation still uses the buffer.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
+        let busy = self.busy_error();
+        let mem = Arc::get_mut(&mut self.memory).ok_or(busy)?;
+        if mem.len == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: as in `as_slice`; `&mut self` makes the borrow exclusive.
+        Ok(unsafe { std::slice::from_raw_parts_mut(mem.ptr.as_ptr(), mem.len) })
+    }
+
+    /// A share of the memory for an operation to hold while it is in flight.
+    pub(crate) fn share(&self) -> Arc<HostMemory> {
+        self.memory.clone()
+    }
+}
+
+impl fmt::Debug for HostBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostBuffer")
+            .field("len", &self.len())
+            .field("in_flight", &self.in_flight())
+            .finish()
+    }
+}
+
+/// A validated host range handed to a backend: `[offset, offset + len)` of `memory`.
+#[derive(Clone)]
+pub struct HostSlice {
+    /// The host memory, held until the operation completes.
+    pub memory: Arc<HostMemory>,
+    /// Byte offset.
+    pub offset: usize,
+    /// Length in bytes (at least 1).
+    pub len: usize,
+}
+
+impl fmt::Debug for HostSlice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HostSlice[{}..{})", self.offset, self.offset + self.len)
+    }
+}
