@@ -108,7 +108,12 @@ impl Device {
             });
         }
         let raw = self.inner.imp.allocate(size)?;
-        Ok(Allocation::new(self.id().clone(), self.uid(), size, Some(raw)))
+        Ok(Allocation::new(
+            self.id().clone(),
+            self.uid(),
+            size,
+            Some(raw),
+        ))
     }
 
     /// Creates an in-order stream on this device.

@@ -247,7 +247,15 @@ mod tests {
 
     #[test]
     fn rejects_malformed_selectors() {
-        for bad in ["", "host", "host:x", "ho*st:0", ":0", "host:0;;cuda:0", "host:1,"] {
+        for bad in [
+            "",
+            "host",
+            "host:x",
+            "ho*st:0",
+            ":0",
+            "host:0;;cuda:0",
+            "host:1,",
+        ] {
             let err = DeviceSelector::parse(bad).unwrap_err();
             assert_eq!(err.kind(), "invalid-argument", "{bad}: {err}");
         }

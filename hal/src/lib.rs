@@ -104,8 +104,8 @@
 //! race, as on any accelerator: order them with events.
 
 pub mod backend;
-pub mod dtype;
 mod device;
+pub mod dtype;
 mod error;
 mod event;
 mod id;

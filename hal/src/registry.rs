@@ -38,11 +38,12 @@ struct Entry {
 
 impl Entry {
     fn availability(&self) -> &Availability {
-        self.enumerated.get_or_init(|| match self.backend.enumerate() {
-            Ok(list) => Availability::Available(list),
-            Err(Error::Unavailable { reason, .. }) => Availability::Unavailable(reason),
-            Err(other) => Availability::Unavailable(other.to_string()),
-        })
+        self.enumerated
+            .get_or_init(|| match self.backend.enumerate() {
+                Ok(list) => Availability::Available(list),
+                Err(Error::Unavailable { reason, .. }) => Availability::Unavailable(reason),
+                Err(other) => Availability::Unavailable(other.to_string()),
+            })
     }
 
     fn device(&self, index: u32) -> Result<Device> {
@@ -72,7 +73,11 @@ impl Registry {
 
     /// Adds a backend. Names must be unique.
     pub fn register(&mut self, backend: Arc<dyn Backend>) -> Result<()> {
-        if self.entries.iter().any(|e| e.backend.name() == backend.name()) {
+        if self
+            .entries
+            .iter()
+            .any(|e| e.backend.name() == backend.name())
+        {
             return Err(Error::invalid(format!(
                 "a backend named `{}` is already registered; give each backend a unique name",
                 backend.name()

@@ -320,7 +320,8 @@ impl Stream {
                 let (KernelArg::Buffer(sj), KernelParam::Buffer(acc_j)) = (aj, pj) else {
                     continue;
                 };
-                if (acc_i.writes() || acc_j.writes()) && validate::overlap(si, sj) != Overlap::Disjoint
+                if (acc_i.writes() || acc_j.writes())
+                    && validate::overlap(si, sj) != Overlap::Disjoint
                 {
                     return Err(Error::invalid(format!(
                         "arguments {i} and {j} of `{}` overlap and at least one is written; pass disjoint ranges",
@@ -329,8 +330,7 @@ impl Stream {
                 }
             }
         }
-        self.imp()
-            .launch(kernel.implementation(), desc, dims, raw)
+        self.imp().launch(kernel.implementation(), desc, dims, raw)
     }
 
     /// Records an event at the current end of the stream.

@@ -1,0 +1,130 @@
+//! [`HostDevice`]: one virtual device with its own memory accounting.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use xpu_hal::backend::{DeviceImpl, StreamImpl};
+use xpu_hal::{
+    Capabilities, DType, DeviceInfo, DeviceKind, Error, KernelDesc, KernelFormat, KernelImpl,
+    KernelSource, MemoryInfo, RawAllocation, Result,
+};
+
+use crate::kernel::HostKernel;
+use crate::memory::{Accounting, HostAllocation};
+use crate::stream::HostStream;
+
+/// A virtual device on the CPU.
+pub struct HostDevice {
+    index: u32,
+    accounting: Arc<Accounting>,
+    streams_created: AtomicU64,
+    cpu: CpuFacts,
+}
+
+/// What the host says about its processor, for the device's name and vendor.
+#[derive(Debug, Clone)]
+struct CpuFacts {
+    model: String,
+    vendor: String,
+}
+
+impl CpuFacts {
+    fn read() -> Self {
+        let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let field = |key: &str| {
+            text.lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        CpuFacts {
+            model: field("model name").unwrap_or_else(|| std::env::consts::ARCH.to_string()),
+            vendor: field("vendor_id").unwrap_or_else(|| "unknown".to_string()),
+        }
+    }
+}
+
+impl HostDevice {
+    pub(crate) fn new(index: u32, capacity: u64) -> Self {
+        HostDevice {
+            index,
+            accounting: Arc::new(Accounting {
+                device: format!("host:{index}"),
+                capacity,
+                used: AtomicU64::new(0),
+            }),
+            streams_created: AtomicU64::new(0),
+            cpu: CpuFacts::read(),
+        }
+    }
+
+    /// Creates a stream and returns it as the concrete host type.
+    pub fn create_host_stream(&self) -> Result<HostStream> {
+        let n = self.streams_created.fetch_add(1, Ordering::Relaxed);
+        HostStream::new(
+            self.accounting.device.clone(),
+            format!("xpu-host{}-s{n}", self.index),
+        )
+    }
+
+    /// Allocates memory and returns it as the concrete host type.
+    pub fn allocate_host(&self, size: u64) -> Result<Arc<HostAllocation>> {
+        Ok(Arc::new(HostAllocation::new(
+            size,
+            self.accounting.clone(),
+        )?))
+    }
+}
+
+impl DeviceImpl for HostDevice {
+    fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            name: format!("{} (virtual device {})", self.cpu.model, self.index),
+            kind: DeviceKind::Cpu,
+            vendor: self.cpu.vendor.clone(),
+            driver: format!("xpu-host {}", env!("CARGO_PKG_VERSION")),
+            memory_bytes: self.accounting.capacity,
+            capabilities: Capabilities {
+                dtypes: DType::ALL.to_vec(),
+                max_allocation: self.accounting.capacity,
+                peer_access: false,
+                timeline_events: true,
+                event_timing: true,
+                kernel_formats: vec![KernelFormat::HostFunction],
+                max_streams: u32::MAX,
+            },
+        }
+    }
+
+    fn memory_info(&self) -> Result<MemoryInfo> {
+        let used = self.accounting.used.load(Ordering::Acquire);
+        Ok(MemoryInfo {
+            total: self.accounting.capacity,
+            free: self.accounting.capacity.saturating_sub(used),
+        })
+    }
+
+    fn allocate(&self, size: u64) -> Result<Arc<dyn RawAllocation>> {
+        Ok(self.allocate_host(size)?)
+    }
+
+    fn create_stream(&self) -> Result<Box<dyn StreamImpl>> {
+        Ok(Box::new(self.create_host_stream()?))
+    }
+
+    fn load_kernel(&self, desc: &KernelDesc) -> Result<Arc<dyn KernelImpl>> {
+        match &desc.source {
+            KernelSource::HostFunction(f) => Ok(Arc::new(HostKernel::new(f.clone()))),
+            other => Err(Error::unsupported(format!(
+                "the host backend runs host-function kernels only, not {}",
+                other.format()
+            ))),
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

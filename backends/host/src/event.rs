@@ -1,0 +1,82 @@
+//! [`HostEvent`]: a numbered point on a host stream's timeline.
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+
+use xpu_hal::backend::EventImpl;
+use xpu_hal::{Error, Result};
+
+use crate::queue::{Mark, Timeline};
+
+/// A point on a host stream: complete once the stream's worker has passed job `seq`.
+#[derive(Clone)]
+pub struct HostEvent {
+    timeline: Arc<Timeline>,
+    seq: u64,
+    mark: Arc<Mark>,
+}
+
+impl HostEvent {
+    pub(crate) fn new(timeline: Arc<Timeline>, seq: u64, mark: Arc<Mark>) -> Self {
+        HostEvent {
+            timeline,
+            seq,
+            mark,
+        }
+    }
+
+    fn outcome(&self) -> Result<()> {
+        match self.mark.result.get() {
+            Some(r) => r.clone(),
+            None => Err(Error::backend_message(
+                "host",
+                "internal error: an event completed without recording its outcome",
+            )),
+        }
+    }
+}
+
+impl EventImpl for HostEvent {
+    fn query(&self) -> Result<bool> {
+        if self.timeline.completed() < self.seq {
+            return Ok(false);
+        }
+        self.outcome().map(|()| true)
+    }
+
+    fn wait(&self, timeout: Option<Duration>) -> Result<()> {
+        if !self.timeline.wait_for(self.seq, timeout) {
+            return Err(Error::Timeout {
+                message: format!(
+                    "an event on {} did not complete within {:?}",
+                    self.timeline.device,
+                    timeout.unwrap_or_default()
+                ),
+            });
+        }
+        self.outcome()
+    }
+
+    fn elapsed_since(&self, earlier: &dyn EventImpl) -> Result<Duration> {
+        let earlier = earlier
+            .as_any()
+            .downcast_ref::<HostEvent>()
+            .ok_or_else(|| {
+                Error::backend_message(
+                    "host",
+                    "internal error: an event of another backend reached the host backend",
+                )
+            })?;
+        match (earlier.mark.time.get(), self.mark.time.get()) {
+            (Some(a), Some(b)) => Ok(b.saturating_duration_since(*a)),
+            _ => Err(Error::invalid(
+                "elapsed time needs both events complete; wait for them first",
+            )),
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

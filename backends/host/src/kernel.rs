@@ -1,0 +1,28 @@
+//! [`HostKernel`]: a host function loaded as a kernel.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use xpu_hal::{HostKernelFn, KernelImpl};
+
+/// A loaded host-function kernel.
+#[derive(Clone)]
+pub struct HostKernel {
+    function: Arc<HostKernelFn>,
+}
+
+impl HostKernel {
+    pub(crate) fn new(function: Arc<HostKernelFn>) -> Self {
+        HostKernel { function }
+    }
+
+    pub(crate) fn function(&self) -> &HostKernelFn {
+        &*self.function
+    }
+}
+
+impl KernelImpl for HostKernel {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

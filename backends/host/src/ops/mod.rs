@@ -1,0 +1,283 @@
+//! The builtin operations on plain slices: the reference semantics of every backend.
+//!
+//! Each operator is matched once, outside the loop, so that every loop is a plain
+//! monomorphic `zip` the compiler vectorises. [`execute`] maps a validated
+//! [`BuiltinOp`] onto these functions; the functions themselves are public so that other
+//! backends' tests and the benchmarks can use them as the reference.
+
+mod element;
+
+pub use element::{Element, Wide};
+
+use half::{bf16, f16};
+use xpu_hal::backend::BuiltinOp;
+use xpu_hal::{BinaryOp, DType, Error, Result, Scalar};
+
+use crate::memory::Region;
+
+/// Runs `$body` with `$T` bound to the Rust type of `$dtype`.
+macro_rules! with_type {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            DType::F16 => {
+                type $T = f16;
+                $body
+            }
+            DType::BF16 => {
+                type $T = bf16;
+                $body
+            }
+            DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            DType::U8 => {
+                type $T = u8;
+                $body
+            }
+        }
+    };
+}
+
+#[inline(always)]
+fn zip3<T: Element>(a: &[T], b: &[T], dst: &mut [T], f: impl Fn(T, T) -> T) {
+    for ((d, &x), &y) in dst.iter_mut().zip(a).zip(b) {
+        *d = f(x, y);
+    }
+}
+
+#[inline(always)]
+fn zip2<T: Element>(dst: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = f(*d, s);
+    }
+}
+
+#[inline(always)]
+fn map1<T: Element>(dst: &mut [T], f: impl Fn(T) -> T) {
+    for d in dst.iter_mut() {
+        *d = f(*d);
+    }
+}
+
+/// `dst[i] = a[i] op b[i]` over the common length.
+pub fn binary<T: Element>(op: BinaryOp, a: &[T], b: &[T], dst: &mut [T]) {
+    match op {
+        BinaryOp::Sum => zip3(a, b, dst, T::add),
+        BinaryOp::Prod => zip3(a, b, dst, T::mul),
+        BinaryOp::Min => zip3(a, b, dst, T::min),
+        BinaryOp::Max => zip3(a, b, dst, T::max),
+    }
+}
+
+/// `dst[i] = dst[i] op src[i]` over the common length.
+pub fn accumulate<T: Element>(op: BinaryOp, dst: &mut [T], src: &[T]) {
+    match op {
+        BinaryOp::Sum => zip2(dst, src, T::add),
+        BinaryOp::Prod => zip2(dst, src, T::mul),
+        BinaryOp::Min => zip2(dst, src, T::min),
+        BinaryOp::Max => zip2(dst, src, T::max),
+    }
+}
+
+/// `dst[i] = dst[i] op dst[i]` (an operation whose operands are all the same range).
+pub fn combine_with_self<T: Element>(op: BinaryOp, dst: &mut [T]) {
+    match op {
+        BinaryOp::Sum => map1(dst, |x| T::add(x, x)),
+        BinaryOp::Prod => map1(dst, |x| T::mul(x, x)),
+        BinaryOp::Min => map1(dst, |x| T::min(x, x)),
+        BinaryOp::Max => map1(dst, |x| T::max(x, x)),
+    }
+}
+
+/// `dst[i] = src[i] * alpha`.
+pub fn scale<T: Element>(alpha: T, src: &[T], dst: &mut [T]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = T::mul(s, alpha);
+    }
+}
+
+/// `dst[i] *= alpha`.
+pub fn scale_in_place<T: Element>(alpha: T, dst: &mut [T]) {
+    map1(dst, |x| T::mul(x, alpha));
+}
+
+/// `dst[i] = value`.
+pub fn fill<T: Element>(dst: &mut [T], value: T) {
+    dst.fill(value);
+}
+
+/// `dst[i] = src[i] as D`.
+pub fn cast<S: Element, D: Element>(src: &[S], dst: &mut [D]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = D::narrow(s.widen());
+    }
+}
+
+fn scalar_as<T: Element>(s: Scalar) -> Result<T> {
+    T::from_scalar(s).ok_or_else(|| {
+        Error::backend_message(
+            "host",
+            format!("internal error: scalar {s} does not match the operation's dtype"),
+        )
+    })
+}
+
+/// Executes a validated builtin operation on host device memory.
+pub(crate) fn execute(op: &BuiltinOp) -> Result<()> {
+    // SAFETY (for every `typed`/`typed_mut` below): the HAL guarantees that slices are
+    // in bounds, element-aligned, and identical or disjoint; identical ranges are
+    // handled by the in-place variants so no two live references alias a written range.
+    // This runs on the stream's worker thread, which is the only one touching these
+    // bytes by the HAL's ordering contract.
+    match op {
+        BuiltinOp::Fill { dst, value } => {
+            let dst = Region::from_raw(dst)?;
+            with_type!(value.dtype(), T => {
+                let v: T = scalar_as(*value)?;
+                // SAFETY: see above.
+                fill(unsafe { dst.typed_mut::<T>() }, v);
+            });
+        }
+        BuiltinOp::Binary {
+            op,
+            dtype,
+            a,
+            b,
+            dst,
+        } => {
+            let (a, b, dst) = (
+                Region::from_raw(a)?,
+                Region::from_raw(b)?,
+                Region::from_raw(dst)?,
+            );
+            with_type!(*dtype, T => {
+                match (dst.same_as(&a), dst.same_as(&b)) {
+                    // SAFETY: see above; one mutable view of the single range.
+                    (true, true) => combine_with_self(*op, unsafe { dst.typed_mut::<T>() }),
+                    // SAFETY: see above; `b` is disjoint from `dst`.
+                    (true, false) => accumulate(*op, unsafe { dst.typed_mut::<T>() }, unsafe { b.typed::<T>() }),
+                    // SAFETY: see above; `a` is disjoint from `dst` (every operator commutes).
+                    (false, true) => accumulate(*op, unsafe { dst.typed_mut::<T>() }, unsafe { a.typed::<T>() }),
+                    // SAFETY: see above; all disjoint from `dst` (a and b may coincide: both read-only).
+                    (false, false) => binary(*op, unsafe { a.typed::<T>() }, unsafe { b.typed::<T>() }, unsafe { dst.typed_mut::<T>() }),
+                }
+            });
+        }
+        BuiltinOp::Accumulate {
+            op,
+            dtype,
+            dst,
+            src,
+        } => {
+            let (dst, src) = (Region::from_raw(dst)?, Region::from_raw(src)?);
+            with_type!(*dtype, T => {
+                if dst.same_as(&src) {
+                    // SAFETY: see above.
+                    combine_with_self(*op, unsafe { dst.typed_mut::<T>() });
+                } else {
+                    // SAFETY: see above; disjoint.
+                    accumulate(*op, unsafe { dst.typed_mut::<T>() }, unsafe { src.typed::<T>() });
+                }
+            });
+        }
+        BuiltinOp::Scale { alpha, src, dst } => {
+            let (src, dst) = (Region::from_raw(src)?, Region::from_raw(dst)?);
+            with_type!(alpha.dtype(), T => {
+                let alpha: T = scalar_as(*alpha)?;
+                if dst.same_as(&src) {
+                    // SAFETY: see above.
+                    scale_in_place(alpha, unsafe { dst.typed_mut::<T>() });
+                } else {
+                    // SAFETY: see above; disjoint.
+                    scale(alpha, unsafe { src.typed::<T>() }, unsafe { dst.typed_mut::<T>() });
+                }
+            });
+        }
+        BuiltinOp::Cast {
+            src,
+            src_dtype,
+            dst,
+            dst_dtype,
+        } => {
+            let (src, dst) = (Region::from_raw(src)?, Region::from_raw(dst)?);
+            if dst.same_as(&src) {
+                // In place: read everything first (same element size, so same count).
+                // SAFETY: see above; the copy ends the shared borrow before the write.
+                let copy = unsafe { src.bytes() }.to_vec();
+                with_type!(*src_dtype, S => with_type!(*dst_dtype, D => {
+                    let s: &[S] = bytemuck::try_cast_slice(&copy).map_err(|e| {
+                        Error::backend_message("host", format!("internal error: {e}"))
+                    })?;
+                    // SAFETY: see above.
+                    cast(s, unsafe { dst.typed_mut::<D>() });
+                }));
+            } else {
+                with_type!(*src_dtype, S => with_type!(*dst_dtype, D => {
+                    // SAFETY: see above; disjoint.
+                    cast(unsafe { src.typed::<S>() }, unsafe { dst.typed_mut::<D>() });
+                }));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_wrap() {
+        let mut d = [0i32; 2];
+        binary(BinaryOp::Sum, &[i32::MAX, 1], &[1, 2], &mut d);
+        assert_eq!(d, [i32::MIN, 3]);
+        let mut u = [200u8];
+        accumulate(BinaryOp::Sum, &mut u, &[100]);
+        assert_eq!(u, [44]);
+    }
+
+    #[test]
+    fn min_max_ignore_nan() {
+        let mut d = [0f32; 2];
+        binary(BinaryOp::Min, &[f32::NAN, 1.0], &[2.0, f32::NAN], &mut d);
+        assert_eq!(d, [2.0, 1.0]);
+    }
+
+    #[test]
+    fn casts_follow_as() {
+        let mut d = [0i32; 4];
+        cast(&[1.9f32, -1.9, f32::NAN, 1e20], &mut d);
+        assert_eq!(d, [1, -1, 0, i32::MAX]);
+        let mut u = [0u8; 2];
+        cast(&[-1i64, 256], &mut u);
+        assert_eq!(u, [255, 0]);
+        let mut h = [f16::ZERO; 1];
+        cast(&[3i32], &mut h);
+        assert_eq!(h[0].to_f32(), 3.0);
+    }
+
+    #[test]
+    fn half_arithmetic_rounds_once() {
+        let mut d = [bf16::ZERO];
+        binary(
+            BinaryOp::Prod,
+            &[bf16::from_f32(3.0)],
+            &[bf16::from_f32(0.5)],
+            &mut d,
+        );
+        assert_eq!(d[0].to_f32(), 1.5);
+    }
+}

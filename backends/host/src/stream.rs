@@ -1,0 +1,193 @@
+//! [`HostStream`]: a HAL stream executed by one worker thread.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use xpu_hal::backend::{BuiltinOp, EventImpl, StreamImpl};
+use xpu_hal::{
+    Error, Event, HostArg, HostKernelContext, HostSlice, KernelDesc, KernelImpl, LaunchDims,
+    RawKernelArg, RawSlice, Result,
+};
+
+use crate::event::HostEvent;
+use crate::kernel::HostKernel;
+use crate::memory::Region;
+use crate::ops;
+use crate::queue::{Job, Mark, Queue};
+
+/// An in-order queue of work on a virtual host device, run by its own worker thread.
+///
+/// Its [`StreamImpl`] methods can be called directly by code that knows it has a host
+/// device (the benchmarks do, to measure what the HAL's validation and dynamic
+/// dispatch add); they assume the HAL's guarantees listed on [`StreamImpl`].
+pub struct HostStream {
+    queue: Queue,
+}
+
+impl HostStream {
+    pub(crate) fn new(device: String, name: String) -> Result<Self> {
+        Ok(HostStream {
+            queue: Queue::start(device, name)?,
+        })
+    }
+
+    fn work(&self, f: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
+        self.queue.push(Job::Work(Box::new(f))).map(|_| ())
+    }
+
+    /// Records an event and returns it as the concrete host type.
+    pub fn record(&self) -> Result<HostEvent> {
+        let mark = Arc::new(Mark::default());
+        let seq = self.queue.push(Job::Mark(mark.clone()))?;
+        Ok(HostEvent::new(self.queue.timeline().clone(), seq, mark))
+    }
+
+    fn wait_until(&self, what: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
+        self.work(what)
+    }
+}
+
+fn host_range(slice: &HostSlice) -> *mut u8 {
+    // The HAL checked offset + len <= the buffer's length.
+    slice.memory.as_ptr().wrapping_add(slice.offset)
+}
+
+impl StreamImpl for HostStream {
+    fn copy_host_to_device(&self, src: HostSlice, dst: RawSlice) -> Result<()> {
+        let dst = Region::from_raw(&dst)?;
+        self.work(move || {
+            // SAFETY: both ranges are in bounds (checked by the HAL) of memory held alive
+            // by `src` and `dst`; host memory and device memory never overlap; the user
+            // cannot touch the host buffer while this job holds it.
+            unsafe { std::ptr::copy_nonoverlapping(host_range(&src), dst.ptr(), dst.len()) };
+            drop(src);
+            Ok(())
+        })
+    }
+
+    fn copy_device_to_host(&self, src: RawSlice, dst: HostSlice) -> Result<()> {
+        let src = Region::from_raw(&src)?;
+        self.work(move || {
+            // SAFETY: as in `copy_host_to_device`, with the roles swapped.
+            unsafe { std::ptr::copy_nonoverlapping(src.ptr(), host_range(&dst), src.len()) };
+            drop(dst);
+            Ok(())
+        })
+    }
+
+    fn copy_device_to_device(&self, src: RawSlice, dst: RawSlice) -> Result<()> {
+        let (src, dst) = (Region::from_raw(&src)?, Region::from_raw(&dst)?);
+        self.work(move || {
+            // SAFETY: in bounds of live allocations; the HAL guarantees the ranges are
+            // disjoint and of equal length.
+            unsafe { std::ptr::copy_nonoverlapping(src.ptr(), dst.ptr(), dst.len()) };
+            Ok(())
+        })
+    }
+
+    fn builtin(&self, op: BuiltinOp) -> Result<()> {
+        self.work(move || ops::execute(&op))
+    }
+
+    fn launch(
+        &self,
+        kernel: &Arc<dyn KernelImpl>,
+        desc: &KernelDesc,
+        dims: LaunchDims,
+        args: Vec<RawKernelArg>,
+    ) -> Result<()> {
+        let kernel = kernel
+            .as_any()
+            .downcast_ref::<HostKernel>()
+            .ok_or_else(|| {
+                Error::backend_message(
+                    "host",
+                    "internal error: a kernel of another backend reached the host backend",
+                )
+            })?
+            .clone();
+        let name = desc.name.clone();
+        let mut regions = Vec::with_capacity(args.len());
+        for arg in args {
+            regions.push(match arg {
+                RawKernelArg::Buffer(Some(slice), access) => {
+                    (Some(Region::from_raw(&slice)?), Some(access), None)
+                }
+                RawKernelArg::Buffer(None, access) => (None, Some(access), None),
+                RawKernelArg::Scalar(s) => (None, None, Some(s)),
+            });
+        }
+        self.work(move || {
+            let mut host_args = Vec::with_capacity(regions.len());
+            for (region, access, scalar) in &regions {
+                host_args.push(match (region, access, scalar) {
+                    (_, None, Some(s)) => HostArg::Scalar(*s),
+                    // SAFETY: the HAL guarantees a writable buffer overlaps no other
+                    // argument, so this is the only reference to these bytes; read-only
+                    // arguments may share bytes with each other, which shared slices allow.
+                    (Some(r), Some(a), _) if a.writes() => HostArg::Write(unsafe { r.bytes_mut() }),
+                    // SAFETY: as above.
+                    (Some(r), Some(_), _) => HostArg::Read(unsafe { r.bytes() }),
+                    (None, Some(a), _) if a.writes() => HostArg::Write(&mut []),
+                    _ => HostArg::Read(&[]),
+                });
+            }
+            let mut ctx = HostKernelContext {
+                dims,
+                args: host_args,
+            };
+            (kernel.function())(&mut ctx)
+                .map_err(|msg| Error::aborted(format!("host kernel `{name}` failed: {msg}")))
+        })
+    }
+
+    fn record_event(&self) -> Result<Arc<dyn EventImpl>> {
+        Ok(Arc::new(self.record()?))
+    }
+
+    fn wait_event(&self, event: &Arc<dyn EventImpl>) -> Result<()> {
+        let event = event
+            .as_any()
+            .downcast_ref::<HostEvent>()
+            .ok_or_else(|| {
+                Error::backend_message(
+                    "host",
+                    "internal error: an event of another backend reached the host backend",
+                )
+            })?
+            .clone();
+        self.wait_until(move || event.wait(None))
+    }
+
+    fn wait_foreign_event(&self, event: Event) -> Result<()> {
+        self.wait_until(move || event.wait())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let target = self.queue.submitted();
+        self.queue.timeline().wait_for(target, None);
+        self.queue.timeline().take_error()
+    }
+
+    fn query(&self) -> Result<bool> {
+        let done = self.queue.timeline().completed() >= self.queue.submitted();
+        self.queue.timeline().take_error()?;
+        Ok(done)
+    }
+}
+
+impl HostStream {
+    /// Blocks until all work is done, giving up after `timeout`.
+    pub fn synchronize_timeout(&self, timeout: Duration) -> Result<()> {
+        let target = self.queue.submitted();
+        if !self.queue.timeline().wait_for(target, Some(timeout)) {
+            return Err(Error::Timeout {
+                message: format!(
+                    "a stream of {} did not finish within {timeout:?}",
+                    self.queue.timeline().device
+                ),
+            });
+        }
+        self.queue.timeline().take_error()
+    }
+}

@@ -1,0 +1,158 @@
+//! Host-specific behaviour through the HAL: real memory accounting, panics in work,
+//! early frees, and the environment configuration.
+
+use std::sync::Arc;
+
+use xpu_hal::backend::Backend;
+use xpu_hal::{
+    Access, BinaryOp, DType, Device, DeviceSelector, Error, KernelArg, KernelDesc, KernelParam,
+    KernelSource, LaunchDims, Registry, Scalar,
+};
+use xpu_host::{HostBackend, HostConfig};
+
+fn device(capacity: u64) -> Device {
+    let mut r = Registry::new();
+    r.register(Arc::new(HostBackend::new(HostConfig {
+        devices: 2,
+        capacity,
+    })))
+    .unwrap();
+    r.devices(&DeviceSelector::parse("host:0").unwrap())
+        .unwrap()
+        .remove(0)
+}
+
+#[test]
+fn capacity_is_enforced_and_returned() {
+    let d = device(1 << 20);
+    let a = d.allocate(600 << 10).unwrap();
+    assert_eq!(d.memory_info().unwrap().free, (1 << 20) - (600 << 10));
+    // Fits under max_allocation but not in what is left: the backend's own accounting.
+    let err = d.allocate(600 << 10).unwrap_err();
+    match err {
+        Error::OutOfMemory {
+            requested, free, ..
+        } => {
+            assert_eq!(requested, 600 << 10);
+            assert_eq!(free, (1 << 20) - (600 << 10));
+        }
+        other => panic!("expected OutOfMemory, got {other}"),
+    }
+    a.free().unwrap();
+    assert_eq!(d.memory_info().unwrap().free, 1 << 20);
+    let b = d.allocate(900 << 10).unwrap();
+    drop(b);
+    assert_eq!(d.memory_info().unwrap().free, 1 << 20, "drop frees too");
+}
+
+fn sleepy_kernel(d: &Device, ms: u64) -> xpu_hal::Kernel {
+    d.load_kernel(KernelDesc {
+        name: "sleep".into(),
+        entry_point: String::new(),
+        source: KernelSource::host_fn(move |_| {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            Ok(())
+        }),
+        params: vec![],
+    })
+    .unwrap()
+}
+
+#[test]
+fn memory_freed_while_in_flight_returns_after_the_work() {
+    let d = device(1 << 20);
+    let s = d.create_stream().unwrap();
+    let a = d.allocate(1 << 19).unwrap();
+    s.launch(&sleepy_kernel(&d, 30), LaunchDims::linear(1, 1), &[])
+        .unwrap();
+    s.fill(&a, Scalar::U8(7)).unwrap();
+    a.free().unwrap();
+    // The fill still holds the block until it has run.
+    s.synchronize().unwrap();
+    assert_eq!(d.memory_info().unwrap().free, 1 << 20);
+}
+
+#[test]
+fn a_panicking_kernel_becomes_an_error_and_the_stream_lives_on() {
+    let d = device(1 << 20);
+    let s = d.create_stream().unwrap();
+    let k = d
+        .load_kernel(KernelDesc {
+            name: "boom".into(),
+            entry_point: String::new(),
+            source: KernelSource::host_fn(|_| panic!("kaboom")),
+            params: vec![],
+        })
+        .unwrap();
+    let a = d.allocate(16).unwrap();
+    s.launch(&k, LaunchDims::linear(1, 1), &[]).unwrap();
+    let after = s.record_event().unwrap();
+    let err = s.synchronize().unwrap_err();
+    assert!(matches!(err, Error::Aborted { .. }), "{err}");
+    assert!(err.to_string().contains("kaboom"), "{err}");
+    assert!(
+        after.wait().is_err(),
+        "an event after the failure reports it"
+    );
+    // Reported once; the stream works again.
+    s.fill(&a, Scalar::I32(5)).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(s.read(&a).unwrap(), [5, 0, 0, 0].repeat(4));
+}
+
+#[test]
+fn host_kernels_see_their_arguments() {
+    let d = device(1 << 20);
+    let s = d.create_stream().unwrap();
+    let k = d
+        .load_kernel(KernelDesc {
+            name: "axpy".into(),
+            entry_point: String::new(),
+            source: KernelSource::host_fn(|ctx| {
+                let a = match ctx.scalar(2)? {
+                    Scalar::F32(v) => v,
+                    _ => return Err("alpha must be f32".into()),
+                };
+                let x: Vec<f32> = bytemuck::pod_collect_to_vec(ctx.bytes(0)?);
+                let y: &mut [f32] =
+                    bytemuck::try_cast_slice_mut(ctx.bytes_mut(1)?).map_err(|e| e.to_string())?;
+                for (y, x) in y.iter_mut().zip(x) {
+                    *y += a * x;
+                }
+                Ok(())
+            }),
+            params: vec![
+                KernelParam::Buffer(Access::Read),
+                KernelParam::Buffer(Access::ReadWrite),
+                KernelParam::Scalar(DType::F32),
+            ],
+        })
+        .unwrap();
+    let x = d.allocate(16).unwrap();
+    let y = d.allocate(16).unwrap();
+    s.fill(&x, Scalar::F32(2.0)).unwrap();
+    s.fill(&y, Scalar::F32(1.0)).unwrap();
+    s.launch(
+        &k,
+        LaunchDims::linear(1, 4),
+        &[
+            KernelArg::Buffer(x.whole()),
+            KernelArg::Buffer(y.whole()),
+            KernelArg::Scalar(Scalar::F32(3.0)),
+        ],
+    )
+    .unwrap();
+    s.accumulate(BinaryOp::Sum, DType::F32, &y, &x).unwrap();
+    let out: Vec<f32> = bytemuck::pod_collect_to_vec(&s.read(&y).unwrap());
+    assert_eq!(out, vec![9.0; 4]);
+}
+
+#[test]
+fn enumerate_lists_configured_devices_and_rejects_others() {
+    let b = HostBackend::new(HostConfig {
+        devices: 3,
+        capacity: 1 << 20,
+    });
+    assert_eq!(b.enumerate().unwrap().len(), 3);
+    assert!(b.create_device(3).is_err());
+}
