@@ -1,1 +1,54 @@
-//! xpu
+//! # xpu: one runtime contract for every accelerator
+//!
+//! This facade crate is what a framework depends on. It re-exports the HAL contract
+//! ([`xpu_hal`]: devices, streams, events, memory, errors) and assembles the
+//! [`Registry`] of built-in backends, so that a program can go from nothing to a
+//! device in two calls:
+//!
+//! ```
+//! let registry = xpu::registry()?;
+//! let devices = registry.devices(&xpu::selector_from_env("host:*")?)?;
+//! let stream = devices[0].create_stream()?;
+//! let buf = devices[0].allocate(16)?;
+//! stream.fill(&buf, xpu::Scalar::F32(1.5))?;
+//! assert_eq!(stream.read(&buf)?, 1.5f32.to_le_bytes().repeat(4));
+//! # Ok::<(), xpu::Error>(())
+//! ```
+//!
+//! Backends are found at run time: one whose driver or library is missing is listed
+//! as unavailable with the reason and contributes no devices; nothing panics.
+//! The same crate builds the `xpu` command-line tool (`xpu devices`,
+//! `xpu conformance`).
+
+use std::sync::Arc;
+
+pub use xpu_hal::*;
+
+/// The HAL crate itself, for paths like `xpu::hal::backend::StreamImpl`.
+pub use xpu_hal as hal;
+
+/// The host backend crate.
+pub use xpu_host as host;
+
+/// The environment variable holding the default device selector.
+pub const DEVICES_ENV: &str = "XPU_DEVICES";
+
+/// A registry holding every built-in backend, in a fixed order (host first).
+///
+/// Fails only when a backend's configuration in the environment is invalid (for
+/// example `XPU_HOST_DEVICES=abc`), with a message naming the variable.
+pub fn registry() -> Result<Registry> {
+    let mut registry = Registry::new();
+    registry.register(Arc::new(xpu_host::HostBackend::from_env()?))?;
+    Ok(registry)
+}
+
+/// The device selector from `XPU_DEVICES`, or `default` when it is unset or empty.
+pub fn selector_from_env(default: &str) -> Result<DeviceSelector> {
+    match std::env::var(DEVICES_ENV) {
+        Ok(v) if !v.trim().is_empty() => {
+            DeviceSelector::parse(&v).map_err(|e| Error::invalid(format!("{DEVICES_ENV}: {e}")))
+        }
+        _ => DeviceSelector::parse(default),
+    }
+}

@@ -16,6 +16,33 @@ use half::{bf16, f16};
 
 use crate::error::Error;
 
+/// `value` rounded to `f32` with round-to-odd: truncated toward zero, with the lowest
+/// mantissa bit set when anything was dropped. Rounding that result once more to a
+/// format with at least two fewer mantissa bits (`f16`, `bf16`) gives the correctly
+/// rounded value, where rounding through a nearest-even `f32` can round twice.
+pub fn f32_round_to_odd(value: f64) -> f32 {
+    let nearest = value as f32;
+    if !nearest.is_finite() || f64::from(nearest) == value {
+        return nearest;
+    }
+    let mut bits = nearest.to_bits();
+    if f64::from(nearest).abs() > value.abs() {
+        // Rounded away from zero: step back toward zero (sign-magnitude bits).
+        bits -= 1;
+    }
+    f32::from_bits(bits | 1)
+}
+
+/// `value` correctly rounded (to nearest, ties to even) to `f16`.
+pub fn f16_from_f64(value: f64) -> f16 {
+    f16::from_f32(f32_round_to_odd(value))
+}
+
+/// `value` correctly rounded (to nearest, ties to even) to `bf16`.
+pub fn bf16_from_f64(value: f64) -> bf16 {
+    bf16::from_f32(f32_round_to_odd(value))
+}
+
 /// The element types builtin operations understand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
@@ -135,8 +162,8 @@ impl Scalar {
         match dtype {
             DType::F32 => Scalar::F32(value as f32),
             DType::F64 => Scalar::F64(value),
-            DType::F16 => Scalar::F16(f16::from_f64(value)),
-            DType::BF16 => Scalar::BF16(bf16::from_f64(value)),
+            DType::F16 => Scalar::F16(f16_from_f64(value)),
+            DType::BF16 => Scalar::BF16(bf16_from_f64(value)),
             DType::I32 => Scalar::I32(value as i32),
             DType::I64 => Scalar::I64(value as i64),
             DType::U8 => Scalar::U8(value as u8),
@@ -218,5 +245,27 @@ impl BinaryOp {
 impl fmt::Display for BinaryOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_conversions_round_once() {
+        // Just above the tie between 1 and the next bf16 (1 + 2^-7).
+        let v = 1.0 + 2f64.powi(-8) + 2f64.powi(-30);
+        assert_eq!(bf16_from_f64(v).to_f64(), 1.0 + 2f64.powi(-7));
+        // Above the f16 tie by less than an f32 ulp: nearest-even f32 would land on
+        // the tie and round down.
+        let v = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
+        assert_eq!(f16_from_f64(v).to_f64(), 1.0 + 2f64.powi(-10));
+        // Exact ties still go to even.
+        assert_eq!(f16_from_f64(1.0 + 2f64.powi(-11)).to_f64(), 1.0);
+        assert_eq!(bf16_from_f64(-0.0).to_bits(), bf16::NEG_ZERO.to_bits());
+        assert!(f16_from_f64(f64::NAN).is_nan());
+        assert_eq!(f16_from_f64(1e10), f16::INFINITY);
+        assert_eq!(bf16_from_f64(1e-50), bf16::ZERO);
     }
 }

@@ -120,7 +120,7 @@ float_element!(f32, F32);
 float_element!(f64, F64);
 
 macro_rules! half_element {
-    ($t:ty, $variant:ident) => {
+    ($t:ty, $variant:ident, $from_f64:path) => {
         impl Element for $t {
             #[inline(always)]
             fn add(a: Self, b: Self) -> Self {
@@ -151,13 +151,13 @@ macro_rules! half_element {
             #[inline(always)]
             fn narrow(w: Wide) -> Self {
                 match w {
-                    Wide::Int(v) => <$t>::from_f64(v as f64),
-                    Wide::Float(v) => <$t>::from_f64(v),
+                    Wide::Int(v) => $from_f64(v as f64),
+                    Wide::Float(v) => $from_f64(v),
                 }
             }
         }
     };
 }
 
-half_element!(f16, F16);
-half_element!(bf16, BF16);
+half_element!(f16, F16, xpu_hal::dtype::f16_from_f64);
+half_element!(bf16, BF16, xpu_hal::dtype::bf16_from_f64);

@@ -1,0 +1,28 @@
+//! The one criterion root for xpu. Groups:
+//! - `dispatch`: a tiny fill through the HAL vs the same fill enqueued directly on the
+//!   host backend's concrete stream (no validation, no dynamic dispatch) vs the fill
+//!   loop called inline with no queue at all.
+//! - `copy`: host→device, device→host and device→device copies through the HAL vs
+//!   `memcpy` (`copy_from_slice`) of the same size between pre-faulted host buffers.
+
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+mod copy;
+mod dispatch;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use std::time::Duration;
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(30)
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = dispatch::bench, copy::bench
+}
+criterion_main!(benches);

@@ -1,0 +1,38 @@
+//! Shared set-up for the xpu benchmarks (`cargo bench -p xpu-benches`).
+//!
+//! Every benchmark group times an xpu path *and* its reference in the same run, because
+//! these machines are noisy: a figure is only meaningful next to the reference it is
+//! compared with. See `benches/README.md` for what each group measures.
+
+use std::sync::Arc;
+
+use xpu_hal::{Device, DeviceId, Result};
+use xpu_host::{HostBackend, HostConfig, HostDevice};
+
+/// Memory each benchmark device may hold.
+pub const BENCH_CAPACITY: u64 = 1 << 30;
+
+/// A host device through the HAL, and the same kind of device as its concrete type (a
+/// separate instance, so the two paths share no queues).
+pub fn host_devices() -> Result<(Device, HostDevice)> {
+    let backend = HostBackend::new(HostConfig {
+        devices: 2,
+        capacity: BENCH_CAPACITY,
+    });
+    let hal = Device::from_impl(
+        DeviceId::new("host", 0),
+        Arc::new(backend.create_host_device(0)?),
+    );
+    let direct = backend.create_host_device(1)?;
+    Ok((hal, direct))
+}
+
+/// A buffer of `len` bytes with every page already touched, so that first-touch page
+/// faults (1–2.5 GB/s here) do not pollute a bandwidth figure.
+pub fn prefaulted(len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    for (i, b) in v.iter_mut().enumerate().step_by(4096) {
+        *b = i as u8;
+    }
+    v
+}

@@ -1,0 +1,116 @@
+//! `xpu conformance`: the conformance suite over the selected devices.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use xpu::{DeviceSelector, Error, Registry, Result};
+use xpu_conformance::{Expectations, Profile, RunOptions, Status};
+
+/// What `xpu conformance` was asked to do.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Which devices.
+    pub selector: DeviceSelector,
+    /// Which profile.
+    pub profile: String,
+    /// Where to write the JSON report.
+    pub json: Option<PathBuf>,
+    /// Where to write the JUnit XML report.
+    pub junit: Option<PathBuf>,
+    /// Extra expected failures.
+    pub expectations: Vec<PathBuf>,
+    /// Only case instances whose name contains this.
+    pub filter: Option<String>,
+    /// List the cases instead of running them.
+    pub list: bool,
+}
+
+fn write_file(path: &PathBuf, text: &str, what: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(|e| {
+        Error::invalid(format!(
+            "could not write the {what} to {}: {e}",
+            path.display()
+        ))
+    })
+}
+
+/// Runs the suite; `Ok(true)` when every case passed, was skipped or failed as
+/// expected.
+pub fn run(registry: &Registry, options: &Options) -> Result<bool> {
+    let profile = Profile::from_str(&options.profile)?;
+    let devices = registry.devices(&options.selector)?;
+    if devices.is_empty() {
+        return Err(Error::invalid(format!(
+            "the selector `{}` picks no device; run `xpu devices` to see what is available",
+            options.selector
+        )));
+    }
+    if options.list {
+        for case in xpu_conformance::cases(profile) {
+            println!("{:<40} {}", case.name, case.description);
+        }
+        return Ok(true);
+    }
+    let mut expectations = Expectations::builtin();
+    for path in &options.expectations {
+        expectations.merge(Expectations::from_json_file(path)?);
+    }
+    let mut run_options = RunOptions::new(profile);
+    run_options.expectations = expectations;
+    run_options.filter = options.filter.clone();
+
+    println!(
+        "conformance profile `{}` on {} device(s): {}",
+        options.profile,
+        devices.len(),
+        devices
+            .iter()
+            .map(|d| d.id().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut stdout = std::io::stdout();
+    let report = xpu_conformance::run(&devices, &run_options, |r| {
+        let tag = match r.status {
+            Status::Pass => "ok",
+            Status::Fail => "FAIL",
+            Status::Skip => "skip",
+            Status::Xfail => "xfail",
+            Status::Xpass => "XPASS",
+        };
+        let reason = r
+            .reason
+            .as_deref()
+            .map(|s| format!(" ({s})"))
+            .unwrap_or_default();
+        let _ = writeln!(stdout, "{tag:<5} {}{reason}", r.display_name());
+    });
+    if let Some(path) = &options.json {
+        let text = report
+            .to_json()
+            .map_err(|e| Error::backend_message("xpu", e.to_string()))?;
+        write_file(path, &text, "JSON report")?;
+    }
+    if let Some(path) = &options.junit {
+        let text = report
+            .to_junit()
+            .map_err(|e| Error::backend_message("xpu", e.to_string()))?;
+        write_file(path, &text, "JUnit report")?;
+    }
+    let failures: Vec<_> = report.failures().collect();
+    if !failures.is_empty() {
+        println!();
+        println!("failures:");
+        for r in &failures {
+            println!(
+                "  {}: {}",
+                r.display_name(),
+                r.reason.as_deref().unwrap_or("(no message)")
+            );
+        }
+    }
+    println!();
+    println!("{}", report.closing_line());
+    Ok(report.success())
+}

@@ -1,0 +1,144 @@
+//! The `xpu` command: list devices and run the conformance suite.
+
+mod cli;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use xpu::{DeviceSelector, Result};
+
+/// xpu: one runtime for every accelerator in the machine.
+///
+/// With no subcommand, lists the devices and runs the core conformance profile on the
+/// host devices.
+#[derive(Parser, Debug)]
+#[command(name = "xpu", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List devices and backends.
+    Devices {
+        /// Devices to list, e.g. `host:0,1;vulkan:*` (default: XPU_DEVICES, else every
+        /// device).
+        #[arg(long)]
+        devices: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the conformance suite against devices.
+    Conformance {
+        /// Devices to test, e.g. `host:*` (default: XPU_DEVICES, else every device).
+        #[arg(long)]
+        devices: Option<String>,
+        /// The profile to run.
+        #[arg(long, default_value = "core")]
+        profile: String,
+        /// Write a JSON report to this file.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+        /// Write a JUnit XML report to this file.
+        #[arg(long, value_name = "FILE")]
+        junit: Option<PathBuf>,
+        /// A JSON file of expected failures to add (repeatable).
+        #[arg(long, value_name = "FILE")]
+        expectations: Vec<PathBuf>,
+        /// Run only the case instances whose name contains this text.
+        #[arg(long)]
+        filter: Option<String>,
+        /// List the profile's cases and exit.
+        #[arg(long)]
+        list: bool,
+    },
+    /// Measure xpu beside a reference measured in the same run.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// HAL dispatch overhead and copy bandwidth on a host device, against the host
+    /// backend called directly and against memcpy.
+    Hal {
+        /// Interleaved measurement rounds (the median is reported).
+        #[arg(long, default_value_t = 15)]
+        rounds: usize,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn selector(arg: Option<String>, default: &str) -> Result<DeviceSelector> {
+    match arg {
+        Some(text) => DeviceSelector::parse(&text),
+        None => xpu::selector_from_env(default),
+    }
+}
+
+fn run(cli: Cli) -> Result<bool> {
+    let registry = xpu::registry()?;
+    match cli.command {
+        Some(Command::Devices { devices, json }) => {
+            cli::devices::run(&registry, &selector(devices, "*")?, json)?;
+            Ok(true)
+        }
+        Some(Command::Conformance {
+            devices,
+            profile,
+            json,
+            junit,
+            expectations,
+            filter,
+            list,
+        }) => cli::conformance::run(
+            &registry,
+            &cli::conformance::Options {
+                selector: selector(devices, "*")?,
+                profile,
+                json,
+                junit,
+                expectations,
+                filter,
+                list,
+            },
+        ),
+        Some(Command::Bench(BenchCommand::Hal { rounds, json })) => {
+            cli::bench::hal(json, rounds)?;
+            Ok(true)
+        }
+        None => {
+            cli::devices::run(&registry, &selector(None, "*")?, false)?;
+            println!();
+            cli::conformance::run(
+                &registry,
+                &cli::conformance::Options {
+                    selector: DeviceSelector::parse("host:*")?,
+                    profile: "core".to_string(),
+                    json: None,
+                    junit: None,
+                    expectations: Vec::new(),
+                    filter: None,
+                    list: false,
+                },
+            )
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("xpu: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,456 @@
+//! Events: ordering between streams and between devices (of one backend or two),
+//! completion queries, timeouts, timing, and errors carried by events.
+//!
+//! Where the device loads host functions, a gate kernel holds the first stream at a
+//! known point, so "the waiting stream has not run yet" is checked without relying on
+//! timing. Elsewhere a burst of builtin operations keeps the first stream busy, and
+//! only the data is checked.
+
+use std::time::{Duration, Instant};
+
+use xpu_hal::{Device, Error, HostBuffer, Stream};
+
+use crate::case::{Case, CaseContext, CaseError, CaseOutcome};
+use crate::cases::util::{
+    check_bytes, enqueue_busy_work, enqueue_failure, enqueue_sleep, ensure, expect_invalid,
+    expect_timeout, expect_unsupported, full_message, hold_with_gate, pattern,
+    require_host_functions, upload, GateGuard,
+};
+
+pub(crate) const CASES: &[Case] = &[
+    Case::core(
+        "event.cross_stream",
+        "a stream waiting on another stream's event runs its later work only after that event",
+        cross_stream,
+    ),
+    Case::core(
+        "event.cross_device",
+        "a stream of another device (of this backend and of another backend) waiting on this device's event sees its results",
+        cross_device,
+    ),
+    Case::core(
+        "event.query_pending",
+        "an event (and its stream) report not-done while the work before it is held, and done after",
+        query_pending,
+    ),
+    Case::core(
+        "event.wait_timeout",
+        "waiting with a timeout on an unfinished event is a timeout error; after completion it succeeds",
+        wait_timeout,
+    ),
+    Case::core(
+        "event.elapsed",
+        "elapsed time between two events of a stream is measured (or unsupported when the device does not time events)",
+        elapsed,
+    ),
+    Case::core(
+        "event.elapsed_cross_device",
+        "elapsed time between events of two devices is an invalid-argument error",
+        elapsed_cross_device,
+    ),
+    Case::core(
+        "event.failed_work",
+        "events recorded after failed work return its error; the stream works again once it reported it",
+        failed_work,
+    ),
+    Case::core(
+        "event.wait_on_failed",
+        "a stream (of this or another device) waiting on an event of failed work reports an aborted error, then works again",
+        wait_on_failed,
+    ),
+    Case::core(
+        "event.self_wait",
+        "a stream waiting on its own earlier event, or on a completed event, does not block",
+        self_wait,
+    ),
+    Case::core(
+        "event.completed_after_sync",
+        "after synchronize every event recorded on the stream is complete",
+        completed_after_sync,
+    ),
+];
+
+/// Holds `stream` at its current end: a gate where host functions exist (the returned
+/// guard releases it), a burst of builtin work elsewhere (`None`).
+fn hold(ctx: &CaseContext, stream: &Stream) -> Result<Option<GateGuard>, CaseError> {
+    if ctx.has_host_functions() {
+        Ok(Some(hold_with_gate(stream)?))
+    } else {
+        enqueue_busy_work(ctx, stream)?;
+        Ok(None)
+    }
+}
+
+/// How long the waiting stream's event is given to complete, wrongly, while the first
+/// stream is held. A backend that honours the wait never completes it.
+const HELD_PROBE: Duration = Duration::from_millis(30);
+
+/// While the gate holds the first stream, the waiting stream's event must not complete.
+fn check_held(gate: &Option<GateGuard>, waiter: &xpu_hal::Event, what: &str) -> CaseOutcome {
+    if let Some(g) = gate {
+        let result = waiter.wait_timeout(HELD_PROBE);
+        g.open();
+        match result {
+            Err(Error::Timeout { .. }) => {}
+            Ok(()) => {
+                return Err(CaseError::fail(format!(
+                    "{what}: the waiting stream finished its later work while the event it waits on was still held; the wait was not honoured"
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+fn cross_stream(ctx: &CaseContext) -> CaseOutcome {
+    ctx.require_streams(2)?;
+    let a = ctx.device.create_stream()?;
+    let b = ctx.device.create_stream()?;
+    let data = pattern(0xE1, 4097);
+    let x = upload(&ctx.device, &a, &vec![0; data.len()])?;
+    let y = upload(&ctx.device, &b, &vec![0; data.len()])?;
+    let host = HostBuffer::from_bytes(&data)?;
+    let gate = hold(ctx, &a)?;
+    a.copy_from_host(&host, 0, &x)?;
+    let e = a.record_event()?;
+    b.wait_event(&e)?;
+    b.copy(&x, &y)?;
+    let eb = b.record_event()?;
+    check_held(&gate, &eb, "stream B waiting on stream A's event")?;
+    b.synchronize()?;
+    a.synchronize()?;
+    check_bytes(
+        &b.read(&y)?,
+        &data,
+        "what stream B copied after waiting on stream A's event recorded after A wrote it",
+    )
+}
+
+fn cross_device_with(ctx: &CaseContext, peer: &Device) -> CaseOutcome {
+    let a = ctx.device.create_stream()?;
+    let b = peer.create_stream()?;
+    let data = pattern(0xE2, 65_537);
+    let x = upload(&ctx.device, &a, &data)?;
+    let y = upload(peer, &b, &vec![0; data.len()])?;
+    let host = HostBuffer::new(data.len())?;
+    let gate = hold(ctx, &a)?;
+    a.copy_to_host(&x, &host, 0)?;
+    let e = a.record_event()?;
+    b.wait_event(&e)?;
+    b.copy_from_host(&host, 0, &y)?;
+    let eb = b.record_event()?;
+    check_held(
+        &gate,
+        &eb,
+        &format!("{} waiting on an event of {}", peer.id(), ctx.device.id()),
+    )?;
+    b.synchronize()?;
+    a.synchronize()?;
+    check_bytes(
+        &b.read(&y)?,
+        &data,
+        &format!(
+            "data staged by {} and picked up by {} after waiting on its event",
+            ctx.device.id(),
+            peer.id()
+        ),
+    )
+}
+
+fn cross_device(ctx: &CaseContext) -> CaseOutcome {
+    ctx.require_peer()?;
+    let backend = ctx.device.backend();
+    let same = ctx.peers.iter().find(|p| p.backend() == backend);
+    let other = ctx.peers.iter().find(|p| p.backend() != backend);
+    for peer in same.into_iter().chain(other) {
+        let kind = if peer.backend() == backend {
+            "same backend"
+        } else {
+            "another backend"
+        };
+        cross_device_with(ctx, peer).map_err(|e| e.context(format!("{} ({kind})", peer.id())))?;
+    }
+    Ok(())
+}
+
+fn query_pending(ctx: &CaseContext) -> CaseOutcome {
+    require_host_functions(ctx)?;
+    let stream = ctx.device.create_stream()?;
+    let gate = hold_with_gate(&stream)?;
+    let e = stream.record_event()?;
+    ensure(e.device() == &ctx.device, || {
+        "an event reports another device than its stream's".to_string()
+    })?;
+    let event_done = e.query()?;
+    let stream_done = stream.query()?;
+    gate.open();
+    ensure(!event_done, || {
+        "an event reported complete while the kernel before it was still held".to_string()
+    })?;
+    ensure(!stream_done, || {
+        "a stream reported idle while a kernel on it was still held".to_string()
+    })?;
+    e.wait()?;
+    ensure(e.query()?, || {
+        "an event reported pending after wait returned".to_string()
+    })?;
+    stream.synchronize()?;
+    ensure(stream.query()?, || {
+        "a stream reported work pending after synchronize".to_string()
+    })
+}
+
+fn wait_timeout(ctx: &CaseContext) -> CaseOutcome {
+    require_host_functions(ctx)?;
+    let stream = ctx.device.create_stream()?;
+    let gate = hold_with_gate(&stream)?;
+    let e = stream.record_event()?;
+    let start = Instant::now();
+    let result = e.wait_timeout(Duration::from_millis(20));
+    let waited = start.elapsed();
+    gate.open();
+    expect_timeout(result, "a 20 ms wait on an event behind a held kernel")?;
+    ensure(waited >= Duration::from_millis(15), || {
+        format!(
+            "a 20 ms wait gave up after {:.1} ms",
+            waited.as_secs_f64() * 1e3
+        )
+    })?;
+    ensure(waited < Duration::from_secs(5), || {
+        format!("a 20 ms wait took {:.1} s to give up", waited.as_secs_f64())
+    })?;
+    e.wait_timeout(Duration::from_secs(10))?;
+    e.wait_timeout(Duration::ZERO)?;
+    stream.synchronize()?;
+    Ok(())
+}
+
+fn elapsed(ctx: &CaseContext) -> CaseOutcome {
+    let stream = ctx.device.create_stream()?;
+    let host_fn = ctx.has_host_functions();
+    let start = Instant::now();
+    let e1 = stream.record_event()?;
+    if host_fn {
+        enqueue_sleep(&stream, 20)?;
+    } else {
+        enqueue_busy_work(ctx, &stream)?;
+    }
+    let e2 = stream.record_event()?;
+    e2.wait()?;
+    let wall = start.elapsed();
+    if !ctx.device.capabilities().event_timing {
+        return expect_unsupported(
+            e2.elapsed_since(&e1),
+            "elapsed time on a device whose capabilities say it does not time events",
+        );
+    }
+    let d = e2.elapsed_since(&e1)?;
+    let bound = wall.mul_f64(1.1) + Duration::from_millis(2);
+    ensure(d <= bound, || {
+        format!(
+            "elapsed time between two events is {:.3} ms, more than the {:.3} ms the host measured around them",
+            d.as_secs_f64() * 1e3,
+            wall.as_secs_f64() * 1e3
+        )
+    })?;
+    if host_fn {
+        ensure(d >= Duration::from_millis(15), || {
+            format!(
+                "elapsed time around a kernel that sleeps 20 ms is {:.3} ms",
+                d.as_secs_f64() * 1e3
+            )
+        })?;
+    }
+    let zero = e1.elapsed_since(&e1)?;
+    ensure(zero <= Duration::from_millis(1), || {
+        format!(
+            "elapsed time from an event to itself is {:.3} ms, not 0",
+            zero.as_secs_f64() * 1e3
+        )
+    })
+}
+
+fn elapsed_cross_device(ctx: &CaseContext) -> CaseOutcome {
+    let peer = ctx.require_peer()?;
+    let s = ctx.device.create_stream()?;
+    let p = peer.create_stream()?;
+    let local = s.record_event()?;
+    let foreign = p.record_event()?;
+    expect_invalid(
+        foreign.elapsed_since(&local),
+        &format!(
+            "elapsed time from an event of {} to one of {}",
+            ctx.device.id(),
+            peer.id()
+        ),
+    )?;
+    expect_invalid(
+        local.elapsed_since(&foreign),
+        &format!(
+            "elapsed time from an event of {} to one of {}",
+            peer.id(),
+            ctx.device.id()
+        ),
+    )
+}
+
+const EVENT_FAILURE: &str = "conformance: deliberate failure before an event 0xe7e";
+
+fn expect_failure_error(result: xpu_hal::Result<impl Sized>, what: &str) -> CaseOutcome {
+    match result {
+        Ok(_) => Err(CaseError::fail(format!(
+            "{what} succeeded; it must return the error of the failed kernel before it"
+        ))),
+        Err(e) => ensure(full_message(&e).contains(EVENT_FAILURE), || {
+            format!(
+                "{what} returned a {} error without the failed kernel's message `{EVENT_FAILURE}`: {}",
+                e.kind(),
+                full_message(&e)
+            )
+        }),
+    }
+}
+
+fn failed_work(ctx: &CaseContext) -> CaseOutcome {
+    require_host_functions(ctx)?;
+    let stream = ctx.device.create_stream()?;
+    let data = pattern(0xE7, 333);
+    let src = upload(&ctx.device, &stream, &data)?;
+    let dst = ctx.device.allocate(333)?;
+    enqueue_failure(&stream, EVENT_FAILURE)?;
+    let e1 = stream.record_event()?;
+    stream.copy(&src, &dst)?;
+    let e2 = stream.record_event()?;
+    expect_failure_error(
+        e1.wait(),
+        "waiting on an event recorded right after a failed kernel",
+    )?;
+    expect_failure_error(
+        e1.query(),
+        "querying an event recorded after a failed kernel",
+    )?;
+    expect_failure_error(
+        e2.wait(),
+        "waiting on an event recorded after a failed kernel and a later copy",
+    )?;
+    expect_failure_error(
+        stream.synchronize(),
+        "synchronizing the stream of a failed kernel (events do not consume its report)",
+    )?;
+    stream.copy(&src, &dst)?;
+    let e3 = stream.record_event()?;
+    e3.wait().map_err(|e| {
+        CaseError::fail(format!(
+            "an event recorded after the stream reported its failure returned an error: {e}"
+        ))
+    })?;
+    check_bytes(
+        &stream.read(&dst)?,
+        &data,
+        "a copy made after the stream reported its failure",
+    )
+}
+
+fn wait_on_failed(ctx: &CaseContext) -> CaseOutcome {
+    ctx.require_streams(2)?;
+    require_host_functions(ctx)?;
+    let a = ctx.device.create_stream()?;
+    let mut waiters = vec![(ctx.device.clone(), ctx.device.create_stream()?)];
+    if let Some(peer) = ctx.peers.first() {
+        waiters.push((peer.clone(), peer.create_stream()?));
+    }
+    enqueue_failure(&a, EVENT_FAILURE)?;
+    let e = a.record_event()?;
+    for (device, b) in &waiters {
+        let what = format!(
+            "a stream of {} waiting on an event of {} recorded after a failed kernel",
+            device.id(),
+            ctx.device.id()
+        );
+        let data = pattern(0xEA, 100);
+        let src = upload(device, b, &data)?;
+        let dst = device.allocate(100)?;
+        b.wait_event(&e)?;
+        b.copy(&src, &dst)?;
+        match b.synchronize() {
+            Err(Error::Aborted { .. }) => {}
+            Err(other) => {
+                return Err(CaseError::fail(format!(
+                    "{what} reported a {} error ({other}); work that did not run because a waited-on event failed is aborted",
+                    other.kind()
+                )))
+            }
+            Ok(()) => {
+                return Err(CaseError::fail(format!(
+                    "{what} synchronized without an error; it must report the failure as aborted"
+                )))
+            }
+        }
+        b.copy(&src, &dst)?;
+        b.synchronize()?;
+        check_bytes(
+            &b.read(&dst)?,
+            &data,
+            &format!("{what}: a copy after the failure was reported"),
+        )?;
+    }
+    expect_failure_error(
+        a.synchronize(),
+        "synchronizing the stream of the failed kernel",
+    )
+}
+
+fn self_wait(ctx: &CaseContext) -> CaseOutcome {
+    ctx.require_streams(2)?;
+    let stream = ctx.device.create_stream()?;
+    let other = ctx.device.create_stream()?;
+    let data = pattern(0xE8, 1000);
+    let src = upload(&ctx.device, &stream, &data)?;
+    let dst = ctx.device.allocate(1000)?;
+    let e = stream.record_event()?;
+    stream.wait_event(&e)?;
+    stream.wait_event(&e)?;
+    stream.copy(&src, &dst)?;
+    stream.synchronize()?;
+    check_bytes(
+        &stream.read(&dst)?,
+        &data,
+        "a copy queued after the stream waited on its own earlier event",
+    )?;
+    // A completed event from another stream, waited on twice.
+    let done = stream.record_event()?;
+    done.wait()?;
+    other.wait_event(&done)?;
+    other.wait_event(&done)?;
+    let dst2 = ctx.device.allocate(1000)?;
+    other.copy(&src, &dst2)?;
+    other.synchronize()?;
+    check_bytes(
+        &other.read(&dst2)?,
+        &data,
+        "a copy queued after waiting twice on a completed event",
+    )
+}
+
+fn completed_after_sync(ctx: &CaseContext) -> CaseOutcome {
+    let stream = ctx.device.create_stream()?;
+    let data = pattern(0xE9, 2048);
+    let src = upload(&ctx.device, &stream, &data)?;
+    let a = ctx.device.allocate(2048)?;
+    let b = ctx.device.allocate(2048)?;
+    let e1 = stream.record_event()?;
+    stream.copy(&src, &a)?;
+    let e2 = stream.record_event()?;
+    stream.copy(&a, &b)?;
+    let e3 = stream.record_event()?;
+    stream.synchronize()?;
+    for (i, e) in [e1, e2, e3].iter().enumerate() {
+        ensure(e.query()?, || {
+            format!("event {} of 3 reports pending after synchronize", i + 1)
+        })?;
+        e.wait()?;
+        e.wait_timeout(Duration::ZERO)?;
+    }
+    check_bytes(&stream.read(&b)?, &data, "two chained copies")
+}

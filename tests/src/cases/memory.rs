@@ -1,0 +1,337 @@
+//! Allocation and release: sizes, zero size, double free, use after free, running out
+//! of memory, accounting, and freeing memory that queued work still uses.
+
+use std::time::Duration;
+
+use xpu_hal::{BinaryOp, DType, Error, HostBuffer, MemoryInfo};
+
+use crate::case::{Case, CaseContext, CaseError, CaseOutcome};
+use crate::cases::util::{
+    check_bytes, ensure, expect_invalid, expect_oom, hold_with_gate, pattern, upload, Rng, MIB,
+};
+use crate::reference::from_i64;
+
+pub(crate) const CASES: &[Case] = &[
+    Case::core(
+        "memory.allocate_free",
+        "allocations of 1, 3, 4097 and 1 MiB + 13 bytes report their size, hold data, and free once",
+        allocate_free,
+    ),
+    Case::core(
+        "memory.zero_size",
+        "a zero-size allocation and empty ranges work with every operation, and free like any other",
+        zero_size,
+    ),
+    Case::core(
+        "memory.double_free",
+        "freeing an allocation twice is an invalid-argument error",
+        double_free,
+    ),
+    Case::core(
+        "memory.use_after_free",
+        "using a freed allocation in any operation is an invalid-argument error",
+        use_after_free,
+    ),
+    Case::core(
+        "memory.over_capacity",
+        "asking for more than the device holds is out-of-memory, and the device keeps working",
+        over_capacity,
+    ),
+    Case::core(
+        "memory.accounting",
+        "free memory drops by an allocation's size and comes back after free and after drop",
+        accounting,
+    ),
+    Case::core(
+        "memory.free_in_flight",
+        "freeing memory that queued work still uses lets that work complete correctly",
+        free_in_flight,
+    ),
+    Case::core(
+        "memory.no_aliasing",
+        "many live allocations of odd sizes hold distinct data",
+        no_aliasing,
+    ),
+];
+
+fn allocate_free(ctx: &CaseContext) -> CaseOutcome {
+    let stream = ctx.device.create_stream()?;
+    for (i, size) in [1u64, 3, 4097, MIB + 13].into_iter().enumerate() {
+        let a = ctx.device.allocate(size)?;
+        ensure(a.size() == size, || {
+            format!(
+                "allocate({size}) returned an allocation of {} bytes",
+                a.size()
+            )
+        })?;
+        ensure(a.device() == ctx.device.id(), || {
+            format!(
+                "allocation on {} reports device {}",
+                ctx.device.id(),
+                a.device()
+            )
+        })?;
+        let data = pattern(100 + i as u64, size as usize);
+        stream.write(&a, &data)?;
+        check_bytes(
+            &stream.read(&a)?,
+            &data,
+            &format!("read back of a {size}-byte allocation"),
+        )?;
+        let clone = a.clone();
+        a.free()?;
+        ensure(clone.is_freed(), || {
+            format!("after free, a clone of the {size}-byte allocation does not report it freed")
+        })?;
+    }
+    Ok(())
+}
+
+fn zero_size(ctx: &CaseContext) -> CaseOutcome {
+    let dtype = ctx.pick_dtype(&DType::ALL)?;
+    let stream = ctx.device.create_stream()?;
+    let empty = ctx.device.allocate(0)?;
+    ensure(empty.size() == 0, || {
+        format!("allocate(0) returned {} bytes", empty.size())
+    })?;
+    let empty2 = ctx.device.allocate(0)?;
+    let full = upload(&ctx.device, &stream, &pattern(7, 64))?;
+    let host = HostBuffer::new(0)?;
+    let mut host8 = HostBuffer::from_bytes(&[0xEE; 8])?;
+    stream.copy_from_host(&host, 0, &empty)?;
+    stream.copy_to_host(&empty, &host, 0)?;
+    stream.copy_to_host(&empty, &host8, 8)?;
+    stream.copy(&empty, &empty2)?;
+    stream.copy(full.slice(8, 0), empty.whole())?;
+    stream.fill(&empty, from_i64(dtype, 1))?;
+    stream.fill(full.slice(16, 0), from_i64(dtype, 1))?;
+    stream.binary(BinaryOp::Sum, dtype, &empty, &empty2, &empty)?;
+    stream.accumulate(BinaryOp::Max, dtype, full.slice(0, 0), &empty)?;
+    stream.scale(&empty, &empty2, from_i64(dtype, 2))?;
+    stream.cast(&empty, dtype, &empty2, dtype)?;
+    stream.synchronize()?;
+    ensure(stream.read(&empty)?.is_empty(), || {
+        "reading a zero-size allocation returned bytes".to_string()
+    })?;
+    check_bytes(
+        host8.as_slice()?,
+        &[0xEE; 8],
+        "a host buffer after an empty copy into it",
+    )?;
+    check_bytes(
+        &stream.read(&full)?,
+        &pattern(7, 64),
+        "an allocation after empty operations on slices of it",
+    )?;
+    empty.free()?;
+    expect_invalid(empty.free(), "freeing a zero-size allocation twice")?;
+    expect_invalid(
+        stream.fill(&empty, from_i64(dtype, 1)),
+        "fill into a freed zero-size allocation",
+    )
+}
+
+fn double_free(ctx: &CaseContext) -> CaseOutcome {
+    let a = ctx.device.allocate(256)?;
+    let clone = a.clone();
+    a.free()?;
+    expect_invalid(a.free(), "the second free of an allocation")?;
+    expect_invalid(clone.free(), "freeing a clone of a freed allocation")?;
+    // The device still allocates and frees afterwards.
+    ctx.device.allocate(256)?.free()?;
+    Ok(())
+}
+
+fn use_after_free(ctx: &CaseContext) -> CaseOutcome {
+    let dtype = ctx.pick_dtype(&DType::ALL)?;
+    let stream = ctx.device.create_stream()?;
+    let live = upload(&ctx.device, &stream, &pattern(3, 64))?;
+    let freed = ctx.device.allocate(64)?;
+    freed.free()?;
+    let host = HostBuffer::new(64)?;
+    expect_invalid(
+        stream.copy_from_host(&host, 0, &freed),
+        "a host-to-device copy into freed memory",
+    )?;
+    expect_invalid(
+        stream.copy_to_host(&freed, &host, 0),
+        "a device-to-host copy from freed memory",
+    )?;
+    expect_invalid(
+        stream.copy(&freed, &live),
+        "a device copy from freed memory",
+    )?;
+    expect_invalid(
+        stream.copy(&live, &freed),
+        "a device copy into freed memory",
+    )?;
+    expect_invalid(
+        stream.fill(&freed, from_i64(dtype, 1)),
+        "a fill of freed memory",
+    )?;
+    expect_invalid(
+        stream.accumulate(BinaryOp::Sum, dtype, &live, &freed),
+        "an accumulate reading freed memory",
+    )?;
+    expect_invalid(stream.read(&freed), "a read of freed memory")?;
+    expect_invalid(stream.write(&freed, &[0; 64]), "a write to freed memory")?;
+    // Nothing was enqueued by the refused calls; the live data is intact.
+    check_bytes(
+        &stream.read(&live)?,
+        &pattern(3, 64),
+        "a live allocation after refused operations on a freed one",
+    )
+}
+
+fn over_capacity(ctx: &CaseContext) -> CaseOutcome {
+    let bytes = ctx.device.info().memory_bytes;
+    let max = ctx.device.capabilities().max_allocation;
+    if let Some(size) = bytes.checked_add(1) {
+        let result = ctx.device.allocate(size);
+        if let Err(Error::OutOfMemory { requested, .. }) = &result {
+            ensure(*requested == size, || {
+                format!("the out-of-memory error for {size} bytes reports {requested} requested")
+            })?;
+        }
+        expect_oom(
+            result,
+            &format!("allocate({size}), one byte more than the device holds"),
+        )?;
+    }
+    expect_oom(ctx.device.allocate(u64::MAX), "allocate(u64::MAX)")?;
+    if max < bytes {
+        expect_oom(
+            ctx.device.allocate(max + 1),
+            &format!("allocate({}), one byte more than max_allocation", max + 1),
+        )?;
+    }
+    let stream = ctx.device.create_stream()?;
+    let data = pattern(11, 4096);
+    let a = upload(&ctx.device, &stream, &data)?;
+    check_bytes(
+        &stream.read(&a)?,
+        &data,
+        "a 4096-byte allocation made after an out-of-memory error",
+    )
+}
+
+fn info_or_skip(ctx: &CaseContext) -> Result<MemoryInfo, CaseError> {
+    match ctx.device.memory_info() {
+        Err(Error::Unsupported { message }) => Err(CaseError::skip(format!(
+            "device does not report memory use ({message})"
+        ))),
+        other => Ok(other?),
+    }
+}
+
+/// How often an accounting measurement is repeated before it counts as wrong: other
+/// work on the device may allocate or free between two snapshots.
+const ACCOUNTING_ATTEMPTS: usize = 20;
+
+fn accounting(ctx: &CaseContext) -> CaseOutcome {
+    let size = (8 * MIB)
+        .min(ctx.device.capabilities().max_allocation / 4)
+        .max(1);
+    let mut last = String::new();
+    for release_by_drop in [false, true] {
+        let how = if release_by_drop { "drop" } else { "free" };
+        let mut ok = false;
+        for _ in 0..ACCOUNTING_ATTEMPTS {
+            let before = info_or_skip(ctx)?;
+            let a = ctx.device.allocate(size)?;
+            let during = info_or_skip(ctx)?;
+            if release_by_drop {
+                drop(a);
+            } else {
+                a.free()?;
+            }
+            let after = info_or_skip(ctx)?;
+            let drop_by = before.free.saturating_sub(during.free);
+            let back_by = after.free.saturating_sub(during.free);
+            if drop_by >= size && drop_by <= 2 * size && back_by >= size {
+                ok = true;
+                break;
+            }
+            last = format!(
+                "allocating {size} bytes moved free memory from {} to {} (expected a drop of at least {size} and at most {}), and releasing it by {how} moved it to {} (expected a rise of at least {size})",
+                before.free,
+                during.free,
+                2 * size,
+                after.free
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if !ok {
+            return Err(CaseError::fail(format!(
+                "{last} in each of {ACCOUNTING_ATTEMPTS} attempts"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn free_in_flight(ctx: &CaseContext) -> CaseOutcome {
+    ctx.require_streams(2)?;
+    let stream = ctx.device.create_stream()?;
+    let other = ctx.device.create_stream()?;
+    let size = 64 * 1024 + 5;
+    let data = pattern(21, size);
+    let src = upload(&ctx.device, &stream, &data)?;
+    let mid = ctx.device.allocate(size as u64)?;
+    let mut host = HostBuffer::new(size)?;
+    // With host functions, a gate holds the stream so the frees below certainly happen
+    // while the copies are queued; without, they happen as soon as the calls return.
+    let gate = if ctx.has_host_functions() {
+        Some(hold_with_gate(&stream)?)
+    } else {
+        None
+    };
+    stream.copy(&src, &mid)?;
+    stream.copy_to_host(&mid, &host, 0)?;
+    src.free()?;
+    mid.free()?;
+    // Reuse of the released memory, if the backend released it early, would show as
+    // this pattern in the result.
+    let mut fresh = Vec::new();
+    for i in 0..4 {
+        let garbage = pattern(900 + i, size);
+        fresh.push(upload(&ctx.device, &other, &garbage)?);
+    }
+    if let Some(g) = &gate {
+        g.open();
+    }
+    stream.synchronize()?;
+    check_bytes(
+        host.as_slice()?,
+        &data,
+        "data copied through allocations freed while the copies were queued",
+    )
+}
+
+fn no_aliasing(ctx: &CaseContext) -> CaseOutcome {
+    let stream = ctx.device.create_stream()?;
+    let mut rng = Rng::new(77);
+    let mut allocations = Vec::new();
+    let mut hosts = Vec::new();
+    for i in 0..48u64 {
+        let size = 1 + rng.below(5000) as usize;
+        let a = ctx.device.allocate(size as u64)?;
+        let h = HostBuffer::from_bytes(&pattern(1000 + i, size))?;
+        stream.copy_from_host(&h, 0, &a)?;
+        allocations.push(a);
+        hosts.push(h);
+    }
+    stream.synchronize()?;
+    let mut ids = std::collections::HashSet::new();
+    for (i, a) in allocations.iter().enumerate() {
+        ensure(ids.insert(a.id()), || {
+            format!("two live allocations share the id {}", a.id())
+        })?;
+        check_bytes(
+            &stream.read(a)?,
+            &pattern(1000 + i as u64, a.size() as usize),
+            &format!("allocation {i} of 48 ({} bytes)", a.size()),
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,85 @@
+//! The built-in cases, one module per area of the contract.
+//!
+//! | module   | checks |
+//! |----------|--------|
+//! | `device` | properties, memory info, stream creation |
+//! | `memory` | allocation sizes, zero size, double free, use after free, out of memory, accounting, freeing in flight |
+//! | `copy`   | host↔device and device↔device copies at odd offsets and sizes; refused copies |
+//! | `fill`   | fill for every dtype; unsupported dtypes |
+//! | `ops`    | binary, accumulate and scale against the host reference; wrapping, NaN, rounding; refused operands |
+//! | `cast`   | every dtype pair; truncation, saturation, wrapping and rounding rules |
+//! | `stream` | ordering without synchronize, many operations, several threads, foreign memory |
+//! | `kernel` | host-function launches, refused launches, unsupported formats, failing and panicking kernels |
+//! | `event`  | cross-stream and cross-device waits, queries, timeouts, timing, errors |
+
+use crate::case::{Case, Profile};
+
+mod cast;
+mod copy;
+mod device;
+mod event;
+mod fill;
+mod kernel;
+mod memory;
+mod ops;
+mod stream;
+pub(crate) mod util;
+
+const MODULES: &[&[Case]] = &[
+    device::CASES,
+    memory::CASES,
+    copy::CASES,
+    fill::CASES,
+    ops::CASES,
+    cast::CASES,
+    stream::CASES,
+    kernel::CASES,
+    event::CASES,
+];
+
+/// Every built-in case of every profile, in a stable order.
+pub fn all_cases() -> Vec<Case> {
+    MODULES.iter().flat_map(|m| m.iter().copied()).collect()
+}
+
+/// The built-in cases of `profile`, in a stable order.
+pub fn cases(profile: Profile) -> Vec<Case> {
+    all_cases()
+        .into_iter()
+        .filter(|c| c.profile == profile)
+        .collect()
+}
+
+/// The built-in case named `name`.
+pub fn find_case(name: &str) -> Option<Case> {
+    all_cases().into_iter().find(|c| c.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_dotted_and_described() {
+        let all = all_cases();
+        let mut seen = std::collections::HashSet::new();
+        for c in &all {
+            assert!(seen.insert(c.name), "duplicate case name {}", c.name);
+            assert!(c.name.contains('.'), "{} is not dotted", c.name);
+            assert!(
+                c.name.chars().all(|ch| ch.is_ascii_lowercase()
+                    || ch.is_ascii_digit()
+                    || ch == '.'
+                    || ch == '_'),
+                "{} is not lowercase",
+                c.name
+            );
+            assert!(!c.description.is_empty(), "{} has no description", c.name);
+        }
+        assert!(
+            cases(Profile::Core).len() >= 45,
+            "{} core cases",
+            cases(Profile::Core).len()
+        );
+    }
+}

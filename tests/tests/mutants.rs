@@ -1,0 +1,396 @@
+//! The suite catches broken backends: the host backend wrapped with one deliberate
+//! fault at a time must fail the cases about that behaviour, and the same wrapper with
+//! no fault must fail exactly what the plain host backend fails.
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+
+use xpu_conformance::{all_cases, run_cases, Expectations, Profile, RunOptions, Status};
+use xpu_hal::backend::{Backend, BuiltinOp, DeviceImpl, DeviceSummary, EventImpl, StreamImpl};
+use xpu_hal::{
+    BinaryOp, Device, DeviceInfo, DeviceSelector, Event, HostSlice, KernelDesc, KernelImpl,
+    LaunchDims, MemoryInfo, RawAllocation, RawKernelArg, RawSlice, Registry, Result,
+};
+use xpu_host::{HostBackend, HostConfig};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    None,
+    /// Stream waits on events do nothing.
+    IgnoreWaits,
+    /// Events claim to be complete as soon as they are recorded.
+    EventsAlwaysDone,
+    /// Synchronize drops the errors of enqueued work.
+    SwallowErrors,
+    /// Fill leaves the last element of its range untouched.
+    ShortFill,
+    /// Min and max are exchanged.
+    SwapMinMax,
+    /// Device-to-device copies leave out their last byte.
+    ShortDeviceCopy,
+    /// memory_info always reports the whole device free.
+    FrozenMemoryInfo,
+    /// Capabilities claim a larger allocation than the device holds.
+    OversizedMaxAllocation,
+}
+
+struct FaultyBackend {
+    inner: HostBackend,
+    fault: Fault,
+}
+
+impl Backend for FaultyBackend {
+    fn name(&self) -> &str {
+        "faulty"
+    }
+
+    fn enumerate(&self) -> Result<Vec<DeviceSummary>> {
+        self.inner.enumerate()
+    }
+
+    fn create_device(&self, index: u32) -> Result<Arc<dyn DeviceImpl>> {
+        Ok(Arc::new(FaultyDevice {
+            inner: self.inner.create_device(index)?,
+            fault: self.fault,
+        }))
+    }
+}
+
+struct FaultyDevice {
+    inner: Arc<dyn DeviceImpl>,
+    fault: Fault,
+}
+
+impl DeviceImpl for FaultyDevice {
+    fn info(&self) -> DeviceInfo {
+        let mut info = self.inner.info();
+        if self.fault == Fault::OversizedMaxAllocation {
+            info.capabilities.max_allocation = info.memory_bytes * 2;
+        }
+        info
+    }
+
+    fn memory_info(&self) -> Result<MemoryInfo> {
+        let m = self.inner.memory_info()?;
+        if self.fault == Fault::FrozenMemoryInfo {
+            return Ok(MemoryInfo {
+                total: m.total,
+                free: m.total,
+            });
+        }
+        Ok(m)
+    }
+
+    fn allocate(&self, size: u64) -> Result<Arc<dyn RawAllocation>> {
+        self.inner.allocate(size)
+    }
+
+    fn create_stream(&self) -> Result<Box<dyn StreamImpl>> {
+        Ok(Box::new(FaultyStream {
+            inner: self.inner.create_stream()?,
+            fault: self.fault,
+        }))
+    }
+
+    fn load_kernel(&self, desc: &KernelDesc) -> Result<Arc<dyn KernelImpl>> {
+        self.inner.load_kernel(desc)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+struct FaultyStream {
+    inner: Box<dyn StreamImpl>,
+    fault: Fault,
+}
+
+fn swap(op: BinaryOp) -> BinaryOp {
+    match op {
+        BinaryOp::Min => BinaryOp::Max,
+        BinaryOp::Max => BinaryOp::Min,
+        other => other,
+    }
+}
+
+impl StreamImpl for FaultyStream {
+    fn copy_host_to_device(&self, src: HostSlice, dst: RawSlice) -> Result<()> {
+        self.inner.copy_host_to_device(src, dst)
+    }
+
+    fn copy_device_to_host(&self, src: RawSlice, dst: HostSlice) -> Result<()> {
+        self.inner.copy_device_to_host(src, dst)
+    }
+
+    fn copy_device_to_device(&self, mut src: RawSlice, mut dst: RawSlice) -> Result<()> {
+        if self.fault == Fault::ShortDeviceCopy && src.len > 1 {
+            src.len -= 1;
+            dst.len -= 1;
+        }
+        self.inner.copy_device_to_device(src, dst)
+    }
+
+    fn builtin(&self, op: BuiltinOp) -> Result<()> {
+        let op = match (self.fault, op) {
+            (Fault::ShortFill, BuiltinOp::Fill { mut dst, value }) => {
+                let size = value.dtype().size() as u64;
+                if dst.len > size {
+                    dst.len -= size;
+                }
+                BuiltinOp::Fill { dst, value }
+            }
+            (
+                Fault::SwapMinMax,
+                BuiltinOp::Binary {
+                    op,
+                    dtype,
+                    a,
+                    b,
+                    dst,
+                },
+            ) => BuiltinOp::Binary {
+                op: swap(op),
+                dtype,
+                a,
+                b,
+                dst,
+            },
+            (
+                Fault::SwapMinMax,
+                BuiltinOp::Accumulate {
+                    op,
+                    dtype,
+                    dst,
+                    src,
+                },
+            ) => BuiltinOp::Accumulate {
+                op: swap(op),
+                dtype,
+                dst,
+                src,
+            },
+            (_, op) => op,
+        };
+        self.inner.builtin(op)
+    }
+
+    fn launch(
+        &self,
+        kernel: &Arc<dyn KernelImpl>,
+        desc: &KernelDesc,
+        dims: LaunchDims,
+        args: Vec<RawKernelArg>,
+    ) -> Result<()> {
+        self.inner.launch(kernel, desc, dims, args)
+    }
+
+    fn record_event(&self) -> Result<Arc<dyn EventImpl>> {
+        Ok(Arc::new(FaultyEvent {
+            inner: self.inner.record_event()?,
+            fault: self.fault,
+        }))
+    }
+
+    fn wait_event(&self, event: &Arc<dyn EventImpl>) -> Result<()> {
+        if self.fault == Fault::IgnoreWaits {
+            return Ok(());
+        }
+        let inner = event
+            .as_any()
+            .downcast_ref::<FaultyEvent>()
+            .map(|e| e.inner.clone())
+            .ok_or_else(|| xpu_hal::Error::invalid("not an event of the faulty backend"))?;
+        self.inner.wait_event(&inner)
+    }
+
+    fn wait_foreign_event(&self, event: Event) -> Result<()> {
+        if self.fault == Fault::IgnoreWaits {
+            return Ok(());
+        }
+        self.inner.wait_foreign_event(event)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let result = self.inner.synchronize();
+        if self.fault == Fault::SwallowErrors {
+            return Ok(());
+        }
+        result
+    }
+
+    fn query(&self) -> Result<bool> {
+        self.inner.query()
+    }
+}
+
+struct FaultyEvent {
+    inner: Arc<dyn EventImpl>,
+    fault: Fault,
+}
+
+impl EventImpl for FaultyEvent {
+    fn query(&self) -> Result<bool> {
+        if self.fault == Fault::EventsAlwaysDone {
+            return Ok(true);
+        }
+        self.inner.query()
+    }
+
+    fn wait(&self, timeout: Option<Duration>) -> Result<()> {
+        self.inner.wait(timeout)
+    }
+
+    fn elapsed_since(&self, earlier: &dyn EventImpl) -> Result<Duration> {
+        let earlier = earlier
+            .as_any()
+            .downcast_ref::<FaultyEvent>()
+            .ok_or_else(|| xpu_hal::Error::invalid("not an event of the faulty backend"))?;
+        self.inner.elapsed_since(&*earlier.inner)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+fn faulty_devices(fault: Fault) -> Result<Vec<Device>> {
+    let mut registry = Registry::new();
+    registry.register(Arc::new(FaultyBackend {
+        inner: HostBackend::new(config()),
+        fault,
+    }))?;
+    registry.devices(&DeviceSelector::parse("*")?)
+}
+
+fn plain_devices() -> Result<Vec<Device>> {
+    let mut registry = Registry::new();
+    registry.register(Arc::new(HostBackend::new(config())))?;
+    registry.devices(&DeviceSelector::parse("*")?)
+}
+
+fn config() -> HostConfig {
+    HostConfig {
+        devices: 2,
+        capacity: 128 << 20,
+    }
+}
+
+/// Runs the cases named in `only` (every case when empty) on `devices` and returns the
+/// names of the failed ones.
+fn failed_cases(devices: &[Device], only: &[&str]) -> Vec<String> {
+    let mut options = RunOptions::new(Profile::Core);
+    options.expectations = Expectations::none();
+    let cases: Vec<_> = all_cases()
+        .into_iter()
+        .filter(|c| only.is_empty() || only.contains(&c.name))
+        .collect();
+    let report = run_cases(&cases, devices, &options, |_| {});
+    let mut failed: Vec<String> = report
+        .results
+        .iter()
+        .filter(|r| r.status == Status::Fail)
+        .map(|r| r.case.clone())
+        .collect();
+    failed.sort();
+    failed.dedup();
+    failed
+}
+
+/// Each case in `expected` fails on the faulty devices and passes on plain host devices.
+fn assert_caught(fault: Fault, expected: &[&str]) {
+    let (faulty, plain) = (faulty_devices(fault), plain_devices());
+    assert!(
+        faulty.is_ok() && plain.is_ok(),
+        "the backends could not be set up"
+    );
+    let with_fault = failed_cases(&faulty.unwrap_or_default(), expected);
+    let without = failed_cases(&plain.unwrap_or_default(), expected);
+    for case in expected {
+        assert!(
+            !without.iter().any(|f| f == case),
+            "case {case} fails on the plain host backend too, so it proves nothing about fault {fault:?}"
+        );
+        assert!(
+            with_fault.iter().any(|f| f == case),
+            "with fault {fault:?}, case {case} should fail; failed: {with_fault:?}"
+        );
+    }
+}
+
+#[test]
+fn without_a_fault_the_wrapper_fails_what_the_host_fails() {
+    let wrapped = failed_cases(&faulty_devices(Fault::None).unwrap(), &[]);
+    let plain = failed_cases(&plain_devices().unwrap(), &[]);
+    assert_eq!(wrapped, plain);
+}
+
+#[test]
+fn ignored_waits_are_caught() {
+    assert_caught(
+        Fault::IgnoreWaits,
+        &["event.cross_stream", "event.cross_device"],
+    );
+}
+
+#[test]
+fn events_that_complete_early_are_caught() {
+    assert_caught(Fault::EventsAlwaysDone, &["event.query_pending"]);
+}
+
+#[test]
+fn swallowed_errors_are_caught() {
+    assert_caught(
+        Fault::SwallowErrors,
+        &[
+            "kernel.error_at_synchronize",
+            "kernel.panic_becomes_error",
+            "event.failed_work",
+        ],
+    );
+}
+
+#[test]
+fn short_fills_are_caught() {
+    assert_caught(
+        Fault::ShortFill,
+        &["fill.every_dtype", "stream.order_builtin"],
+    );
+}
+
+#[test]
+fn swapped_min_max_is_caught() {
+    assert_caught(
+        Fault::SwapMinMax,
+        &[
+            "binary.min",
+            "binary.max",
+            "accumulate.min",
+            "accumulate.max",
+            "ops.nan_min_max",
+        ],
+    );
+}
+
+#[test]
+fn short_device_copies_are_caught() {
+    assert_caught(
+        Fault::ShortDeviceCopy,
+        &[
+            "copy.d2d_offsets",
+            "memory.free_in_flight",
+            "event.cross_stream",
+        ],
+    );
+}
+
+#[test]
+fn frozen_memory_info_is_caught() {
+    assert_caught(Fault::FrozenMemoryInfo, &["memory.accounting"]);
+}
+
+#[test]
+fn oversized_max_allocation_is_caught() {
+    assert_caught(Fault::OversizedMaxAllocation, &["device.properties"]);
+}
