@@ -54,6 +54,10 @@ enum Command {
         /// List the profile's cases and exit.
         #[arg(long)]
         list: bool,
+        /// Backends that must have a device in the run, comma-separated (default:
+        /// XPU_REQUIRE); a trailing `*` is a prefix wildcard.
+        #[arg(long, value_name = "BACKENDS")]
+        require: Option<String>,
     },
     /// Measure xpu beside a reference measured in the same run.
     #[command(subcommand)]
@@ -96,6 +100,7 @@ fn run(cli: Cli) -> Result<bool> {
             expectations,
             filter,
             list,
+            require,
         }) => cli::conformance::run(
             &registry,
             &cli::conformance::Options {
@@ -106,6 +111,10 @@ fn run(cli: Cli) -> Result<bool> {
                 expectations,
                 filter,
                 list,
+                required: match require {
+                    Some(text) => xpu_conformance::parse_required(&text),
+                    None => xpu_conformance::required_from_env(),
+                },
             },
         ),
         Some(Command::Bench(BenchCommand::Hal { rounds, json })) => {
@@ -125,6 +134,7 @@ fn run(cli: Cli) -> Result<bool> {
                     expectations: Vec::new(),
                     filter: None,
                     list: false,
+                    required: Vec::new(),
                 },
             )
         }

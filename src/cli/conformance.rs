@@ -24,6 +24,8 @@ pub struct Options {
     pub filter: Option<String>,
     /// List the cases instead of running them.
     pub list: bool,
+    /// Backends that must have at least one device in the run.
+    pub required: Vec<String>,
 }
 
 fn write_file(path: &PathBuf, text: &str, what: &str) -> Result<()> {
@@ -40,7 +42,8 @@ fn write_file(path: &PathBuf, text: &str, what: &str) -> Result<()> {
 pub fn run(registry: &Registry, options: &Options) -> Result<bool> {
     let profile = Profile::from_str(&options.profile)?;
     let devices = registry.devices(&options.selector)?;
-    if devices.is_empty() {
+    let unmet = xpu_conformance::check_required(&options.required, &devices, &registry.backends());
+    if devices.is_empty() && unmet.is_empty() {
         return Err(Error::invalid(format!(
             "the selector `{}` picks no device; run `xpu devices` to see what is available",
             options.selector
@@ -71,7 +74,7 @@ pub fn run(registry: &Registry, options: &Options) -> Result<bool> {
             .join(", ")
     );
     let mut stdout = std::io::stdout();
-    let report = xpu_conformance::run(&devices, &run_options, |r| {
+    let mut print = |r: &xpu_conformance::CaseResult| {
         let tag = match r.status {
             Status::Pass => "ok",
             Status::Fail => "FAIL",
@@ -85,7 +88,12 @@ pub fn run(registry: &Registry, options: &Options) -> Result<bool> {
             .map(|s| format!(" ({s})"))
             .unwrap_or_default();
         let _ = writeln!(stdout, "{tag:<5} {}{reason}", r.display_name());
-    });
+    };
+    let mut report = xpu_conformance::run(&devices, &run_options, &mut print);
+    for r in unmet {
+        print(&r);
+        report.push(r);
+    }
     if let Some(path) = &options.json {
         let text = report
             .to_json()

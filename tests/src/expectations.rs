@@ -18,7 +18,7 @@ pub struct Expectation {
     pub reason: String,
 }
 
-fn glob_matches(pattern: &str, text: &str) -> bool {
+pub(crate) fn glob_matches(pattern: &str, text: &str) -> bool {
     match pattern.strip_suffix('*') {
         Some(prefix) => text.starts_with(prefix),
         None => pattern == text,

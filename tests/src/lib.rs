@@ -99,12 +99,14 @@ mod expectations;
 pub mod harness;
 mod reference;
 mod report;
+mod required;
 mod runner;
 
 pub use case::{Case, CaseContext, CaseError, CaseOutcome, Profile};
 pub use cases::{all_cases, cases, find_case};
 pub use expectations::{Expectation, Expectations};
 pub use report::{CaseResult, Report, ReportError, Status, Summary};
+pub use required::{check_required, parse_required, required_from_env, REQUIRED_CASE, REQUIRE_ENV};
 pub use runner::{
     classify, context_for, matches_filter, run, run_cases, run_guarded, run_one, RunOptions,
     DEFAULT_CASE_TIMEOUT,

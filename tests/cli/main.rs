@@ -1,0 +1,218 @@
+//! End-to-end tests of the `xpu` command: real processes, real output, real exit codes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn xpu(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_xpu"));
+    c.args(args);
+    for var in [
+        "XPU_DEVICES",
+        "XPU_HOST_DEVICES",
+        "XPU_HOST_MEMORY",
+        "XPU_REQUIRE",
+    ] {
+        c.env_remove(var);
+    }
+    c
+}
+
+fn run(cmd: &mut Command) -> (i32, String, String) {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = cmd.output().expect("the xpu binary runs");
+    (
+        status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+    )
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(format!("{}-{name}", std::process::id()))
+}
+
+#[test]
+fn devices_json_lists_the_four_host_devices() {
+    let (code, out, err) = run(&mut xpu(&["devices", "--json"]));
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("valid JSON");
+    let ids: Vec<&str> = v["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["host:0", "host:1", "host:2", "host:3"]);
+    for d in v["devices"].as_array().unwrap() {
+        assert_eq!(d["backend"], "host");
+        assert!(d["memory_bytes"].as_u64().unwrap() > 0);
+        assert!(!d["name"].as_str().unwrap().is_empty());
+    }
+    let backends = v["backends"].as_array().unwrap();
+    assert!(backends
+        .iter()
+        .any(|b| b["name"] == "host" && b["available"] == true));
+}
+
+#[test]
+fn devices_table_honours_the_selector_and_the_environment() {
+    let (code, out, _) = run(&mut xpu(&["devices", "--devices", "host:1,3"]));
+    assert_eq!(code, 0);
+    assert!(out.contains("host:1") && out.contains("host:3"), "{out}");
+    assert!(
+        !out.contains("host:0 ") && !out.contains("host:2 "),
+        "{out}"
+    );
+    assert!(out.contains("backends:"), "{out}");
+
+    let (code, out, _) = run(xpu(&["devices", "--json"]).env("XPU_HOST_DEVICES", "2"));
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["devices"].as_array().unwrap().len(), 2);
+
+    let (code, out, _) = run(xpu(&["devices", "--json"]).env("XPU_DEVICES", "host:2"));
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["devices"][0]["id"], "host:2");
+    assert_eq!(v["devices"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn conformance_passes_on_a_host_device_and_writes_reports() {
+    let json = scratch("report.json");
+    let junit = scratch("report.xml");
+    let (code, out, err) = run(&mut xpu(&[
+        "conformance",
+        "--devices",
+        "host:0,1",
+        "--json",
+        json.to_str().unwrap(),
+        "--junit",
+        junit.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("ok    [host/host:0] "), "{out}");
+    let closing = out.lines().last().unwrap();
+    assert!(
+        closing.contains(" passed, 0 failed, ") && closing.contains(" skipped"),
+        "{closing}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let passed = report["summary"]["passed"].as_u64().unwrap();
+    assert!(
+        passed >= 80,
+        "at least 40 cases on each of 2 devices, got {passed}"
+    );
+    assert_eq!(report["summary"]["failed"], 0);
+    let first = &report["results"][0];
+    for key in ["case", "device", "status", "reason", "duration_s"] {
+        assert!(first.get(key).is_some(), "result lacks `{key}`: {first}");
+    }
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.starts_with("<?xml"), "{xml}");
+    assert_eq!(
+        xml.matches("<testsuite ").count(),
+        2,
+        "one suite per device"
+    );
+}
+
+#[test]
+fn an_expected_failure_that_passes_fails_the_run() {
+    let file = scratch("expect.json");
+    std::fs::write(
+        &file,
+        r#"[{"backend": "host", "case": "copy.h2d_offsets", "reason": "pretend it is broken"}]"#,
+    )
+    .unwrap();
+    let (code, out, _) = run(&mut xpu(&[
+        "conformance",
+        "--devices",
+        "host:0",
+        "--filter",
+        "copy.",
+        "--expectations",
+        file.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("XPASS [host/host:0] copy.h2d_offsets"),
+        "{out}"
+    );
+    assert!(out.lines().last().unwrap().contains("1 xpass"), "{out}");
+}
+
+#[test]
+fn a_required_backend_without_devices_fails_the_run() {
+    let (code, out, _) = run(&mut xpu(&[
+        "conformance",
+        "--devices",
+        "host:0",
+        "--filter",
+        "device.",
+        "--require",
+        "host,nosuch",
+    ]));
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("backend.required"), "{out}");
+    assert!(
+        out.contains("no registered backend matches `nosuch`"),
+        "{out}"
+    );
+
+    let (code, out, _) = run(
+        xpu(&["conformance", "--devices", "host:0", "--filter", "device."])
+            .env("XPU_REQUIRE", "host"),
+    );
+    assert_eq!(code, 0, "{out}");
+}
+
+#[test]
+fn bad_input_is_a_clear_error_with_exit_code_2() {
+    let (code, _, err) = run(&mut xpu(&["conformance", "--devices", "host:x"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("not a device index"), "{err}");
+
+    let (code, _, err) = run(&mut xpu(&["conformance", "--devices", "host:9"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("host:9 does not exist"), "{err}");
+
+    let (code, _, err) = run(&mut xpu(&["conformance", "--profile", "nope"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("nope"), "{err}");
+
+    let (code, _, err) = run(xpu(&["devices"]).env("XPU_HOST_DEVICES", "lots"));
+    assert_eq!(code, 2);
+    assert!(err.contains("XPU_HOST_DEVICES"), "{err}");
+
+    let (code, _, err) = run(xpu(&["devices"]).env("XPU_HOST_MEMORY", "12Q"));
+    assert_eq!(code, 2);
+    assert!(err.contains("XPU_HOST_MEMORY"), "{err}");
+
+    let missing = scratch("missing.json");
+    let (code, _, err) = run(&mut xpu(&[
+        "conformance",
+        "--expectations",
+        missing.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 2);
+    assert!(err.contains("missing.json"), "{err}");
+}
+
+#[test]
+fn version_and_case_list() {
+    let (code, out, _) = run(&mut xpu(&["--version"]));
+    assert_eq!(code, 0);
+    assert!(out.starts_with("xpu "), "{out}");
+    let (code, out, _) = run(&mut xpu(&["conformance", "--devices", "host:0", "--list"]));
+    assert_eq!(code, 0);
+    assert!(out.lines().count() >= 40, "{out}");
+}
