@@ -46,7 +46,15 @@ impl EventImpl for HostEvent {
     }
 
     fn wait(&self, timeout: Option<Duration>) -> Result<()> {
-        if !self.timeline.wait_for(self.seq, timeout) {
+        let reached = match timeout {
+            // Untimed: help run the stream's queued work (see `queue`).
+            None => {
+                self.timeline.drive(self.seq);
+                true
+            }
+            Some(_) => self.timeline.wait_for(self.seq, timeout),
+        };
+        if !reached {
             return Err(Error::Timeout {
                 message: format!(
                     "an event on {} did not complete within {:?}",

@@ -17,9 +17,14 @@
 //!   returns its bytes to the device's account when the last holder drops it; queued
 //!   work holds the blocks it touches, so freeing early is safe.
 //! - `queue` + [`HostStream`] — every stream owns one worker thread that drains an
-//!   in-order queue (crossbeam channel). Both sides spin for a few microseconds before
-//!   they block, because on small machines a futex wake costs ~20 µs and a spinning
-//!   hand-off ~0.1 µs. Panics in work are caught on the worker and become errors.
+//!   in-order job queue. A thread that waits on the stream without a time limit
+//!   (`synchronize`, an untimed event wait) does not sleep while jobs are queued: it runs
+//!   them itself under the stream's executor lock, so a submit-then-synchronize pattern
+//!   costs no thread hand-off at all and the data stays in the waiting core's cache.
+//!   Only the holder of the executor lock pops jobs, and it finishes each before letting
+//!   go, so order is kept whichever thread runs a job. Otherwise both sides spin for a
+//!   few microseconds before they block, because on small machines a futex wake costs
+//!   ~20 µs and a spinning hand-off ~0.1 µs. Panics in work are caught and become errors.
 //! - [`HostEvent`] — a numbered point on a stream's timeline; it completes when the
 //!   worker passes it, recording a timestamp and the outcome of the work before it.
 //!   Waits on events of any backend are done by the waiting stream's worker.

@@ -1,17 +1,26 @@
-//! The execution engine behind a host stream: one worker thread draining an in-order
-//! queue of jobs, a completion counter, and the stream's error slot.
+//! The execution engine behind a host stream: an in-order job queue, a worker thread
+//! that drains it, a completion counter, and the stream's error slot.
 //!
-//! Hand-offs are the cost that matters here (a futex wake is ~20 µs on small VMs, a
-//! spin hand-off ~0.1 µs), so both sides spin briefly before they block: the worker
-//! keeps polling the queue for a short while after its last job, and a waiter polls
-//! the completion counter before it sleeps on the condition variable.
+//! Hand-offs between threads are the cost that matters here (a futex wake is ~20 µs on
+//! small VMs, a spinning hand-off ~0.1 µs), so:
+//!
+//! - **Whoever waits, works.** A thread that blocks on the stream without a time limit
+//!   (`synchronize`, an untimed event wait) does not sleep while jobs are queued: it
+//!   takes the executor lock and runs them itself, on its own (cache-hot) core. Jobs are
+//!   only ever popped by the holder of the executor lock, one at a time, and each is
+//!   finished before the lock is released, so execution stays strictly in order no
+//!   matter which thread runs a job. Timed waits and queries never run jobs, since a job
+//!   may block for longer than the caller is willing to wait.
+//! - **Both sides spin briefly before they sleep.** The worker polls for new jobs for a
+//!   few microseconds after its queue runs dry, and waiters poll the completion counter
+//!   before they sleep on the condition variable.
 
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use xpu_hal::{Error, Result};
 
 /// How long the worker polls for more work before it sleeps, and a waiter polls for
@@ -26,39 +35,69 @@ pub(crate) enum Job {
     Mark(Arc<Mark>),
 }
 
-/// What an event records when the worker reaches it.
+/// What an event records when execution reaches it.
 #[derive(Default)]
 pub(crate) struct Mark {
-    /// When the worker reached it.
+    /// When execution reached it.
     pub(crate) time: OnceLock<Instant>,
     /// The outcome of the work before it.
     pub(crate) result: OnceLock<Result<()>>,
 }
 
-/// The state a stream's worker and its waiters share.
+/// The job queue proper, guarded by one mutex.
+struct Jobs {
+    queue: VecDeque<Job>,
+    /// Jobs ever submitted; a job's number is this count right after its push.
+    submitted: u64,
+    /// Whether the worker sleeps on `work_cv`.
+    worker_sleeping: bool,
+    /// Set when the stream is dropped: the worker drains what is left and exits.
+    closed: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The state a stream's worker, its submitters and its waiters share.
 pub(crate) struct Timeline {
+    jobs: Mutex<Jobs>,
+    /// Queued jobs not yet popped, readable without the lock (for spinning).
+    queued: AtomicUsize,
+    work_cv: Condvar,
+    /// Held while popping and running one job: the in-order guarantee.
+    exec: Mutex<()>,
     /// Jobs finished (run or skipped), in submission order.
     completed: AtomicU64,
-    /// First unreported error of this stream; while set, new jobs are skipped.
+    /// First unreported error of this stream; while set, new work is skipped.
     error: Mutex<Option<Error>>,
     has_error: AtomicBool,
-    /// Number of threads sleeping (or about to) on `cv`.
+    /// Threads sleeping (or about to) on `done_cv`.
     sleepers: AtomicUsize,
-    lock: Mutex<()>,
-    cv: Condvar,
-    /// The device's name, for messages.
+    done_lock: Mutex<()>,
+    done_cv: Condvar,
+    /// The device's id, for messages.
     pub(crate) device: String,
 }
 
 impl Timeline {
     fn new(device: String) -> Self {
         Timeline {
+            jobs: Mutex::new(Jobs {
+                queue: VecDeque::new(),
+                submitted: 0,
+                worker_sleeping: false,
+                closed: false,
+            }),
+            queued: AtomicUsize::new(0),
+            work_cv: Condvar::new(),
+            exec: Mutex::new(()),
             completed: AtomicU64::new(0),
             error: Mutex::new(None),
             has_error: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
-            lock: Mutex::new(()),
-            cv: Condvar::new(),
+            done_lock: Mutex::new(()),
+            done_cv: Condvar::new(),
             device,
         }
     }
@@ -68,12 +107,17 @@ impl Timeline {
         self.completed.load(Ordering::SeqCst)
     }
 
+    /// Jobs submitted so far.
+    pub(crate) fn submitted(&self) -> u64 {
+        lock(&self.jobs).submitted
+    }
+
     /// The pending error, if any, without reporting it.
     pub(crate) fn peek_error(&self) -> Option<Error> {
         if !self.has_error.load(Ordering::Acquire) {
             return None;
         }
-        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        lock(&self.error).clone()
     }
 
     /// Reports (and clears) the pending error.
@@ -81,7 +125,7 @@ impl Timeline {
         if !self.has_error.load(Ordering::Acquire) {
             return Ok(());
         }
-        let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = lock(&self.error);
         self.has_error.store(false, Ordering::Release);
         match slot.take() {
             Some(e) => Err(e),
@@ -90,22 +134,92 @@ impl Timeline {
     }
 
     fn set_error(&self, e: Error) {
-        let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = lock(&self.error);
         if slot.is_none() {
             *slot = Some(e);
         }
         self.has_error.store(true, Ordering::Release);
     }
 
+    fn push(&self, job: Job) -> Result<u64> {
+        let mut jobs = lock(&self.jobs);
+        if jobs.closed {
+            return Err(Error::DeviceLost {
+                device: self.device.clone(),
+                message: "the stream has been shut down".to_string(),
+            });
+        }
+        jobs.queue.push_back(job);
+        jobs.submitted += 1;
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        if jobs.worker_sleeping {
+            jobs.worker_sleeping = false;
+            self.work_cv.notify_one();
+        }
+        Ok(jobs.submitted)
+    }
+
+    fn pop(&self) -> Option<Job> {
+        let job = lock(&self.jobs).queue.pop_front();
+        if job.is_some() {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+        job
+    }
+
+    /// Runs queued jobs while holding the executor lock; returns how many ran.
+    fn run_queued(&self, _exec: &MutexGuard<'_, ()>, limit: u64) -> u64 {
+        let mut ran = 0;
+        while ran < limit {
+            let Some(job) = self.pop() else { break };
+            run(job, self);
+            // Counted before the executor lock is released, so that a thread holding
+            // the lock with an empty queue knows every submitted job is complete.
+            self.finish_one();
+            ran += 1;
+        }
+        ran
+    }
+
     fn finish_one(&self) {
         self.completed.fetch_add(1, Ordering::SeqCst);
         if self.sleepers.load(Ordering::SeqCst) > 0 {
-            let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-            self.cv.notify_all();
+            let _guard = lock(&self.done_lock);
+            self.done_cv.notify_all();
         }
     }
 
-    /// Waits until at least `target` jobs have completed; `false` on timeout.
+    /// Blocks until at least `target` jobs have completed, running queued jobs on this
+    /// thread whenever the worker is not running one.
+    pub(crate) fn drive(&self, target: u64) {
+        loop {
+            if self.completed() >= target {
+                return;
+            }
+            match self.exec.try_lock() {
+                Ok(guard) => {
+                    let needed = target.saturating_sub(self.completed());
+                    if self.run_queued(&guard, needed) == 0 {
+                        // Nothing queued while we hold the lock: everything submitted
+                        // has completed, so `target` has been reached.
+                        return;
+                    }
+                }
+                Err(TryLockError::Poisoned(p)) => {
+                    drop(p.into_inner());
+                    self.exec.clear_poison();
+                }
+                // The worker is running a job and will go on with the rest.
+                Err(TryLockError::WouldBlock) => {
+                    self.wait_for(target, None);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Waits (without running jobs) until at least `target` jobs have completed;
+    /// `false` on timeout.
     pub(crate) fn wait_for(&self, target: u64, timeout: Option<Duration>) -> bool {
         if self.completed() >= target {
             return true;
@@ -121,14 +235,14 @@ impl Timeline {
         }
         let deadline = timeout.map(|t| start + t);
         self.sleepers.fetch_add(1, Ordering::SeqCst);
-        let mut guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = lock(&self.done_lock);
         let reached = loop {
             if self.completed() >= target {
                 break true;
             }
             match deadline {
                 None => {
-                    guard = self.cv.wait(guard).unwrap_or_else(|p| p.into_inner());
+                    guard = self.done_cv.wait(guard).unwrap_or_else(|p| p.into_inner());
                 }
                 Some(d) => {
                     let now = Instant::now();
@@ -136,7 +250,7 @@ impl Timeline {
                         break false;
                     }
                     guard = self
-                        .cv
+                        .done_cv
                         .wait_timeout(guard, d - now)
                         .unwrap_or_else(|p| p.into_inner())
                         .0;
@@ -147,35 +261,53 @@ impl Timeline {
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
         reached
     }
+
+    /// Waits for work; `false` once the stream is closed and drained.
+    fn wait_for_work(&self) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < SPIN {
+            if self.queued.load(Ordering::SeqCst) > 0 {
+                return true;
+            }
+            for _ in 0..64 {
+                std::hint::spin_loop();
+            }
+        }
+        let mut jobs = lock(&self.jobs);
+        loop {
+            if !jobs.queue.is_empty() {
+                return true;
+            }
+            if jobs.closed {
+                return false;
+            }
+            jobs.worker_sleeping = true;
+            jobs = self.work_cv.wait(jobs).unwrap_or_else(|p| p.into_inner());
+        }
+    }
 }
 
-/// The submitting side of a stream's queue.
+/// The submitting side of a stream's queue. Dropping it lets the worker finish what
+/// was enqueued and exit.
 pub(crate) struct Queue {
     timeline: Arc<Timeline>,
-    /// The sender and the number of jobs submitted, updated together so that job
-    /// numbers follow queue order even with several submitting threads.
-    submit: Mutex<(Sender<Job>, u64)>,
 }
 
 impl Queue {
     /// Starts a worker thread named `name`.
     pub(crate) fn start(device: String, name: String) -> Result<Self> {
         let timeline = Arc::new(Timeline::new(device));
-        let (tx, rx) = crossbeam_channel::unbounded::<Job>();
         let worker_timeline = timeline.clone();
         std::thread::Builder::new()
             .name(name.clone())
-            .spawn(move || worker(rx, worker_timeline))
+            .spawn(move || worker(&worker_timeline))
             .map_err(|e| {
                 Error::backend_message(
                     "host",
                     format!("could not start the worker thread `{name}`: {e}"),
                 )
             })?;
-        Ok(Queue {
-            timeline,
-            submit: Mutex::new((tx, 0)),
-        })
+        Ok(Queue { timeline })
     }
 
     pub(crate) fn timeline(&self) -> &Arc<Timeline> {
@@ -184,51 +316,26 @@ impl Queue {
 
     /// Enqueues a job; returns its number (the completion count once it is done).
     pub(crate) fn push(&self, job: Job) -> Result<u64> {
-        let mut guard = self.submit.lock().unwrap_or_else(|p| p.into_inner());
-        guard.0.send(job).map_err(|_| Error::DeviceLost {
-            device: self.timeline.device.clone(),
-            message: "the stream's worker thread has stopped".to_string(),
-        })?;
-        guard.1 += 1;
-        Ok(guard.1)
-    }
-
-    /// Jobs submitted so far.
-    pub(crate) fn submitted(&self) -> u64 {
-        self.submit.lock().unwrap_or_else(|p| p.into_inner()).1
+        self.timeline.push(job)
     }
 }
 
-fn worker(rx: Receiver<Job>, timeline: Arc<Timeline>) {
-    loop {
-        let job = match rx.try_recv() {
-            Ok(job) => job,
-            Err(TryRecvError::Disconnected) => return,
-            Err(TryRecvError::Empty) => match spin_recv(&rx) {
-                Some(job) => job,
-                None => match rx.recv() {
-                    Ok(job) => job,
-                    Err(_) => return,
-                },
-            },
+impl Drop for Queue {
+    fn drop(&mut self) {
+        let mut jobs = lock(&self.timeline.jobs);
+        jobs.closed = true;
+        self.timeline.work_cv.notify_all();
+    }
+}
+
+fn worker(timeline: &Timeline) {
+    while timeline.wait_for_work() {
+        let guard = match timeline.exec.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
         };
-        run(job, &timeline);
-        timeline.finish_one();
+        timeline.run_queued(&guard, u64::MAX);
     }
-}
-
-/// Polls the queue for up to [`SPIN`].
-fn spin_recv(rx: &Receiver<Job>) -> Option<Job> {
-    let start = Instant::now();
-    while start.elapsed() < SPIN {
-        for _ in 0..64 {
-            std::hint::spin_loop();
-        }
-        if let Ok(job) = rx.try_recv() {
-            return Some(job);
-        }
-    }
-    None
 }
 
 /// Runs one job (or skips work while an error is pending); the job and everything it

@@ -164,13 +164,13 @@ impl StreamImpl for HostStream {
     }
 
     fn synchronize(&self) -> Result<()> {
-        let target = self.queue.submitted();
-        self.queue.timeline().wait_for(target, None);
+        let target = self.queue.timeline().submitted();
+        self.queue.timeline().drive(target);
         self.queue.timeline().take_error()
     }
 
     fn query(&self) -> Result<bool> {
-        let done = self.queue.timeline().completed() >= self.queue.submitted();
+        let done = self.queue.timeline().completed() >= self.queue.timeline().submitted();
         self.queue.timeline().take_error()?;
         Ok(done)
     }
@@ -179,7 +179,7 @@ impl StreamImpl for HostStream {
 impl HostStream {
     /// Blocks until all work is done, giving up after `timeout`.
     pub fn synchronize_timeout(&self, timeout: Duration) -> Result<()> {
-        let target = self.queue.submitted();
+        let target = self.queue.timeline().submitted();
         if !self.queue.timeline().wait_for(target, Some(timeout)) {
             return Err(Error::Timeout {
                 message: format!(
