@@ -7,7 +7,8 @@
 //! - `min`/`max` on floats ignore a NaN operand when the other is a number (IEEE 754
 //!   `minNum`/`maxNum`, like `fminf`).
 //! - Casts follow Rust's `as`: float → integer truncates toward zero and saturates
-//!   (NaN → 0); integer → narrower integer wraps; anything → float rounds to nearest.
+//!   (NaN → 0); integer → narrower integer wraps; anything → float rounds once to
+//!   nearest, ties to even (never through an intermediate rounding).
 
 use std::fmt;
 use std::str::FromStr;

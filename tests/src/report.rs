@@ -65,7 +65,8 @@ pub struct CaseResult {
     /// For every status but `pass`: the failure message, the skip reason, or the
     /// expectation's reason.
     pub reason: Option<String>,
-    /// Wall time of the case in seconds.
+    /// Wall time of the case in seconds (`duration` in the JSON report).
+    #[serde(rename = "duration")]
     pub duration_s: f64,
 }
 
