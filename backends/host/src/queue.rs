@@ -13,7 +13,17 @@
 //!   may block for longer than the caller is willing to wait.
 //! - **Both sides spin briefly before they sleep.** The worker polls for new jobs for a
 //!   few microseconds after its queue runs dry, and waiters poll the completion counter
-//!   before they sleep on the condition variable.
+//!   before they sleep on the condition variable. The polling backs off from spinning
+//!   to yielding (crossbeam's `Backoff`), so on a machine with fewer cores than busy
+//!   threads a poller hands its core to the thread it is waiting for.
+//! - **The counters live on their own cache lines** (`CachePadded`): the executor bumps
+//!   `completed` while submitters bump `queued`, and neither should invalidate the
+//!   other's line.
+//!
+//! The queue is a `VecDeque` under a mutex rather than a lock-free channel because a
+//! job's number must equal its position in the queue (events are numbers on the
+//! timeline): assigning the number and enqueueing must be one step, which one short
+//! critical section gives directly.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -21,6 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::{Backoff, CachePadded};
 use xpu_hal::{Error, Result};
 
 /// How long the worker polls for more work before it sleeps, and a waiter polls for
@@ -63,12 +74,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Timeline {
     jobs: Mutex<Jobs>,
     /// Queued jobs not yet popped, readable without the lock (for spinning).
-    queued: AtomicUsize,
+    queued: CachePadded<AtomicUsize>,
     work_cv: Condvar,
     /// Held while popping and running one job: the in-order guarantee.
     exec: Mutex<()>,
     /// Jobs finished (run or skipped), in submission order.
-    completed: AtomicU64,
+    completed: CachePadded<AtomicU64>,
     /// First unreported error of this stream; while set, new work is skipped.
     error: Mutex<Option<Error>>,
     has_error: AtomicBool,
@@ -89,10 +100,10 @@ impl Timeline {
                 worker_sleeping: false,
                 closed: false,
             }),
-            queued: AtomicUsize::new(0),
+            queued: CachePadded::new(AtomicUsize::new(0)),
             work_cv: Condvar::new(),
             exec: Mutex::new(()),
-            completed: AtomicU64::new(0),
+            completed: CachePadded::new(AtomicU64::new(0)),
             error: Mutex::new(None),
             has_error: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
@@ -225,10 +236,9 @@ impl Timeline {
             return true;
         }
         let start = Instant::now();
+        let backoff = Backoff::new();
         while start.elapsed() < SPIN {
-            for _ in 0..64 {
-                std::hint::spin_loop();
-            }
+            backoff.snooze();
             if self.completed() >= target {
                 return true;
             }
@@ -265,13 +275,12 @@ impl Timeline {
     /// Waits for work; `false` once the stream is closed and drained.
     fn wait_for_work(&self) -> bool {
         let start = Instant::now();
+        let backoff = Backoff::new();
         while start.elapsed() < SPIN {
             if self.queued.load(Ordering::SeqCst) > 0 {
                 return true;
             }
-            for _ in 0..64 {
-                std::hint::spin_loop();
-            }
+            backoff.snooze();
         }
         let mut jobs = lock(&self.jobs);
         loop {
