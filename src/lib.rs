@@ -30,16 +30,20 @@ pub use xpu_hal as hal;
 /// The host backend crate.
 pub use xpu_host as host;
 
+/// The Vulkan backend crate.
+pub use xpu_vulkan as vulkan;
+
 /// The environment variable holding the default device selector.
 pub const DEVICES_ENV: &str = "XPU_DEVICES";
 
-/// A registry holding every built-in backend, in a fixed order (host first).
+/// A registry holding every built-in backend, in a fixed order: host, vulkan.
 ///
 /// Fails only when a backend's configuration in the environment is invalid (for
 /// example `XPU_HOST_DEVICES=abc`), with a message naming the variable.
 pub fn registry() -> Result<Registry> {
     let mut registry = Registry::new();
     registry.register(Arc::new(xpu_host::HostBackend::from_env()?))?;
+    registry.register(Arc::new(xpu_vulkan::VulkanBackend::new()))?;
     Ok(registry)
 }
 

@@ -43,6 +43,13 @@ pub trait Backend: Send + Sync {
     ///
     /// Guaranteed by the HAL: `index` was listed by `enumerate`.
     fn create_device(&self, index: u32) -> Result<Arc<dyn DeviceImpl>>;
+
+    /// Problems the backend's own checking has reported since it was created — for
+    /// instance the Vulkan validation layer's messages when it is enabled. A conformance
+    /// run treats any as a failure. The default reports none.
+    fn diagnostics(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// One device. Thread-safe; owned by the HAL's [`crate::Device`] handle.
@@ -158,8 +165,9 @@ pub trait StreamImpl: Send + Sync {
     /// Enqueues a kernel launch.
     ///
     /// Guaranteed: `kernel` came from this device's `load_kernel`; `args` match the
-    /// declared parameters; a writable buffer overlaps no other buffer argument; every
-    /// dimension of `dims` is at least 1.
+    /// declared parameters; every buffer argument starts at a multiple of
+    /// `capabilities.kernel_arg_alignment`; a writable buffer overlaps no other buffer
+    /// argument; every dimension of `dims` is at least 1.
     fn launch(
         &self,
         kernel: &Arc<dyn KernelImpl>,

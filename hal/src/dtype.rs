@@ -34,6 +34,27 @@ pub fn f32_round_to_odd(value: f64) -> f32 {
     f32::from_bits(bits | 1)
 }
 
+/// `value` rounded to `f64` with round-to-odd (see [`f32_round_to_odd`]): exact up to
+/// 2^53, and for larger magnitudes safe to round again to any format of at most 51
+/// significand bits, so that `i64` → `f16`/`bf16` rounds once.
+pub fn f64_round_to_odd_from_i64(value: i64) -> f64 {
+    let magnitude = value.unsigned_abs();
+    if magnitude < (1u64 << 53) {
+        return value as f64;
+    }
+    let top = 63 - magnitude.leading_zeros();
+    let shift = top - 52;
+    let sticky = u64::from(magnitude & ((1u64 << shift) - 1) != 0);
+    // 53 significant bits, the lowest forced to 1 when anything was dropped: exact in f64.
+    let kept = (magnitude >> shift) | sticky;
+    let result = kept as f64 * 2f64.powi(shift as i32);
+    if value < 0 {
+        -result
+    } else {
+        result
+    }
+}
+
 /// `value` correctly rounded (to nearest, ties to even) to `f16`.
 pub fn f16_from_f64(value: f64) -> f16 {
     f16::from_f32(f32_round_to_odd(value))
@@ -268,5 +289,20 @@ mod tests {
         assert!(f16_from_f64(f64::NAN).is_nan());
         assert_eq!(f16_from_f64(1e10), f16::INFINITY);
         assert_eq!(bf16_from_f64(1e-50), bf16::ZERO);
+    }
+
+    #[test]
+    fn large_integers_round_once_to_half_formats() {
+        // 2^62 + 2^54 + 1: through a nearest-even f64 the +1 is lost and the value lands
+        // on a bf16 tie; rounded once it is above the tie.
+        let v: i64 = (1 << 62) + (1 << 54) + 1;
+        assert_eq!(
+            bf16_from_f64(f64_round_to_odd_from_i64(v)).to_bits(),
+            0x5e81
+        );
+        assert_eq!(f64_round_to_odd_from_i64(1 << 53), 9007199254740992.0);
+        assert_eq!(f64_round_to_odd_from_i64(-(1 << 60)), -(2f64.powi(60)));
+        assert_eq!(f64_round_to_odd_from_i64(i64::MIN), -(2f64.powi(63)));
+        assert_eq!(f64_round_to_odd_from_i64(12345), 12345.0);
     }
 }

@@ -55,6 +55,9 @@ pub struct Capabilities {
     pub kernel_formats: Vec<KernelFormat>,
     /// The largest number of streams the device supports at once (`u32::MAX`: no limit).
     pub max_streams: u32,
+    /// Byte alignment a buffer argument of a kernel launch must start at (1: any).
+    /// Builtin operations have no such requirement.
+    pub kernel_arg_alignment: u64,
 }
 
 impl Capabilities {

@@ -130,6 +130,11 @@ pub enum KernelParam {
 }
 
 /// Everything needed to load a kernel.
+///
+/// How parameters reach the code is the backend's convention, documented by each
+/// backend: host functions see them in order in a [`HostKernelContext`]; Vulkan binds
+/// buffer parameters in order to `@group(0) @binding(0..)` and packs scalars into push
+/// constants (see the `xpu-vulkan` crate's `kernel` module).
 #[derive(Debug, Clone)]
 pub struct KernelDesc {
     /// A name for messages and reports.
@@ -143,6 +148,9 @@ pub struct KernelDesc {
 }
 
 /// The grid of a launch: `grid` workgroups of `block` invocations each, per dimension.
+///
+/// For WGSL and SPIR-V kernels the workgroup size is fixed by the shader
+/// (`@workgroup_size`), so `block` is not used; for PTX it is the block size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LaunchDims {
     /// Number of workgroups (CUDA blocks) in x, y, z; each at least 1.

@@ -102,6 +102,16 @@ impl Registry {
             .collect()
     }
 
+    /// Each backend's diagnostics ([`Backend::diagnostics`]) that are not empty, as
+    /// `(backend name, messages)`.
+    pub fn diagnostics(&self) -> Vec<(String, Vec<String>)> {
+        self.entries
+            .iter()
+            .map(|e| (e.backend.name().to_string(), e.backend.diagnostics()))
+            .filter(|(_, m)| !m.is_empty())
+            .collect()
+    }
+
     fn entry(&self, backend: &str) -> Option<&Entry> {
         self.entries.iter().find(|e| e.backend.name() == backend)
     }

@@ -282,6 +282,14 @@ impl Stream {
             match (arg, param) {
                 (KernelArg::Buffer(slice), KernelParam::Buffer(access)) => {
                     let what = format!("argument {i} of `{}`", desc.name);
+                    let align = self.device().capabilities().kernel_arg_alignment.max(1);
+                    if !slice.offset.is_multiple_of(align) {
+                        return Err(Error::invalid(format!(
+                            "{what} starts at byte {}, but {} binds kernel buffers only at multiples of {align} bytes (capabilities.kernel_arg_alignment)",
+                            slice.offset,
+                            self.device().id()
+                        )));
+                    }
                     raw.push(RawKernelArg::Buffer(
                         validate::resolve(self.device(), slice, &what)?,
                         *access,

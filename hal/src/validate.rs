@@ -74,13 +74,13 @@ pub(crate) fn dtype_supported(device: &Device, dtype: DType) -> Result<()> {
 /// Checks that `slice` holds whole, aligned `dtype` elements and returns their count.
 pub(crate) fn elements(slice: &BufferSlice<'_>, dtype: DType, what: &str) -> Result<u64> {
     let size = dtype.size() as u64;
-    if slice.offset % size != 0 {
+    if !slice.offset.is_multiple_of(size) {
         return Err(Error::invalid(format!(
             "{what} starts at byte offset {}, which is not a multiple of the {dtype} element size ({size} bytes); align offsets to elements",
             slice.offset
         )));
     }
-    if slice.len % size != 0 {
+    if !slice.len.is_multiple_of(size) {
         return Err(Error::invalid(format!(
             "{what} is {} bytes long, which is not a whole number of {dtype} elements ({size} bytes each)",
             slice.len

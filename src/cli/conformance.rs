@@ -90,7 +90,8 @@ pub fn run(registry: &Registry, options: &Options) -> Result<bool> {
         let _ = writeln!(stdout, "{tag:<5} {}{reason}", r.display_name());
     };
     let mut report = xpu_conformance::run(&devices, &run_options, &mut print);
-    for r in unmet {
+    let diagnostics = xpu_conformance::diagnostics_results(&registry.diagnostics());
+    for r in unmet.into_iter().chain(diagnostics) {
         print(&r);
         report.push(r);
     }

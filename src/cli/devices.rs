@@ -29,6 +29,7 @@ struct CapabilitiesJson {
     event_timing: bool,
     kernel_formats: Vec<&'static str>,
     max_streams: u32,
+    kernel_arg_alignment: u64,
 }
 
 #[derive(Serialize)]
@@ -65,6 +66,7 @@ fn device_json(d: &Device) -> DeviceJson {
             event_timing: caps.event_timing,
             kernel_formats: caps.kernel_formats.iter().map(|f| f.name()).collect(),
             max_streams: caps.max_streams,
+            kernel_arg_alignment: caps.kernel_arg_alignment,
         },
     }
 }

@@ -13,6 +13,8 @@ fn xpu(args: &[&str]) -> Command {
         "XPU_HOST_DEVICES",
         "XPU_HOST_MEMORY",
         "XPU_REQUIRE",
+        "XPU_VULKAN_LIBRARY",
+        "XPU_VULKAN_VALIDATION",
     ] {
         c.env_remove(var);
     }
@@ -43,14 +45,15 @@ fn devices_json_lists_the_four_host_devices() {
     let (code, out, err) = run(&mut xpu(&["devices", "--json"]));
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("valid JSON");
-    let ids: Vec<&str> = v["devices"]
+    let hosts: Vec<&serde_json::Value> = v["devices"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|d| d["id"].as_str().unwrap())
+        .filter(|d| d["backend"] == "host")
         .collect();
+    let ids: Vec<&str> = hosts.iter().map(|d| d["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["host:0", "host:1", "host:2", "host:3"]);
-    for d in v["devices"].as_array().unwrap() {
+    for d in hosts {
         assert_eq!(d["backend"], "host");
         assert!(d["memory_bytes"].as_u64().unwrap() > 0);
         assert!(!d["name"].as_str().unwrap().is_empty());
@@ -72,7 +75,8 @@ fn devices_table_honours_the_selector_and_the_environment() {
     );
     assert!(out.contains("backends:"), "{out}");
 
-    let (code, out, _) = run(xpu(&["devices", "--json"]).env("XPU_HOST_DEVICES", "2"));
+    let (code, out, _) =
+        run(xpu(&["devices", "--json", "--devices", "host:*"]).env("XPU_HOST_DEVICES", "2"));
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["devices"].as_array().unwrap().len(), 2);
@@ -205,6 +209,38 @@ fn bad_input_is_a_clear_error_with_exit_code_2() {
     ]));
     assert_eq!(code, 2);
     assert!(err.contains("missing.json"), "{err}");
+}
+
+#[test]
+fn a_missing_vulkan_library_makes_the_backend_unavailable() {
+    let (code, out, err) =
+        run(xpu(&["devices", "--json"]).env("XPU_VULKAN_LIBRARY", "/nonexistent/libvulkan.so.1"));
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let vk = v["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == "vulkan")
+        .expect("the vulkan backend is listed");
+    assert_eq!(vk["available"], false);
+    assert!(
+        vk["reason"]
+            .as_str()
+            .unwrap()
+            .contains("/nonexistent/libvulkan.so.1"),
+        "{vk}"
+    );
+    assert!(v["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|d| d["backend"] != "vulkan"));
+    // Naming a device of the unavailable backend is an error that gives the reason.
+    let (code, _, err) = run(xpu(&["conformance", "--devices", "vulkan:0"])
+        .env("XPU_VULKAN_LIBRARY", "/nonexistent/libvulkan.so.1"));
+    assert_eq!(code, 2);
+    assert!(err.contains("unavailable"), "{err}");
 }
 
 #[test]

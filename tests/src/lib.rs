@@ -52,9 +52,17 @@
 //! Asynchronous behaviour is checked deterministically where the device allows:
 //! "this event is not complete yet" is asserted while a host-function kernel is
 //! blocked on a latch that the case opens afterwards, never by sleeping and hoping.
-//! Devices without host functions (most GPUs) run the same ordering cases with a
-//! burst of builtin work instead, and then only the results are checked; the cases
-//! that cannot be made deterministic without host functions skip with that reason.
+//! A device without host functions (most GPUs) is held the same way through a peer of
+//! the run that has them: its stream waits on an event of the peer recorded behind
+//! such a kernel. Work that fails on demand is made alike (a failing host-function
+//! kernel, or a wait on an event recorded after one). With no such device in the run,
+//! the ordering cases keep the stream busy with a burst of copies instead and check
+//! only the results, and the cases that cannot be made deterministic skip with that
+//! reason.
+//!
+//! Kernel cases write their kernels as host functions and in WGSL, and run whichever
+//! the device loads (host functions first); only the cases about what a host function
+//! alone can do (see its launch dimensions, report an error, panic) skip elsewhere.
 //!
 //! ## Reports
 //!
@@ -106,7 +114,10 @@ pub use case::{Case, CaseContext, CaseError, CaseOutcome, Profile};
 pub use cases::{all_cases, cases, find_case};
 pub use expectations::{Expectation, Expectations};
 pub use report::{CaseResult, Report, ReportError, Status, Summary};
-pub use required::{check_required, parse_required, required_from_env, REQUIRED_CASE, REQUIRE_ENV};
+pub use required::{
+    check_required, diagnostics_results, parse_required, required_from_env, DIAGNOSTICS_CASE,
+    REQUIRED_CASE, REQUIRE_ENV,
+};
 pub use runner::{
     classify, context_for, matches_filter, run, run_cases, run_guarded, run_one, RunOptions,
     DEFAULT_CASE_TIMEOUT,

@@ -91,6 +91,33 @@ pub fn check_required(
     out
 }
 
+/// The name of the result a backend's diagnostics produce.
+pub const DIAGNOSTICS_CASE: &str = "backend.diagnostics";
+
+/// One failing result per backend that reported diagnostics during the run (see
+/// `xpu_hal::backend::Backend::diagnostics`), with the first messages as the reason.
+pub fn diagnostics_results(diagnostics: &[(String, Vec<String>)]) -> Vec<CaseResult> {
+    diagnostics
+        .iter()
+        .map(|(backend, messages)| CaseResult {
+            case: DIAGNOSTICS_CASE.to_string(),
+            device: format!("{backend}:*"),
+            backend: backend.clone(),
+            status: Status::Fail,
+            reason: Some(format!(
+                "backend `{backend}` reported problems during the run: {}",
+                messages
+                    .iter()
+                    .take(10)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            )),
+            duration_s: 0.0,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -94,6 +94,7 @@ impl DeviceImpl for HostDevice {
                 event_timing: true,
                 kernel_formats: vec![KernelFormat::HostFunction],
                 max_streams: u32::MAX,
+                kernel_arg_alignment: 1,
             },
         }
     }

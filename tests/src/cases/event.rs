@@ -3,8 +3,12 @@
 //!
 //! Where the device loads host functions, a gate kernel holds the first stream at a
 //! known point, so "the waiting stream has not run yet" is checked without relying on
-//! timing. Elsewhere a burst of builtin operations keeps the first stream busy, and
-//! only the data is checked.
+//! timing. On a device without them, a peer of the run that has them holds it instead:
+//! the stream waits on an event of the peer recorded behind a gate kernel. With
+//! neither, a burst of device copies keeps the first stream busy and only the data is
+//! checked; the cases that cannot be made deterministic that way skip. Failed work is
+//! made the same way: a failing kernel, or a wait on an event of a peer recorded after
+//! one.
 
 use std::time::{Duration, Instant};
 
@@ -12,9 +16,9 @@ use xpu_hal::{Device, Error, HostBuffer, Stream};
 
 use crate::case::{Case, CaseContext, CaseError, CaseOutcome};
 use crate::cases::util::{
-    check_bytes, enqueue_busy_work, enqueue_failure, enqueue_sleep, ensure, expect_invalid,
-    expect_timeout, expect_unsupported, full_message, hold_with_gate, pattern,
-    require_host_functions, upload, GateGuard,
+    check_bytes, enqueue_busy_work, enqueue_sleep, ensure, expect_invalid, expect_timeout,
+    expect_unsupported, full_message, hold, host_function_peer, inject_failure, pattern, try_hold,
+    upload, Hold,
 };
 
 pub(crate) const CASES: &[Case] = &[
@@ -70,14 +74,15 @@ pub(crate) const CASES: &[Case] = &[
     ),
 ];
 
-/// Holds `stream` at its current end: a gate where host functions exist (the returned
-/// guard releases it), a burst of builtin work elsewhere (`None`).
-fn hold(ctx: &CaseContext, stream: &Stream) -> Result<Option<GateGuard>, CaseError> {
-    if ctx.has_host_functions() {
-        Ok(Some(hold_with_gate(stream)?))
-    } else {
-        enqueue_busy_work(ctx, stream)?;
-        Ok(None)
+/// Holds `stream` at its current end where the device or a peer loads host functions
+/// (the returned hold releases it), else keeps it busy with copies (`None`).
+fn hold_or_busy(ctx: &CaseContext, stream: &Stream) -> Result<Option<Hold>, CaseError> {
+    match try_hold(ctx, stream)? {
+        Some(h) => Ok(Some(h)),
+        None => {
+            enqueue_busy_work(ctx, stream)?;
+            Ok(None)
+        }
     }
 }
 
@@ -85,8 +90,8 @@ fn hold(ctx: &CaseContext, stream: &Stream) -> Result<Option<GateGuard>, CaseErr
 /// stream is held. A backend that honours the wait never completes it.
 const HELD_PROBE: Duration = Duration::from_millis(30);
 
-/// While the gate holds the first stream, the waiting stream's event must not complete.
-fn check_held(gate: &Option<GateGuard>, waiter: &xpu_hal::Event, what: &str) -> CaseOutcome {
+/// While the first stream is held, the waiting stream's event must not complete.
+fn check_held(gate: &Option<Hold>, waiter: &xpu_hal::Event, what: &str) -> CaseOutcome {
     if let Some(g) = gate {
         let result = waiter.wait_timeout(HELD_PROBE);
         g.open();
@@ -94,7 +99,8 @@ fn check_held(gate: &Option<GateGuard>, waiter: &xpu_hal::Event, what: &str) -> 
             Err(Error::Timeout { .. }) => {}
             Ok(()) => {
                 return Err(CaseError::fail(format!(
-                    "{what}: the waiting stream finished its later work while the event it waits on was still held; the wait was not honoured"
+                    "{what}: the waiting stream finished its later work while the event it waits on was still held (by {}); the wait was not honoured",
+                    g.how()
                 )))
             }
             Err(e) => return Err(e.into()),
@@ -111,7 +117,7 @@ fn cross_stream(ctx: &CaseContext) -> CaseOutcome {
     let x = upload(&ctx.device, &a, &vec![0; data.len()])?;
     let y = upload(&ctx.device, &b, &vec![0; data.len()])?;
     let host = HostBuffer::from_bytes(&data)?;
-    let gate = hold(ctx, &a)?;
+    let gate = hold_or_busy(ctx, &a)?;
     a.copy_from_host(&host, 0, &x)?;
     let e = a.record_event()?;
     b.wait_event(&e)?;
@@ -134,7 +140,7 @@ fn cross_device_with(ctx: &CaseContext, peer: &Device) -> CaseOutcome {
     let x = upload(&ctx.device, &a, &data)?;
     let y = upload(peer, &b, &vec![0; data.len()])?;
     let host = HostBuffer::new(data.len())?;
-    let gate = hold(ctx, &a)?;
+    let gate = hold_or_busy(ctx, &a)?;
     a.copy_to_host(&x, &host, 0)?;
     let e = a.record_event()?;
     b.wait_event(&e)?;
@@ -175,9 +181,8 @@ fn cross_device(ctx: &CaseContext) -> CaseOutcome {
 }
 
 fn query_pending(ctx: &CaseContext) -> CaseOutcome {
-    require_host_functions(ctx)?;
     let stream = ctx.device.create_stream()?;
-    let gate = hold_with_gate(&stream)?;
+    let gate = hold(ctx, &stream)?;
     let e = stream.record_event()?;
     ensure(e.device() == &ctx.device, || {
         "an event reports another device than its stream's".to_string()
@@ -186,10 +191,16 @@ fn query_pending(ctx: &CaseContext) -> CaseOutcome {
     let stream_done = stream.query()?;
     gate.open();
     ensure(!event_done, || {
-        "an event reported complete while the kernel before it was still held".to_string()
+        format!(
+            "an event reported complete while the stream before it was still held by {}",
+            gate.how()
+        )
     })?;
     ensure(!stream_done, || {
-        "a stream reported idle while a kernel on it was still held".to_string()
+        format!(
+            "a stream reported idle while it was still held by {}",
+            gate.how()
+        )
     })?;
     e.wait()?;
     ensure(e.query()?, || {
@@ -202,15 +213,20 @@ fn query_pending(ctx: &CaseContext) -> CaseOutcome {
 }
 
 fn wait_timeout(ctx: &CaseContext) -> CaseOutcome {
-    require_host_functions(ctx)?;
     let stream = ctx.device.create_stream()?;
-    let gate = hold_with_gate(&stream)?;
+    let gate = hold(ctx, &stream)?;
     let e = stream.record_event()?;
     let start = Instant::now();
     let result = e.wait_timeout(Duration::from_millis(20));
     let waited = start.elapsed();
     gate.open();
-    expect_timeout(result, "a 20 ms wait on an event behind a held kernel")?;
+    expect_timeout(
+        result,
+        &format!(
+            "a 20 ms wait on an event behind a stream held by {}",
+            gate.how()
+        ),
+    )?;
     ensure(waited >= Duration::from_millis(15), || {
         format!(
             "a 20 ms wait gave up after {:.1} ms",
@@ -229,10 +245,28 @@ fn wait_timeout(ctx: &CaseContext) -> CaseOutcome {
 fn elapsed(ctx: &CaseContext) -> CaseOutcome {
     let stream = ctx.device.create_stream()?;
     let host_fn = ctx.has_host_functions();
+    let peer = if host_fn {
+        None
+    } else {
+        host_function_peer(ctx)
+    };
+    // What lies between the two events, when it takes a known minimum time.
+    let mut timed = None;
     let start = Instant::now();
     let e1 = stream.record_event()?;
     if host_fn {
         enqueue_sleep(&stream, 20)?;
+        timed = Some("a kernel that sleeps 20 ms".to_string());
+    } else if let Some(peer) = peer {
+        // The first event completes before the peer's kernel starts sleeping.
+        e1.wait()?;
+        let peer_stream = peer.create_stream()?;
+        enqueue_sleep(&peer_stream, 20)?;
+        stream.wait_event(&peer_stream.record_event()?)?;
+        timed = Some(format!(
+            "a wait on an event of {} behind a kernel that sleeps 20 ms",
+            peer.id()
+        ));
     } else {
         enqueue_busy_work(ctx, &stream)?;
     }
@@ -254,10 +288,10 @@ fn elapsed(ctx: &CaseContext) -> CaseOutcome {
             wall.as_secs_f64() * 1e3
         )
     })?;
-    if host_fn {
+    if let Some(what) = timed {
         ensure(d >= Duration::from_millis(15), || {
             format!(
-                "elapsed time around a kernel that sleeps 20 ms is {:.3} ms",
+                "elapsed time around {what} is {:.3} ms",
                 d.as_secs_f64() * 1e3
             )
         })?;
@@ -313,30 +347,30 @@ fn expect_failure_error(result: xpu_hal::Result<impl Sized>, what: &str) -> Case
 }
 
 fn failed_work(ctx: &CaseContext) -> CaseOutcome {
-    require_host_functions(ctx)?;
     let stream = ctx.device.create_stream()?;
     let data = pattern(0xE7, 333);
     let src = upload(&ctx.device, &stream, &data)?;
     let dst = ctx.device.allocate(333)?;
-    enqueue_failure(&stream, EVENT_FAILURE)?;
+    let failure = inject_failure(ctx, &stream, EVENT_FAILURE)?;
+    let failed = &failure.what;
     let e1 = stream.record_event()?;
     stream.copy(&src, &dst)?;
     let e2 = stream.record_event()?;
     expect_failure_error(
         e1.wait(),
-        "waiting on an event recorded right after a failed kernel",
+        &format!("waiting on an event recorded right after {failed}"),
     )?;
     expect_failure_error(
         e1.query(),
-        "querying an event recorded after a failed kernel",
+        &format!("querying an event recorded after {failed}"),
     )?;
     expect_failure_error(
         e2.wait(),
-        "waiting on an event recorded after a failed kernel and a later copy",
+        &format!("waiting on an event recorded after {failed} and a later copy"),
     )?;
     expect_failure_error(
         stream.synchronize(),
-        "synchronizing the stream of a failed kernel (events do not consume its report)",
+        &format!("synchronizing the stream of {failed} (events do not consume its report)"),
     )?;
     stream.copy(&src, &dst)?;
     let e3 = stream.record_event()?;
@@ -354,19 +388,19 @@ fn failed_work(ctx: &CaseContext) -> CaseOutcome {
 
 fn wait_on_failed(ctx: &CaseContext) -> CaseOutcome {
     ctx.require_streams(2)?;
-    require_host_functions(ctx)?;
     let a = ctx.device.create_stream()?;
     let mut waiters = vec![(ctx.device.clone(), ctx.device.create_stream()?)];
     if let Some(peer) = ctx.peers.first() {
         waiters.push((peer.clone(), peer.create_stream()?));
     }
-    enqueue_failure(&a, EVENT_FAILURE)?;
+    let failure = inject_failure(ctx, &a, EVENT_FAILURE)?;
     let e = a.record_event()?;
     for (device, b) in &waiters {
         let what = format!(
-            "a stream of {} waiting on an event of {} recorded after a failed kernel",
+            "a stream of {} waiting on an event of {} recorded after {}",
             device.id(),
-            ctx.device.id()
+            ctx.device.id(),
+            failure.what
         );
         let data = pattern(0xEA, 100);
         let src = upload(device, b, &data)?;
@@ -397,7 +431,7 @@ fn wait_on_failed(ctx: &CaseContext) -> CaseOutcome {
     }
     expect_failure_error(
         a.synchronize(),
-        "synchronizing the stream of the failed kernel",
+        &format!("synchronizing the stream of {}", failure.what),
     )
 }
 

@@ -7,7 +7,7 @@ use xpu_hal::{BinaryOp, DType, Error, HostBuffer, MemoryInfo};
 
 use crate::case::{Case, CaseContext, CaseError, CaseOutcome};
 use crate::cases::util::{
-    check_bytes, ensure, expect_invalid, expect_oom, hold_with_gate, pattern, upload, Rng, MIB,
+    check_bytes, ensure, expect_invalid, expect_oom, pattern, try_hold, upload, Rng, MIB,
 };
 use crate::reference::from_i64;
 
@@ -279,13 +279,10 @@ fn free_in_flight(ctx: &CaseContext) -> CaseOutcome {
     let src = upload(&ctx.device, &stream, &data)?;
     let mid = ctx.device.allocate(size as u64)?;
     let mut host = HostBuffer::new(size)?;
-    // With host functions, a gate holds the stream so the frees below certainly happen
-    // while the copies are queued; without, they happen as soon as the calls return.
-    let gate = if ctx.has_host_functions() {
-        Some(hold_with_gate(&stream)?)
-    } else {
-        None
-    };
+    // Where the device or a peer loads host functions, the stream is held so the frees
+    // below certainly happen while the copies are queued; without, they happen as soon
+    // as the calls return.
+    let gate = try_hold(ctx, &stream)?;
     stream.copy(&src, &mid)?;
     stream.copy_to_host(&mid, &host, 0)?;
     src.free()?;

@@ -8,8 +8,8 @@
 //! | `fill`   | fill for every dtype; unsupported dtypes |
 //! | `ops`    | binary, accumulate and scale against the host reference; wrapping, NaN, rounding; refused operands |
 //! | `cast`   | every dtype pair; truncation, saturation, wrapping and rounding rules |
-//! | `stream` | ordering without synchronize, many operations, several threads, foreign memory |
-//! | `kernel` | host-function launches, refused launches, unsupported formats, failing and panicking kernels |
+//! | `stream` | ordering of builtin operations, kernels and copies without synchronize, many operations, several threads, foreign memory |
+//! | `kernel` | launches with buffer and scalar arguments (host function or WGSL), argument alignment, refused launches, unsupported formats, failing and panicking kernels |
 //! | `event`  | cross-stream and cross-device waits, queries, timeouts, timing, errors |
 
 use crate::case::{Case, Profile};

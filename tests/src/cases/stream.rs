@@ -1,12 +1,14 @@
 //! Streams: in-order execution without synchronizing in between, many small
 //! operations, several threads, and memory of another device.
 
-use xpu_hal::{BinaryOp, DType, HostBuffer, Scalar};
+use xpu_hal::{
+    Access, BinaryOp, DType, HostArg, HostBuffer, KernelArg, KernelParam, LaunchDims, Scalar,
+};
 
 use crate::case::{Case, CaseContext, CaseError, CaseOutcome};
 use crate::cases::util::{
-    check_bytes, check_values, encode, enqueue_slow_write, expect_invalid, pattern,
-    require_host_functions, small_values, upload, Rng,
+    check_bytes, check_values, encode, enqueue_slow_write, expect_invalid, kernel_kind, pattern,
+    portable_kernel, require_host_functions, small_values, upload, Rng,
 };
 use crate::reference::{self, from_i64};
 
@@ -20,6 +22,11 @@ pub(crate) const CASES: &[Case] = &[
         "stream.order_host_fn",
         "a copy queued after a slow host-function kernel sees what the kernel wrote",
         order_host_fn,
+    ),
+    Case::core(
+        "stream.order_kernel",
+        "a copy from the host, a device copy, two kernel launches (host function or WGSL), a device copy and a copy to the host queued without synchronizing run in order",
+        order_kernel,
     ),
     Case::core(
         "stream.many_small_ops",
@@ -105,6 +112,97 @@ fn order_host_fn(ctx: &CaseContext) -> CaseOutcome {
         host.as_slice()?,
         &data,
         "a device copy and a copy to the host queued after a kernel that sleeps 20 ms, then writes",
+    )
+}
+
+const MIX_WGSL: &str = "
+struct Params { k: i32 }
+var<immediate> params: Params;
+@group(0) @binding(0) var<storage, read> src: array<i32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<i32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    for (var i = gid.x; i < arrayLength(&dst); i += nwg.x * 64u) {
+        dst[i] = dst[i] * 3 + src[i] + params.k;
+    }
+}
+";
+
+fn order_kernel(ctx: &CaseContext) -> CaseOutcome {
+    let kind = kernel_kind(ctx)?;
+    ctx.require_dtype(DType::I32)?;
+    let stream = ctx.device.create_stream()?;
+    // dst = dst * 3 + src + k, wrapping: k = 1 then k = 2 turns src into 13 src + 5
+    // (the other order would give 13 src + 7).
+    let kernel = portable_kernel(
+        &ctx.device,
+        kind,
+        "conformance.mix",
+        vec![
+            KernelParam::Buffer(Access::Read),
+            KernelParam::Buffer(Access::ReadWrite),
+            KernelParam::Scalar(DType::I32),
+        ],
+        "main",
+        MIX_WGSL,
+        |k| {
+            match k.split() {
+            [HostArg::Read(src), HostArg::Write(dst), HostArg::Scalar(Scalar::I32(add))]
+                if src.len() == dst.len() =>
+            {
+                let add = *add;
+                for (d, s) in dst.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
+                    let old = i32::from_le_bytes([d[0], d[1], d[2], d[3]]);
+                    let s = i32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                    let new = old.wrapping_mul(3).wrapping_add(s).wrapping_add(add);
+                    d.copy_from_slice(&new.to_le_bytes());
+                }
+                Ok(())
+            }
+            _ => Err("conformance.mix: arguments are not (read buffer, read-write buffer of the same length, i32)".to_string()),
+        }
+        },
+    )?;
+    let n = 65_537usize;
+    let data = pattern(0x0E, n * 4);
+    let values: Vec<i32> = data
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let bytes = data.len() as u64;
+    let src = ctx.device.allocate(bytes)?;
+    let dst = ctx.device.allocate(bytes)?;
+    let out = ctx.device.allocate(bytes)?;
+    let upload_from = HostBuffer::from_bytes(&data)?;
+    let mut host = HostBuffer::new(data.len())?;
+    let dims = LaunchDims::linear(64, 64);
+    let args = |k: i32| {
+        [
+            KernelArg::Buffer(src.whole()),
+            KernelArg::Buffer(dst.whole()),
+            KernelArg::Scalar(Scalar::I32(k)),
+        ]
+    };
+    stream.copy_from_host(&upload_from, 0, &src)?;
+    stream.copy(&src, &dst)?;
+    stream.launch(&kernel, dims, &args(1))?;
+    stream.launch(&kernel, dims, &args(2))?;
+    stream.copy(&dst, &out)?;
+    stream.copy_to_host(&out, &host, 0)?;
+    stream.synchronize()?;
+    let want: Vec<Scalar> = values
+        .iter()
+        .map(|v| Scalar::I32(v.wrapping_mul(13).wrapping_add(5)))
+        .collect();
+    check_values(
+        DType::I32,
+        host.as_slice()?,
+        &want,
+        0,
+        &format!(
+            "copy in, copy, {kind} kernel dst = dst * 3 + src + 1, then + 2, copy, copy out, one synchronize"
+        ),
+        |i| format!("src {}, expected 13 src + 5", values[i]),
     )
 }
 

@@ -1,6 +1,7 @@
 //! Tools the cases share: a pseudo-random pattern generator, typed element encoding,
-//! comparisons that explain a mismatch, error-kind checks, and host-function kernels
-//! that let a case hold a stream at a known point.
+//! comparisons that explain a mismatch, error-kind checks, host-function kernels that
+//! let a case hold a stream at a known point (its own, or a peer's that the stream
+//! waits on), and kernels written both as host functions and in WGSL.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -475,18 +476,305 @@ pub(crate) fn enqueue_slow_write(
     Ok(())
 }
 
-/// Keeps `stream` busy for a while with builtin operations, for devices without host
-/// functions: a best effort, so cases that rely on it only check results, never that
-/// work is still pending.
+/// Keeps `stream` busy for a while with device copies, for devices where nothing can
+/// hold it at a known point: a best effort, so cases that rely on it only check
+/// results, never that work is still pending. Copies rather than builtin operations,
+/// so that it needs no dtype.
 pub(crate) fn enqueue_busy_work(ctx: &CaseContext, stream: &Stream) -> CaseOutcome {
-    let dtype = ctx.pick_dtype(&[DType::F32, DType::I32, DType::F64, DType::I64, DType::U8])?;
     let scratch = ctx.device.allocate(4 * MIB)?;
     let half = scratch.slice(0, 2 * MIB);
     let other = scratch.slice(2 * MIB, 2 * MIB);
-    stream.fill(half, crate::reference::from_i64(dtype, 1))?;
-    stream.fill(other, crate::reference::from_i64(dtype, 1))?;
     for _ in 0..16 {
-        stream.accumulate(xpu_hal::BinaryOp::Max, dtype, half, other)?;
+        stream.copy(half, other)?;
+        stream.copy(other, half)?;
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------
+// Holding a stream, and failing its work, from a peer
+// ---------------------------------------------------------------------------------
+
+/// The first peer of the run that loads host-function kernels.
+pub(crate) fn host_function_peer(ctx: &CaseContext) -> Option<&Device> {
+    ctx.peers.iter().find(|p| {
+        p.capabilities()
+            .supports_kernel_format(xpu_hal::KernelFormat::HostFunction)
+    })
+}
+
+/// The skip for cases that need a stream held at a known point.
+fn no_hold_reason() -> CaseError {
+    CaseError::skip(
+        "holding a stream at a known point needs host-function kernels on the device, or a device in the run that loads them",
+    )
+}
+
+/// A stream held at a known point until [`Hold::open`] is called or the hold dropped.
+///
+/// On a device with host functions, a gate kernel on the stream itself; elsewhere the
+/// stream waits on an event of a peer whose stream runs a gate kernel, which holds
+/// any device whose waits on other devices' events are honoured.
+pub(crate) struct Hold {
+    // Dropped first: the gate opens before the peer's stream is released.
+    gate: GateGuard,
+    _peer_stream: Option<Stream>,
+    how: String,
+}
+
+impl Hold {
+    /// Releases the stream.
+    pub(crate) fn open(&self) {
+        self.gate.open();
+    }
+
+    /// How the stream is held, for messages.
+    pub(crate) fn how(&self) -> &str {
+        &self.how
+    }
+}
+
+/// Holds `stream` at its current end, or `None` when neither its device nor any peer
+/// of the run loads host-function kernels.
+pub(crate) fn try_hold(ctx: &CaseContext, stream: &Stream) -> Result<Option<Hold>, CaseError> {
+    if stream
+        .device()
+        .capabilities()
+        .supports_kernel_format(xpu_hal::KernelFormat::HostFunction)
+    {
+        return Ok(Some(Hold {
+            gate: hold_with_gate(stream)?,
+            _peer_stream: None,
+            how: "a host-function kernel waiting on a latch".to_string(),
+        }));
+    }
+    let Some(peer) = host_function_peer(ctx) else {
+        return Ok(None);
+    };
+    let peer_stream = peer.create_stream()?;
+    let gate = hold_with_gate(&peer_stream)?;
+    let event = peer_stream.record_event()?;
+    stream.wait_event(&event)?;
+    Ok(Some(Hold {
+        gate,
+        _peer_stream: Some(peer_stream),
+        how: format!(
+            "a wait on an event of {} recorded behind a host-function kernel waiting on a latch",
+            peer.id()
+        ),
+    }))
+}
+
+/// Holds `stream` at its current end, or skips when nothing in the run can.
+pub(crate) fn hold(ctx: &CaseContext, stream: &Stream) -> Result<Hold, CaseError> {
+    try_hold(ctx, stream)?.ok_or_else(no_hold_reason)
+}
+
+/// Failed work put on a stream by [`inject_failure`].
+pub(crate) struct Failure {
+    /// What failed, for messages ("a failed kernel" …).
+    pub(crate) what: String,
+    peer_stream: Option<Stream>,
+}
+
+impl Drop for Failure {
+    fn drop(&mut self) {
+        if let Some(s) = &self.peer_stream {
+            // The peer's own report of the failure; the case is about the device.
+            let _ = s.synchronize();
+        }
+    }
+}
+
+/// Enqueues work on `stream` that fails with an error whose message contains
+/// `message`: a failing host-function kernel where the device loads them, elsewhere a
+/// wait on an event of a peer recorded after a failing host-function kernel. Skips when
+/// neither the device nor any peer loads host functions.
+pub(crate) fn inject_failure(
+    ctx: &CaseContext,
+    stream: &Stream,
+    message: &'static str,
+) -> Result<Failure, CaseError> {
+    if stream
+        .device()
+        .capabilities()
+        .supports_kernel_format(xpu_hal::KernelFormat::HostFunction)
+    {
+        enqueue_failure(stream, message)?;
+        return Ok(Failure {
+            what: "a failed kernel".to_string(),
+            peer_stream: None,
+        });
+    }
+    let Some(peer) = host_function_peer(ctx) else {
+        return Err(CaseError::skip(
+            "failing work on demand needs host-function kernels on the device, or a device in the run that loads them",
+        ));
+    };
+    let peer_stream = peer.create_stream()?;
+    enqueue_failure(&peer_stream, message)?;
+    let event = peer_stream.record_event()?;
+    stream.wait_event(&event)?;
+    Ok(Failure {
+        what: format!(
+            "a wait on an event of {} recorded after a failed kernel",
+            peer.id()
+        ),
+        peer_stream: Some(peer_stream),
+    })
+}
+
+// ---------------------------------------------------------------------------------
+// Kernels in more than one format
+// ---------------------------------------------------------------------------------
+
+/// The format a case writes its kernels in for a device: host functions where the
+/// device loads them (the strongest checks: the kernel sees its arguments directly),
+/// else WGSL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KernelKind {
+    /// A Rust closure.
+    HostFunction,
+    /// WGSL text: buffer parameters at `@group(0) @binding(0..)` in the order of the
+    /// buffer parameters, scalar parameters as the fields of a `var<immediate>` struct.
+    Wgsl,
+}
+
+impl KernelKind {
+    /// The format to use on `device`, if it loads one of them.
+    pub(crate) fn of(device: &Device) -> Option<KernelKind> {
+        let caps = device.capabilities();
+        if caps.supports_kernel_format(xpu_hal::KernelFormat::HostFunction) {
+            Some(KernelKind::HostFunction)
+        } else if caps.supports_kernel_format(xpu_hal::KernelFormat::Wgsl) {
+            Some(KernelKind::Wgsl)
+        } else {
+            None
+        }
+    }
+}
+
+impl std::fmt::Display for KernelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let format = match self {
+            KernelKind::HostFunction => xpu_hal::KernelFormat::HostFunction,
+            KernelKind::Wgsl => xpu_hal::KernelFormat::Wgsl,
+        };
+        write!(f, "{format}")
+    }
+}
+
+/// The kernel format for the device under test, or a skip naming the formats the
+/// cases are written in.
+pub(crate) fn kernel_kind(ctx: &CaseContext) -> Result<KernelKind, CaseError> {
+    KernelKind::of(&ctx.device)
+        .ok_or_else(|| CaseError::skip("device loads neither host-function nor wgsl kernels"))
+}
+
+/// Loads a kernel written both ways: `host` where `kind` is a host function, else the
+/// WGSL `wgsl` with entry point `entry`.
+pub(crate) fn portable_kernel<F>(
+    device: &Device,
+    kind: KernelKind,
+    name: &str,
+    params: Vec<KernelParam>,
+    entry: &str,
+    wgsl: &str,
+    host: F,
+) -> Result<Kernel, CaseError>
+where
+    F: Fn(&mut xpu_hal::HostKernelContext<'_>) -> Result<(), String> + Send + Sync + 'static,
+{
+    let source = match kind {
+        KernelKind::HostFunction => KernelSource::host_fn(host),
+        KernelKind::Wgsl => KernelSource::Wgsl(wgsl.to_string()),
+    };
+    Ok(device.load_kernel(KernelDesc {
+        name: name.to_string(),
+        entry_point: entry.to_string(),
+        source,
+        params,
+    })?)
+}
+
+/// The WGSL type a scalar parameter of `dtype` has in the `var<immediate>` struct:
+/// 8-byte dtypes natively, `u8`, `f16` and `bf16` as a `u32` holding their bits.
+pub(crate) fn wgsl_scalar_type(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+        DType::U8 | DType::F16 | DType::BF16 => "u32",
+    }
+}
+
+/// The WGSL declarations for `params`: a `Params` struct with fields `s0, s1 …` (one
+/// per scalar, in order) as `var<immediate> params`, and buffers `b0, b1 …` of
+/// `array<u32>` at bindings 0, 1 … (in the order of the buffer parameters).
+pub(crate) fn wgsl_interface(params: &[KernelParam]) -> String {
+    let mut fields = Vec::new();
+    let mut buffers = Vec::new();
+    for p in params {
+        match p {
+            KernelParam::Scalar(d) => {
+                fields.push(format!("s{}: {}", fields.len(), wgsl_scalar_type(*d)));
+            }
+            KernelParam::Buffer(access) => {
+                let mode = if access.writes() {
+                    "read_write"
+                } else {
+                    "read"
+                };
+                buffers.push(format!(
+                    "@group(0) @binding({0}) var<storage, {mode}> b{0}: array<u32>;",
+                    buffers.len()
+                ));
+            }
+        }
+    }
+    let mut out = String::new();
+    if !fields.is_empty() {
+        out.push_str(&format!(
+            "struct Params {{ {} }}\nvar<immediate> params: Params;\n",
+            fields.join(", ")
+        ));
+    }
+    for b in buffers {
+        out.push_str(&b);
+        out.push('\n');
+    }
+    out
+}
+
+/// A kernel with `params` that does nothing, as a host function or in WGSL.
+pub(crate) fn nop_kernel(
+    device: &Device,
+    kind: KernelKind,
+    params: Vec<KernelParam>,
+) -> Result<Kernel, CaseError> {
+    let wgsl = format!(
+        "{}@compute @workgroup_size(1)\nfn main() {{}}\n",
+        wgsl_interface(&params)
+    );
+    portable_kernel(
+        device,
+        kind,
+        "conformance.nop",
+        params,
+        "main",
+        &wgsl,
+        |_| Ok(()),
+    )
+}
+
+/// The smallest nonzero offset that is a multiple of both the device's
+/// `kernel_arg_alignment` and 4 bytes (the element size of WGSL's `u32`, `i32`, `f32`).
+pub(crate) fn kernel_offset_unit(device: &Device) -> u64 {
+    let align = device.capabilities().kernel_arg_alignment.max(1);
+    let mut unit = align;
+    while !unit.is_multiple_of(4) {
+        unit += align;
+    }
+    unit
 }

@@ -151,7 +151,7 @@ macro_rules! half_element {
             #[inline(always)]
             fn narrow(w: Wide) -> Self {
                 match w {
-                    Wide::Int(v) => $from_f64(v as f64),
+                    Wide::Int(v) => $from_f64(xpu_hal::dtype::f64_round_to_odd_from_i64(v)),
                     Wide::Float(v) => $from_f64(v),
                 }
             }
