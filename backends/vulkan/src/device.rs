@@ -20,6 +20,9 @@ use crate::memory::{Placement, VulkanBuffer};
 use crate::pipeline::Pipeline;
 use crate::stream::VulkanStream;
 
+/// A WGSL kernel's identity in the compile cache: its source and entry point.
+pub(crate) type WgslKey = (String, String);
+
 /// Everything the device's objects share. Destroyed after the last of them.
 pub struct DeviceShared {
     /// Keeps the instance alive until the device is destroyed (fields drop after
@@ -35,6 +38,10 @@ pub struct DeviceShared {
     pub(crate) memory_properties: vk::PhysicalDeviceMemoryProperties,
     pub(crate) limits: vk::PhysicalDeviceLimits,
     pub(crate) features: ShaderFeatures,
+    /// Whether the device shares memory with the host (a CPU driver or an integrated
+    /// GPU): then device data lives in host-visible memory and idle streams copy with
+    /// `memcpy`.
+    pub(crate) unified_memory: bool,
     /// Nanoseconds per timestamp tick, when the queue family writes timestamps.
     pub(crate) timestamp_period: Option<f64>,
     /// `vulkan:N`, for messages.
@@ -43,6 +50,9 @@ pub struct DeviceShared {
     max_allocation: u64,
     allocated: AtomicU64,
     pub(crate) builtin_pipelines: Mutex<HashMap<ShaderKind, Arc<Pipeline>>>,
+    /// SPIR-V of the WGSL kernels compiled so far, by (source, entry point), so that
+    /// loading the same kernel again does not run naga again.
+    pub(crate) wgsl_cache: Mutex<HashMap<WgslKey, Arc<Vec<u32>>>>,
     info: DeviceInfo,
 }
 
@@ -91,27 +101,44 @@ impl DeviceShared {
     }
 
     /// The memory type index for `placement` among `type_bits`.
+    ///
+    /// Device data goes to memory that is device-local *and* host-visible on a device
+    /// that shares memory with the host (a CPU driver or an integrated GPU), so that
+    /// copies can be plain `memcpy`s; on a discrete GPU it goes to device-local memory
+    /// that is not host-visible (host-visible VRAM is scarce and slow to read).
     pub(crate) fn memory_type(&self, type_bits: u32, placement: Placement) -> Option<u32> {
+        use vk::MemoryPropertyFlags as F;
         let types = &self.memory_properties.memory_types
             [..self.memory_properties.memory_type_count as usize];
-        let wanted: &[vk::MemoryPropertyFlags] = match placement {
-            Placement::Device => &[
-                vk::MemoryPropertyFlags::DEVICE_LOCAL
-                    | vk::MemoryPropertyFlags::HOST_VISIBLE
-                    | vk::MemoryPropertyFlags::HOST_COHERENT,
-                vk::MemoryPropertyFlags::DEVICE_LOCAL,
-                vk::MemoryPropertyFlags::empty(),
+        // (must have, must not have), in order of preference.
+        let wanted: &[(F, F)] = match (placement, self.unified_memory) {
+            (Placement::Device, true) => &[
+                (
+                    F::DEVICE_LOCAL | F::HOST_VISIBLE | F::HOST_COHERENT,
+                    F::empty(),
+                ),
+                (F::DEVICE_LOCAL, F::empty()),
+                (F::empty(), F::empty()),
             ],
-            Placement::Staging => &[
-                vk::MemoryPropertyFlags::HOST_VISIBLE
-                    | vk::MemoryPropertyFlags::HOST_COHERENT
-                    | vk::MemoryPropertyFlags::HOST_CACHED,
-                vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT,
+            (Placement::Device, false) => &[
+                (F::DEVICE_LOCAL, F::HOST_VISIBLE),
+                (F::DEVICE_LOCAL, F::empty()),
+                (F::empty(), F::empty()),
+            ],
+            (Placement::Staging, _) => &[
+                (
+                    F::HOST_VISIBLE | F::HOST_COHERENT | F::HOST_CACHED,
+                    F::empty(),
+                ),
+                (F::HOST_VISIBLE | F::HOST_COHERENT, F::empty()),
             ],
         };
-        wanted.iter().find_map(|flags| {
+        wanted.iter().find_map(|(have, avoid)| {
             types.iter().enumerate().find_map(|(i, t)| {
-                (type_bits & (1 << i) != 0 && t.property_flags.contains(*flags)).then_some(i as u32)
+                (type_bits & (1 << i) != 0
+                    && t.property_flags.contains(*have)
+                    && !t.property_flags.intersects(*avoid))
+                .then_some(i as u32)
             })
         })
     }
@@ -253,6 +280,10 @@ impl VulkanDevice {
                 memory_properties: physical.memory,
                 limits: p.limits,
                 features: shader_features,
+                unified_memory: matches!(
+                    p.device_type,
+                    vk::PhysicalDeviceType::CPU | vk::PhysicalDeviceType::INTEGRATED_GPU
+                ),
                 timestamp_period: (physical.timestamp_bits > 0
                     && p.limits.timestamp_compute_and_graphics == vk::TRUE)
                     .then_some(f64::from(p.limits.timestamp_period)),
@@ -261,6 +292,7 @@ impl VulkanDevice {
                 max_allocation,
                 allocated: AtomicU64::new(0),
                 builtin_pipelines: Mutex::new(HashMap::new()),
+                wgsl_cache: Mutex::new(HashMap::new()),
                 info,
             }),
         })

@@ -60,12 +60,29 @@ fn scalar_bytes(s: &Scalar) -> Vec<u8> {
 impl VulkanKernel {
     pub(crate) fn load(dev: &Arc<DeviceShared>, desc: &KernelDesc) -> Result<Self> {
         let words = match &desc.source {
-            KernelSource::Wgsl(text) => crate::shader::wgsl_to_spirv(
-                text,
-                &desc.entry_point,
-                &format!("kernel `{}`", desc.name),
-            )?,
-            KernelSource::SpirV(words) => words.clone(),
+            KernelSource::Wgsl(text) => {
+                let key = (text.clone(), desc.entry_point.clone());
+                let cached = dev
+                    .wgsl_cache
+                    .lock()
+                    .ok()
+                    .and_then(|c| c.get(&key).cloned());
+                match cached {
+                    Some(words) => words,
+                    None => {
+                        let words = Arc::new(crate::shader::wgsl_to_spirv(
+                            text,
+                            &desc.entry_point,
+                            &format!("kernel `{}`", desc.name),
+                        )?);
+                        if let Ok(mut c) = dev.wgsl_cache.lock() {
+                            c.insert(key, words.clone());
+                        }
+                        words
+                    }
+                }
+            }
+            KernelSource::SpirV(words) => Arc::new(words.clone()),
             other => {
                 return Err(Error::unsupported(format!(
                     "{} runs WGSL and SPIR-V kernels, not {}",

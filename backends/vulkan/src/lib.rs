@@ -27,7 +27,7 @@
 //! - `kernel` — user kernels in WGSL (naga) or SPIR-V; buffers bound with push
 //!   descriptors, scalars in push constants.
 
-mod builtins;
+pub mod builtins;
 mod device;
 mod error;
 mod event;

@@ -31,6 +31,8 @@ pub struct VulkanBuffer {
     /// whole 32-bit words at the end of any range.
     bound: u64,
     mapped: Option<NonNull<u8>>,
+    /// Whether the mapping is coherent (no flush or invalidate needed).
+    coherent: bool,
     accounted: bool,
 }
 
@@ -117,9 +119,9 @@ impl VulkanBuffer {
             cleanup(device);
             return Err(e);
         }
-        let host_visible = device.memory_properties.memory_types[type_index as usize]
-            .property_flags
-            .contains(vk::MemoryPropertyFlags::HOST_VISIBLE);
+        let flags = device.memory_properties.memory_types[type_index as usize].property_flags;
+        let host_visible = flags.contains(vk::MemoryPropertyFlags::HOST_VISIBLE);
+        let coherent = flags.contains(vk::MemoryPropertyFlags::HOST_COHERENT);
         let mapped = if host_visible {
             // SAFETY: host-visible memory, mapped once for its whole lifetime.
             match unsafe {
@@ -145,6 +147,7 @@ impl VulkanBuffer {
             size,
             bound,
             mapped,
+            coherent,
             accounted: placement == Placement::Device,
         })
     }
@@ -152,6 +155,12 @@ impl VulkanBuffer {
     /// The mapped bytes, when the memory is host-visible.
     pub(crate) fn mapped(&self) -> Option<NonNull<u8>> {
         self.mapped
+    }
+
+    /// The mapped bytes, when the host can read and write them directly without flushes
+    /// (host-visible and coherent).
+    pub(crate) fn host_direct(&self) -> Option<*mut u8> {
+        self.mapped.filter(|_| self.coherent).map(NonNull::as_ptr)
     }
 
     /// Bytes that may be bound from the buffer (its size rounded up to 16).

@@ -394,6 +394,18 @@ impl StreamShared {
         }
     }
 
+    /// Runs `f` now, on this thread, if the stream has nothing pending — then doing the
+    /// work immediately is the same as doing it in order. The submission lock is held
+    /// meanwhile, so nothing can be enqueued on this stream before `f` is done.
+    /// `None` when the stream is busy.
+    pub(crate) fn if_idle<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
+        let st = lock(&self.submit);
+        if st.rec.is_some() || !st.waits.is_empty() || self.completed() < st.pos {
+            return None;
+        }
+        Some(f())
+    }
+
     /// Runs `action` on the completion thread after all earlier work; later work waits
     /// for it.
     pub(crate) fn host_step(&self, action: HostAction) -> Result<()> {
@@ -629,9 +641,33 @@ fn mapped(buf: &VulkanBuffer) -> Result<*mut u8> {
     })
 }
 
+/// Whether no other enqueued operation holds this host memory (the user's buffer and
+/// the operation being enqueued hold one share each).
+fn host_exclusive(src: &HostSlice) -> bool {
+    Arc::strong_count(&src.memory) <= 2
+}
+
 impl StreamImpl for VulkanStream {
     fn copy_host_to_device(&self, src: HostSlice, dst: RawSlice) -> Result<()> {
         let dst_buf = buffer_of(&dst)?;
+        // Unified memory and an idle stream: copy straight into the device memory.
+        if let (Some(base), true) = (dst_buf.host_direct(), host_exclusive(&src)) {
+            let copied = self.shared.if_idle(|| {
+                // SAFETY: the HAL checked both ranges; nothing on this stream can touch
+                // `dst` before we return (idle, submission locked); the host buffer is
+                // not held by any other operation.
+                unsafe {
+                    host_copy(
+                        src.memory.as_ptr().add(src.offset),
+                        base.add(dst.offset as usize),
+                        src.len,
+                    )
+                }
+            });
+            if copied.is_some() {
+                return Ok(());
+            }
+        }
         let staging = self.staging(dst.len)?;
         let stage_ptr = mapped(&staging)?;
         let len = src.len;
@@ -667,6 +703,22 @@ impl StreamImpl for VulkanStream {
 
     fn copy_device_to_host(&self, src: RawSlice, dst: HostSlice) -> Result<()> {
         let src_buf = buffer_of(&src)?;
+        if let (Some(base), true) = (src_buf.host_direct(), host_exclusive(&dst)) {
+            let copied = self.shared.if_idle(|| {
+                // SAFETY: as in `copy_host_to_device`, with the roles swapped: every
+                // earlier write of this stream to `src` has completed.
+                unsafe {
+                    host_copy(
+                        base.add(src.offset as usize),
+                        dst.memory.as_ptr().add(dst.offset),
+                        dst.len,
+                    )
+                }
+            });
+            if copied.is_some() {
+                return Ok(());
+            }
+        }
         let staging = self.staging(src.len)?;
         let region = [vk::BufferCopy {
             src_offset: src.offset,
@@ -696,6 +748,22 @@ impl StreamImpl for VulkanStream {
 
     fn copy_device_to_device(&self, src: RawSlice, dst: RawSlice) -> Result<()> {
         let (sb, db) = (buffer_of(&src)?, buffer_of(&dst)?);
+        if let (Some(s), Some(t)) = (sb.host_direct(), db.host_direct()) {
+            let copied = self.shared.if_idle(|| {
+                // SAFETY: both ranges are in bounds and disjoint (HAL); the stream is idle
+                // and locked, so no work of it touches them meanwhile.
+                unsafe {
+                    host_copy(
+                        s.add(src.offset as usize),
+                        t.add(dst.offset as usize),
+                        dst.len as usize,
+                    )
+                }
+            });
+            if copied.is_some() {
+                return Ok(());
+            }
+        }
         let region = [vk::BufferCopy {
             src_offset: src.offset,
             dst_offset: dst.offset,

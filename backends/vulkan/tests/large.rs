@@ -1,0 +1,58 @@
+//! Ranges larger than the device's largest storage binding (`maxStorageBufferRange`,
+//! 128 MiB on lavapipe) are bound in pieces by the builtin operations.
+
+#![allow(clippy::unwrap_used)]
+
+use xpu_hal::backend::Backend;
+use xpu_hal::{BinaryOp, DType, Device, DeviceId, Scalar};
+use xpu_vulkan::VulkanBackend;
+
+/// The first Vulkan device, or `None` (with a note) where there is none and CI does not
+/// require one.
+fn device() -> Option<Device> {
+    let backend = VulkanBackend::new();
+    match backend.enumerate() {
+        Ok(_) => Some(Device::from_impl(
+            DeviceId::new("vulkan", 0),
+            backend.create_device(0).unwrap(),
+        )),
+        Err(e) => {
+            let required = std::env::var("XPU_REQUIRE")
+                .is_ok_and(|v| v.split(',').any(|p| p.trim() == "vulkan"));
+            assert!(!required, "Vulkan is required here: {e}");
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn builtins_cover_ranges_beyond_one_binding() {
+    let Some(d) = device() else { return };
+    let s = d.create_stream().unwrap();
+    let len = 160 * MIB;
+    let a = d.allocate(len).unwrap();
+    let b = d.allocate(len).unwrap();
+    s.fill(&a, Scalar::F32(1.5)).unwrap();
+    s.fill(&b, Scalar::F32(2.25)).unwrap();
+    s.binary(BinaryOp::Sum, DType::F32, &a, &b, &a).unwrap();
+    // A packed dtype at an odd offset, across the piece boundaries too.
+    let odd = b.slice(3, len - 5);
+    s.fill(odd, Scalar::U8(7)).unwrap();
+    s.synchronize().unwrap();
+    for at in [0, 64 * MIB - 8, 128 * MIB - 8, 128 * MIB, len - 16] {
+        let got: Vec<f32> = bytemuck::pod_collect_to_vec(&s.read(a.slice(at, 16)).unwrap());
+        assert_eq!(got, vec![3.75f32; 4], "at byte {at}");
+    }
+    let head = s.read(b.slice(0, 8)).unwrap();
+    let f = 2.25f32.to_le_bytes();
+    assert_eq!(&head[..3], &f[..3], "bytes before the range are untouched");
+    assert_eq!(&head[3..], &[7u8; 5]);
+    let tail = s.read(b.slice(len - 8, 8)).unwrap();
+    assert_eq!(&tail[..6], &[7u8; 6]);
+    assert_eq!(&tail[6..], &f[2..], "bytes after the range are untouched");
+    let mid = s.read(b.slice(128 * MIB - 2, 4)).unwrap();
+    assert_eq!(mid, vec![7u8; 4]);
+}
