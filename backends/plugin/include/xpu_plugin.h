@@ -1,0 +1,507 @@
+/*
+ * xpu_plugin.h — the xpu vendor plugin ABI.
+ *
+ * A vendor makes its accelerator an xpu device by building a shared library against
+ * this header alone (it includes only standard C headers) and exporting one symbol,
+ * XPU_PLUGIN_ENTRY_SYMBOL. xpu loads the library at run time, calls that symbol with
+ * the highest ABI version it understands, and drives the device through the returned
+ * function table. A plugin device is then indistinguishable from a built-in one.
+ *
+ * ---------------------------------------------------------------------------------
+ * VERSIONING
+ *
+ *   XPU_PLUGIN_ABI_MAJOR changes only when an existing function or field changes
+ *   meaning or is removed. A host refuses a plugin of another major version, with an
+ *   error naming both versions.
+ *
+ *   XPU_PLUGIN_ABI_MINOR changes when something is appended: a function at the end of
+ *   xpu_plugin_api, a field at the end of an argument struct, an enum value. Within one
+ *   major version every combination of host and plugin minor versions works:
+ *     - Every struct passed across the boundary starts with `size_t struct_size`, set
+ *       by whoever allocated the struct to XPU_STRUCT_SIZE(type, last field it knows).
+ *     - The reader of a struct reads only the fields that lie within struct_size; a
+ *       field beyond it is treated as zero / NULL. The writer of an output field writes
+ *       it only if it lies within struct_size. Nobody ever requires struct_size to
+ *       *equal* their own size, only to reach the struct's MIN_SIZE macro, its size
+ *       in ABI 1.0.
+ *     - A function pointer in xpu_plugin_api that is NULL or beyond its struct_size is
+ *       absent. Functions marked REQUIRED must be present.
+ *   Optional features live in extensions: a chain of structs, each starting with
+ *   xpu_extension_base, hung off the `extensions` field of the struct they extend.
+ *   Unknown extension types are skipped.
+ *
+ * ERRORS
+ *
+ *   Every function that can fail returns `xpu_error*`: NULL on success, else an error
+ *   object the plugin allocated. The host reads it with error_code/error_message and
+ *   frees it with error_destroy, exactly once. Error codes are xpu_error_code values;
+ *   the message should say what was asked, what was found and what to do.
+ *   A plugin must never let a C++ exception or a Rust panic cross this boundary.
+ *
+ * OWNERSHIP AND LIFETIMES
+ *
+ *   Handles (xpu_device, xpu_buffer, xpu_stream, xpu_event, xpu_kernel) are opaque
+ *   pointers owned by the plugin, created by an "open", "create", "allocate", "load"
+ *   or "record" function and released by the matching "close", "destroy" or "free"
+ *   function, exactly once. The host destroys children before their device. A stream that is
+ *   destroyed finishes its enqueued work first (or lets it finish in the background).
+ *   Strings returned by the plugin are valid for the lifetime stated at each field.
+ *
+ * THREAD SAFETY
+ *
+ *   Unless a function says otherwise, it may be called from any thread, concurrently
+ *   with any other function on other objects. Calls on one stream may come from several
+ *   threads; the plugin serialises them (enqueue order = call completion order).
+ *   Destroy/close functions are never called concurrently with other calls on the same
+ *   object.
+ *
+ * ASYNCHRONY
+ *
+ *   Stream functions enqueue and return. Work on one stream runs in enqueue order.
+ *   Host memory passed to a copy must stay valid until the copy has run; the host keeps
+ *   it valid until stream_synchronize returns, or until an event recorded after the
+ *   copy completes. Enqueue-time validation errors are returned at once; failures of the
+ *   work itself are returned by the next stream_synchronize/stream_query and by events
+ *   recorded after the failure.
+ */
+#ifndef XPU_PLUGIN_H
+#define XPU_PLUGIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define XPU_PLUGIN_ABI_MAJOR 1
+#define XPU_PLUGIN_ABI_MINOR 0
+
+/* The symbol every plugin exports (type xpu_plugin_get_api_fn). */
+#define XPU_PLUGIN_ENTRY_SYMBOL "xpu_plugin_get_api"
+
+#if defined(_WIN32)
+#define XPU_PLUGIN_EXPORT __declspec(dllexport)
+#else
+#define XPU_PLUGIN_EXPORT __attribute__((visibility("default")))
+#endif
+
+/* Size of a struct up to and including `last`: what struct_size is set to. */
+#define XPU_STRUCT_SIZE(type, last) (offsetof(type, last) + sizeof(((type*)0)->last))
+
+/* ---------------------------------------------------------------- basic types --- */
+
+typedef enum xpu_error_code {
+  XPU_ERROR_INVALID_ARGUMENT = 1, /* the caller's arguments are wrong */
+  XPU_ERROR_OUT_OF_MEMORY = 2,    /* an allocation did not fit; the device is usable */
+  XPU_ERROR_UNSUPPORTED = 3,      /* the device cannot do this */
+  XPU_ERROR_UNAVAILABLE = 4,      /* the hardware or its driver is not present */
+  XPU_ERROR_DEVICE_LOST = 5,      /* the device stopped working */
+  XPU_ERROR_TIMEOUT = 6,          /* a wait ran out of time */
+  XPU_ERROR_ABORTED = 7,          /* work did not run because something failed first */
+  XPU_ERROR_INTERNAL = 8          /* anything else */
+} xpu_error_code;
+
+typedef enum xpu_dtype {
+  XPU_DTYPE_F32 = 0,
+  XPU_DTYPE_F64 = 1,
+  XPU_DTYPE_F16 = 2,
+  XPU_DTYPE_BF16 = 3,
+  XPU_DTYPE_I32 = 4,
+  XPU_DTYPE_I64 = 5,
+  XPU_DTYPE_U8 = 6
+} xpu_dtype;
+
+typedef enum xpu_device_kind {
+  XPU_DEVICE_KIND_CPU = 0,
+  XPU_DEVICE_KIND_GPU = 1,
+  XPU_DEVICE_KIND_NPU = 2,
+  XPU_DEVICE_KIND_OTHER = 3
+} xpu_device_kind;
+
+typedef enum xpu_builtin_kind {
+  XPU_BUILTIN_FILL = 0,       /* dst[i] = scalar                      (dtype)     */
+  XPU_BUILTIN_BINARY = 1,     /* dst[i] = a[i] op b[i]                (dtype, op) */
+  XPU_BUILTIN_ACCUMULATE = 2, /* dst[i] = dst[i] op a[i]              (dtype, op) */
+  XPU_BUILTIN_SCALE = 3,      /* dst[i] = a[i] * scalar               (dtype)     */
+  XPU_BUILTIN_CAST = 4        /* dst[i] = (dst_dtype) a[i]      (dtype = source)  */
+} xpu_builtin_kind;
+
+typedef enum xpu_binary_op {
+  XPU_BINARY_SUM = 0,
+  XPU_BINARY_PROD = 1,
+  XPU_BINARY_MIN = 2,
+  XPU_BINARY_MAX = 3
+} xpu_binary_op;
+
+typedef enum xpu_kernel_arg_kind {
+  XPU_KERNEL_ARG_BUFFER = 0,
+  XPU_KERNEL_ARG_SCALAR = 1
+} xpu_kernel_arg_kind;
+
+typedef enum xpu_access {
+  XPU_ACCESS_READ = 0,
+  XPU_ACCESS_WRITE = 1,
+  XPU_ACCESS_READ_WRITE = 2
+} xpu_access;
+
+/* Opaque objects, owned by the plugin. */
+typedef struct xpu_error xpu_error;
+typedef struct xpu_device xpu_device;
+typedef struct xpu_buffer xpu_buffer;
+typedef struct xpu_stream xpu_stream;
+typedef struct xpu_event xpu_event;
+typedef struct xpu_kernel xpu_kernel;
+
+/* The head of every extension struct. */
+typedef struct xpu_extension_base {
+  size_t struct_size;
+  uint32_t type;                        /* an xpu_extension_type value */
+  const struct xpu_extension_base* next; /* the next extension, or NULL */
+} xpu_extension_base;
+
+typedef enum xpu_extension_type {
+  XPU_EXTENSION_CAPABILITIES = 1 /* xpu_capabilities_extension */
+} xpu_extension_type;
+
+/* A range of device memory. */
+typedef struct xpu_buffer_range {
+  xpu_buffer* buffer;
+  uint64_t offset; /* bytes */
+  uint64_t length; /* bytes */
+} xpu_buffer_range;
+
+/* ----------------------------------------------------------- negotiation --- */
+
+/* What the host tells the plugin. Allocated by the host; valid during the call. */
+typedef struct xpu_host_info {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  uint32_t abi_major; /* the host's XPU_PLUGIN_ABI_MAJOR */
+  uint32_t abi_minor; /* the highest minor version the host understands */
+} xpu_host_info;
+#define XPU_HOST_INFO_MIN_SIZE XPU_STRUCT_SIZE(xpu_host_info, abi_minor)
+
+struct xpu_plugin_api;
+
+/* The entry point. Returns the plugin's table, with static lifetime, or NULL if the
+ * plugin cannot work with this host at all (the host then reports that the plugin
+ * refused its ABI version). Thread-safe; may be called more than once. */
+typedef const struct xpu_plugin_api* (*xpu_plugin_get_api_fn)(const xpu_host_info* host);
+
+/* --------------------------------------------------------- argument structs --- */
+/* Every function takes one argument struct. "in" fields are set by the host, "out"
+ * fields by the plugin. Each starts with struct_size and an extension pointer. */
+
+typedef struct xpu_device_count_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  uint32_t count; /* out */
+} xpu_device_count_args;
+#define XPU_DEVICE_COUNT_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_device_count_args, count)
+
+typedef struct xpu_device_open_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  uint32_t index;     /* in: 0 .. count-1 */
+  xpu_device* device; /* out */
+} xpu_device_open_args;
+#define XPU_DEVICE_OPEN_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_device_open_args, device)
+
+typedef struct xpu_device_close_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_device* device; /* in */
+} xpu_device_close_args;
+#define XPU_DEVICE_CLOSE_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_device_close_args, device)
+
+/* Static properties of a device. Strings are valid until the device is closed. */
+typedef struct xpu_device_properties_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_device* device;             /* in */
+  const char* name;               /* out: UTF-8, NUL-terminated */
+  const char* vendor;             /* out */
+  const char* driver;             /* out: driver or firmware version */
+  uint32_t kind;                  /* out: xpu_device_kind */
+  uint32_t dtype_mask;            /* out: bit (1 << xpu_dtype) per supported dtype */
+  uint64_t memory_bytes;          /* out: total memory */
+  uint64_t max_allocation;        /* out: largest single allocation */
+  uint64_t kernel_arg_alignment;  /* out: byte alignment of kernel buffer arguments */
+  uint32_t timeline_events;       /* out: nonzero if waits on events need no host thread */
+  uint32_t event_timing;          /* out: nonzero if event_elapsed works */
+  const char* kernel_format;      /* out: the native kernel format's name, or NULL */
+} xpu_device_properties_args;
+#define XPU_DEVICE_PROPERTIES_ARGS_MIN_SIZE \
+  XPU_STRUCT_SIZE(xpu_device_properties_args, kernel_format)
+
+typedef struct xpu_memory_info_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_device* device; /* in */
+  uint64_t total;     /* out */
+  uint64_t free;      /* out */
+} xpu_memory_info_args;
+#define XPU_MEMORY_INFO_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_memory_info_args, free)
+
+typedef struct xpu_buffer_allocate_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_device* device; /* in */
+  uint64_t size;      /* in: 1 .. max_allocation bytes */
+  xpu_buffer* buffer; /* out */
+} xpu_buffer_allocate_args;
+#define XPU_BUFFER_ALLOCATE_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_buffer_allocate_args, buffer)
+
+/* Frees a buffer. The host calls it only when no enqueued work uses the buffer. */
+typedef struct xpu_buffer_free_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_buffer* buffer; /* in */
+} xpu_buffer_free_args;
+#define XPU_BUFFER_FREE_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_buffer_free_args, buffer)
+
+typedef struct xpu_stream_create_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_device* device; /* in */
+  xpu_stream* stream; /* out */
+} xpu_stream_create_args;
+#define XPU_STREAM_CREATE_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_stream_create_args, stream)
+
+/* Used by stream_destroy and stream_synchronize. */
+typedef struct xpu_stream_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_stream* stream; /* in */
+} xpu_stream_args;
+#define XPU_STREAM_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_stream_args, stream)
+
+typedef struct xpu_stream_query_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_stream* stream; /* in */
+  uint32_t done;      /* out: nonzero when all enqueued work has finished */
+} xpu_stream_query_args;
+#define XPU_STREAM_QUERY_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_stream_query_args, done)
+
+/* The host validates every range (in bounds, on the stream's device, non-empty,
+ * disjoint where required) before calling; plugins may rely on it. */
+typedef struct xpu_copy_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_stream* stream;   /* in */
+  xpu_buffer_range src; /* in: device source (device-to-host, device-to-device) */
+  xpu_buffer_range dst; /* in: device destination (host-to-device, device-to-device) */
+  void* host;           /* in: host memory of `length` bytes for host copies */
+  uint64_t length;      /* in: bytes */
+} xpu_copy_args;
+#define XPU_COPY_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_copy_args, length)
+
+/* A builtin operation. Element counts are range lengths divided by the dtype's size;
+ * ranges are element-aligned; operands are identical or disjoint. Arithmetic follows
+ * xpu's rules: integers wrap; f16/bf16 computed in f32 and rounded once to nearest
+ * even; min/max ignore a NaN operand; casts follow Rust's `as` (float->int truncates
+ * and saturates, NaN->0; int->narrower int wraps; ->float rounds once). */
+typedef struct xpu_builtin_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_stream* stream;   /* in */
+  uint32_t kind;        /* in: xpu_builtin_kind */
+  uint32_t op;          /* in: xpu_binary_op (binary, accumulate) */
+  uint32_t dtype;       /* in: xpu_dtype of dst (of the source for cast) */
+  uint32_t dst_dtype;   /* in: xpu_dtype of dst for cast */
+  xpu_buffer_range dst; /* in */
+  xpu_buffer_range a;   /* in: first source (binary, accumulate, scale, cast) */
+  xpu_buffer_range b;   /* in: second source (binary) */
+  uint8_t scalar[8];    /* in: fill value / scale factor, little-endian, of `dtype` */
+} xpu_builtin_args;
+#define XPU_BUILTIN_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_builtin_args, scalar)
+
+typedef struct xpu_event_record_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_stream* stream; /* in */
+  xpu_event* event;   /* out */
+} xpu_event_record_args;
+#define XPU_EVENT_RECORD_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_event_record_args, event)
+
+/* Used by event_destroy. */
+typedef struct xpu_event_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_event* event; /* in */
+} xpu_event_args;
+#define XPU_EVENT_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_event_args, event)
+
+typedef struct xpu_event_query_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_event* event; /* in */
+  uint32_t done;    /* out: nonzero once the work before the event has finished */
+} xpu_event_query_args;
+#define XPU_EVENT_QUERY_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_event_query_args, done)
+
+typedef struct xpu_event_wait_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_event* event;    /* in */
+  uint64_t timeout_ns; /* in: UINT64_MAX waits forever; else XPU_ERROR_TIMEOUT */
+} xpu_event_wait_args;
+#define XPU_EVENT_WAIT_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_event_wait_args, timeout_ns)
+
+typedef struct xpu_event_elapsed_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_event* start;    /* in: complete, same device */
+  xpu_event* end;      /* in: complete, same device */
+  uint64_t elapsed_ns; /* out */
+} xpu_event_elapsed_args;
+#define XPU_EVENT_ELAPSED_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_event_elapsed_args, elapsed_ns)
+
+/* Makes later work on `stream` wait for an event of this plugin (any of its devices). */
+typedef struct xpu_stream_wait_event_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_stream* stream; /* in */
+  xpu_event* event;   /* in */
+} xpu_stream_wait_event_args;
+#define XPU_STREAM_WAIT_EVENT_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_stream_wait_event_args, event)
+
+/* An event signalled outside the plugin (another backend's). `wait` blocks until it
+ * has completed and returns 0, or returns nonzero if the work before it failed; the
+ * plugin calls it on a thread of its own, exactly once, and then calls `release`
+ * exactly once (also if the stream is destroyed first). Both are thread-safe. */
+typedef struct xpu_external_event {
+  void* context;
+  int32_t (*wait)(void* context);
+  void (*release)(void* context);
+} xpu_external_event;
+
+/* Makes later work on `stream` wait until `external.wait` returns. If it reports a
+ * failure, the stream's later work fails with XPU_ERROR_ABORTED. */
+typedef struct xpu_stream_wait_external_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_stream* stream;          /* in */
+  xpu_external_event external; /* in: ownership passes to the plugin */
+} xpu_stream_wait_external_args;
+#define XPU_STREAM_WAIT_EXTERNAL_ARGS_MIN_SIZE \
+  XPU_STRUCT_SIZE(xpu_stream_wait_external_args, external)
+
+typedef struct xpu_kernel_load_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_device* device;       /* in */
+  const char* format;       /* in: the plugin's native format name */
+  const uint8_t* code;      /* in: valid during the call */
+  uint64_t code_length;     /* in */
+  const char* entry_point;  /* in: NUL-terminated, valid during the call */
+  xpu_kernel* kernel;       /* out */
+} xpu_kernel_load_args;
+#define XPU_KERNEL_LOAD_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_kernel_load_args, kernel)
+
+typedef struct xpu_kernel_destroy_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_kernel* kernel; /* in: no enqueued launch uses it any more */
+} xpu_kernel_destroy_args;
+#define XPU_KERNEL_DESTROY_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_kernel_destroy_args, kernel)
+
+typedef struct xpu_kernel_arg {
+  uint32_t kind;          /* xpu_kernel_arg_kind */
+  uint32_t access;        /* xpu_access, for buffers */
+  xpu_buffer_range range; /* buffers (length 0: empty range, buffer may be NULL) */
+  uint32_t dtype;         /* xpu_dtype, for scalars */
+  uint8_t scalar[8];      /* scalars, little-endian */
+} xpu_kernel_arg;
+
+typedef struct xpu_kernel_launch_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_stream* stream;         /* in */
+  xpu_kernel* kernel;         /* in */
+  uint32_t grid[3];           /* in: workgroups per dimension, each >= 1 */
+  uint32_t block[3];          /* in: invocations per workgroup, each >= 1 */
+  const xpu_kernel_arg* args; /* in: valid during the call */
+  uint64_t arg_count;         /* in */
+} xpu_kernel_launch_args;
+#define XPU_KERNEL_LAUNCH_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_kernel_launch_args, arg_count)
+
+/* ------------------------------------------------------------- extensions --- */
+
+/* Optional: capabilities beyond the core profile, as "key=value" strings (for example
+ * "peer_access=1"), shown in `xpu devices` and in conformance reports. Hung off
+ * xpu_plugin_api.extensions. */
+typedef struct xpu_capabilities_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_device* device;             /* in */
+  const char* const* capabilities; /* out: valid until the device is closed */
+  uint64_t count;                 /* out */
+} xpu_capabilities_args;
+#define XPU_CAPABILITIES_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_capabilities_args, count)
+
+typedef struct xpu_capabilities_extension {
+  xpu_extension_base base; /* type = XPU_EXTENSION_CAPABILITIES */
+  xpu_error* (*capabilities)(xpu_capabilities_args* args);
+} xpu_capabilities_extension;
+
+/* ------------------------------------------------------------ the table --- */
+
+typedef struct xpu_plugin_api {
+  size_t struct_size;                   /* XPU_STRUCT_SIZE of the last member the plugin knows */
+  const xpu_extension_base* extensions; /* optional features, or NULL */
+  uint32_t abi_major;                   /* the plugin's XPU_PLUGIN_ABI_MAJOR */
+  uint32_t abi_minor;                   /* the plugin's XPU_PLUGIN_ABI_MINOR */
+  const char* name;    /* REQUIRED: [a-z0-9_-]+, static; devices are plugin.<name>:N */
+  const char* version; /* the plugin's own version, static */
+
+  /* Errors (REQUIRED). error_code and error_message never fail; the message is valid
+   * until error_destroy. */
+  uint32_t (*error_code)(const xpu_error* error);
+  const char* (*error_message)(const xpu_error* error);
+  void (*error_destroy)(xpu_error* error);
+
+  /* Devices (REQUIRED). */
+  xpu_error* (*device_count)(xpu_device_count_args* args);
+  xpu_error* (*device_open)(xpu_device_open_args* args);
+  xpu_error* (*device_close)(xpu_device_close_args* args);
+  xpu_error* (*device_properties)(xpu_device_properties_args* args);
+  xpu_error* (*memory_info)(xpu_memory_info_args* args);
+
+  /* Memory (REQUIRED). */
+  xpu_error* (*buffer_allocate)(xpu_buffer_allocate_args* args);
+  xpu_error* (*buffer_free)(xpu_buffer_free_args* args);
+
+  /* Streams (REQUIRED). */
+  xpu_error* (*stream_create)(xpu_stream_create_args* args);
+  xpu_error* (*stream_destroy)(xpu_stream_args* args);
+  xpu_error* (*stream_synchronize)(xpu_stream_args* args);
+  xpu_error* (*stream_query)(xpu_stream_query_args* args);
+  xpu_error* (*copy_host_to_device)(xpu_copy_args* args);
+  xpu_error* (*copy_device_to_host)(xpu_copy_args* args);
+  xpu_error* (*copy_device_to_device)(xpu_copy_args* args);
+  xpu_error* (*builtin)(xpu_builtin_args* args);
+
+  /* Events (REQUIRED). */
+  xpu_error* (*event_record)(xpu_event_record_args* args);
+  xpu_error* (*event_destroy)(xpu_event_args* args);
+  xpu_error* (*event_query)(xpu_event_query_args* args);
+  xpu_error* (*event_wait)(xpu_event_wait_args* args);
+  xpu_error* (*stream_wait_event)(xpu_stream_wait_event_args* args);
+  xpu_error* (*stream_wait_external)(xpu_stream_wait_external_args* args);
+
+  /* Optional (NULL when absent). */
+  xpu_error* (*event_elapsed)(xpu_event_elapsed_args* args);
+  xpu_error* (*kernel_load)(xpu_kernel_load_args* args);
+  xpu_error* (*kernel_destroy)(xpu_kernel_destroy_args* args);
+  xpu_error* (*kernel_launch)(xpu_kernel_launch_args* args);
+} xpu_plugin_api;
+#define XPU_PLUGIN_API_MIN_SIZE XPU_STRUCT_SIZE(xpu_plugin_api, kernel_launch)
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* XPU_PLUGIN_H */
