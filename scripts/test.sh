@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
 # Runs every test: the workspace's unit and integration tests, then the conformance
-# suite over every device (host, and Vulkan where a driver is installed) through the
-# `xpu` command, with JSON and JUnit reports in target/conformance/.
+# suite through the `xpu` command over every device — host, Vulkan where a driver is
+# installed, and the two example plugins built here as a vendor would build them —
+# with JSON and JUnit reports in target/conformance/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --workspace --locked
-mkdir -p target/conformance
-cargo run --locked --quiet -p xpu -- conformance --devices '*' \
+
+plugins=target/plugins
+mkdir -p "$plugins" target/conformance
+cargo build --locked --quiet -p xpu-sim-npu
+cp target/debug/libxpu_sim_npu.so "$plugins/"
+"${CC:-cc}" -std=c11 -O2 -shared -fPIC -fvisibility=hidden -pthread \
+  -Ibackends/plugin/include backends/plugin/examples/c-minimal/minimal.c \
+  -o "$plugins/libxpu_minimal.so"
+# The loader refuses plugins that other users could replace.
+chmod go-w "$plugins" "$plugins"/*.so
+
+cargo run --locked --quiet -p xpu -- conformance --plugin "$plugins" --devices '*' \
   --json target/conformance/report.json --junit target/conformance/report.xml

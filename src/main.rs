@@ -15,6 +15,10 @@ use xpu::{DeviceSelector, Result};
 #[derive(Parser, Debug)]
 #[command(name = "xpu", version, about, long_about = None)]
 struct Cli {
+    /// Load a vendor plugin: a shared library or a folder of them (repeatable; also
+    /// from the colon-separated XPU_PLUGIN_PATH).
+    #[arg(long = "plugin", value_name = "PATH", global = true)]
+    plugins: Vec<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -76,6 +80,16 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Copies, a large elementwise add and per-launch overhead on vulkan:0, against the
+    /// same Vulkan commands issued directly with ash on the same device.
+    Vulkan {
+        /// Interleaved measurement rounds (the median is reported).
+        #[arg(long, default_value_t = 9)]
+        rounds: usize,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn selector(arg: Option<String>, default: &str) -> Result<DeviceSelector> {
@@ -86,7 +100,27 @@ fn selector(arg: Option<String>, default: &str) -> Result<DeviceSelector> {
 }
 
 fn run(cli: Cli) -> Result<bool> {
-    let registry = xpu::registry()?;
+    let (registry, plugin_errors) = xpu::registry_with_plugins(&cli.plugins)?;
+    // A plugin named on the command line must load; one found on XPU_PLUGIN_PATH that
+    // does not is listed by `xpu devices` with the reason.
+    let named: Vec<PathBuf> = cli
+        .plugins
+        .iter()
+        .flat_map(|p| {
+            let absolute = std::env::current_dir()
+                .map(|d| d.join(p))
+                .unwrap_or_else(|_| p.clone());
+            let canonical = std::fs::canonicalize(&absolute).ok();
+            [Some(absolute), canonical]
+        })
+        .flatten()
+        .collect();
+    if let Some(first) = plugin_errors
+        .iter()
+        .find(|e| named.iter().any(|p| e.path().starts_with(p)))
+    {
+        return Err(xpu::Error::invalid(first.to_string()));
+    }
     match cli.command {
         Some(Command::Devices { devices, json }) => {
             cli::devices::run(&registry, &selector(devices, "*")?, json)?;
@@ -119,6 +153,10 @@ fn run(cli: Cli) -> Result<bool> {
         ),
         Some(Command::Bench(BenchCommand::Hal { rounds, json })) => {
             cli::bench::hal(json, rounds)?;
+            Ok(true)
+        }
+        Some(Command::Bench(BenchCommand::Vulkan { rounds, json })) => {
+            cli::bench::vulkan(json, rounds)?;
             Ok(true)
         }
         None => {

@@ -4,11 +4,15 @@
 //!   loop called inline with no queue at all.
 //! - `copy`: host→device, device→host and device→device copies through the HAL vs
 //!   `memcpy` (`copy_from_slice`) of the same size between pre-faulted host buffers.
+//! - `vulkan_copy`, `vulkan_add`, `vulkan_launch`: copies, a large elementwise add and
+//!   many tiny adds on `vulkan:0` through the HAL vs the same Vulkan commands issued
+//!   directly with ash (`xpu_benches::vulkan_raw`); skipped without a Vulkan device.
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 mod copy;
 mod dispatch;
+mod vulkan;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::time::Duration;
@@ -23,6 +27,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = dispatch::bench, copy::bench
+    targets = dispatch::bench, copy::bench, vulkan::bench
 }
 criterion_main!(benches);

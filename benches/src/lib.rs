@@ -6,8 +6,11 @@
 
 use std::sync::Arc;
 
-use xpu_hal::{Device, DeviceId, Result};
+use xpu_hal::backend::Backend;
+use xpu_hal::{Device, DeviceId, Error, Result};
 use xpu_host::{HostBackend, HostConfig, HostDevice};
+
+pub mod vulkan_raw;
 
 /// Memory each benchmark device may hold.
 pub const BENCH_CAPACITY: u64 = 1 << 30;
@@ -35,4 +38,31 @@ pub fn prefaulted(len: usize) -> Vec<u8> {
         *b = i as u8;
     }
     v
+}
+
+/// `vulkan:0` through the HAL, and the raw-ash reference ([`vulkan_raw::RawVulkan`]) on
+/// the same physical device with its own instance, device and queue. Without a Vulkan
+/// device, [`Error::Unavailable`] with the loader's or the backend's reason.
+pub fn vulkan_devices() -> Result<(Device, vulkan_raw::RawVulkan)> {
+    let backend = xpu_vulkan::VulkanBackend::new();
+    let listed = backend.enumerate()?;
+    if listed.is_empty() {
+        return Err(Error::unavailable(
+            xpu_vulkan::NAME,
+            "the backend lists no device",
+        ));
+    }
+    let hal = Device::from_impl(
+        DeviceId::new(xpu_vulkan::NAME, 0),
+        backend.create_device(0)?,
+    );
+    let raw = vulkan_raw::RawVulkan::new()?;
+    if raw.device_name() != hal.name() {
+        return Err(Error::invalid(format!(
+            "the raw reference opened `{}` but vulkan:0 is `{}`",
+            raw.device_name(),
+            hal.name()
+        )));
+    }
+    Ok((hal, raw))
 }

@@ -1,5 +1,6 @@
-//! `xpu bench hal`: the HAL's overheads, each figure beside its reference measured in
-//! the same run (interleaved rounds, medians), because shared machines are noisy.
+//! `xpu bench hal` and `xpu bench vulkan`: the HAL's overheads and the Vulkan backend's
+//! costs, each figure beside its reference measured in the same run (interleaved
+//! rounds, medians), because shared machines are noisy.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -7,7 +8,12 @@ use std::time::Instant;
 use serde::Serialize;
 use xpu::backend::{BuiltinOp, StreamImpl};
 use xpu::host::{HostBackend, HostConfig};
-use xpu::{Device, DeviceId, Error, HostBuffer, RawAllocation, RawSlice, Result, Scalar};
+use xpu::vulkan::builtins::abi::ShaderKind;
+use xpu::{
+    Allocation, BinaryOp, DType, Device, DeviceId, Error, HostBuffer, RawAllocation, RawSlice,
+    Result, Scalar, Stream,
+};
+use xpu_benches::vulkan_raw::{Behind, Memory, RawBuffer, RawVulkan};
 
 /// One comparison: an xpu figure, its reference, and their ratio.
 #[derive(Debug, Serialize)]
@@ -217,8 +223,20 @@ pub fn hal(json: bool, rounds: usize) -> Result<()> {
     let mut figures = Vec::new();
     dispatch(&mut figures, rounds)?;
     copies(&mut figures, rounds)?;
+    print(
+        &figures,
+        json,
+        &[
+            "ratio: xpu time / reference time for latencies (1.0 = no overhead);",
+            "       xpu bandwidth / reference bandwidth for copies (1.0 = as fast as memcpy).",
+        ],
+    )
+}
+
+/// Prints `figures` as a table followed by `notes`, or as JSON.
+fn print(figures: &[Figure], json: bool, notes: &[&str]) -> Result<()> {
     if json {
-        let text = serde_json::to_string_pretty(&figures).map_err(|e| Error::backend("xpu", e))?;
+        let text = serde_json::to_string_pretty(figures).map_err(|e| Error::backend("xpu", e))?;
         println!("{text}");
         return Ok(());
     }
@@ -226,14 +244,299 @@ pub fn hal(json: bool, rounds: usize) -> Result<()> {
         "{:<40} {:>12} {:>12}  {:<7} {:<30}",
         "figure", "xpu", "reference", "ratio", "reference is"
     );
-    for f in &figures {
+    for f in figures {
         println!(
             "{:<40} {:>7.3} {:<4} {:>7.3} {:<4}  {:<7.3} {}",
             f.name, f.xpu, f.unit, f.reference, f.unit, f.ratio, f.reference_name
         );
     }
     println!();
-    println!("ratio: xpu time / reference time for latencies (1.0 = no overhead);");
-    println!("       xpu bandwidth / reference bandwidth for copies (1.0 = as fast as memcpy).");
+    for line in notes {
+        println!("{line}");
+    }
     Ok(())
+}
+
+/// Iterations per round so that a round of the slower of `a` and `b` takes about
+/// `target` seconds (at least one), from one timed call of each after a first call.
+fn calibrate(
+    target: f64,
+    a: &mut impl FnMut() -> Result<()>,
+    b: &mut impl FnMut() -> Result<()>,
+) -> Result<usize> {
+    let mut slowest = 0f64;
+    for f in [a as &mut dyn FnMut() -> Result<()>, b] {
+        f()?;
+        let t = Instant::now();
+        f()?;
+        slowest = slowest.max(t.elapsed().as_secs_f64());
+    }
+    Ok(((target / slowest.max(1e-9)) as usize).clamp(1, 100_000))
+}
+
+/// Seconds one round of one path takes in `xpu bench vulkan`.
+const VULKAN_ROUND_S: f64 = 0.1;
+
+/// The median seconds per call of `a` (xpu) and `b` (reference), interleaved, with
+/// iterations per round calibrated to [`VULKAN_ROUND_S`].
+fn compare(
+    rounds: usize,
+    mut a: impl FnMut() -> Result<()>,
+    mut b: impl FnMut() -> Result<()>,
+) -> Result<(f64, f64)> {
+    let iters = calibrate(VULKAN_ROUND_S, &mut a, &mut b)?;
+    interleaved(rounds, iters, a, b)
+}
+
+fn vulkan_copies(
+    figures: &mut Vec<Figure>,
+    rounds: usize,
+    device: &Device,
+    raw: &RawVulkan,
+) -> Result<()> {
+    let stream = device.create_stream()?;
+    let fill = raw.builtin_pipeline(ShaderKind::Fill(DType::F32))?;
+    for size in [1usize << 20, 64 << 20] {
+        let bytes = size as u64;
+        let host = prefaulted(size);
+        let host_src = HostBuffer::from_bytes(&host)?;
+        let host_dst = HostBuffer::from_bytes(&host)?;
+        let a = device.allocate(bytes)?;
+        let b = device.allocate(bytes)?;
+        stream.fill(&a, Scalar::F32(1.0))?;
+        stream.fill(&b, Scalar::F32(2.0))?;
+        stream.synchronize()?;
+        let ra = raw.buffer(bytes, Memory::Device)?;
+        let mut rb = raw.buffer(bytes, Memory::Device)?;
+        let staging = raw.buffer(bytes, Memory::Staging)?;
+        raw.fill(&ra, 1)?;
+        raw.fill(&rb, 2)?;
+        raw.fill(&staging, 3)?;
+        let mut out = prefaulted(size);
+        // A small fill queued before a copy, so that the copy is not on an idle stream.
+        let tiny = device.allocate(64)?;
+        let raw_tiny = raw.buffer(64, Memory::Device)?;
+        let behind = Behind {
+            fill: &fill,
+            buffer: &raw_tiny,
+        };
+        // Unified memory: the raw buffers are mapped, and a memcpy between them is the
+        // floor of the backend's idle-stream copies.
+        let mapped = ra.host_bytes().is_some() && rb.host_bytes().is_some();
+        let unmapped = || Error::invalid("a raw buffer is not mapped");
+        let mib = size >> 20;
+        let mut add = |name: String, (x, r): (f64, f64), reference: &str| {
+            let gbs = |t: f64| size as f64 / t / 1e9;
+            figures.push(Figure {
+                name,
+                unit: "GB/s",
+                xpu: gbs(x),
+                reference: gbs(r),
+                reference_name: reference.into(),
+                ratio: r / x,
+            });
+        };
+        let mut hal_d2d = || {
+            stream.copy(&a, &b)?;
+            stream.synchronize()
+        };
+        let name = format!("copy device→device {mib} MiB");
+        let t = compare(rounds, &mut hal_d2d, || raw.copy(&ra, &rb, bytes))?;
+        add(name.clone(), t, "ash: vkCmdCopyBuffer, submit, fence");
+        if mapped {
+            let t = compare(rounds, &mut hal_d2d, || {
+                let src = ra.host_bytes().ok_or_else(unmapped)?;
+                rb.host_bytes_mut()
+                    .ok_or_else(unmapped)?
+                    .copy_from_slice(src);
+                Ok(())
+            })?;
+            add(name, t, "memcpy between mapped buffers");
+        }
+        let mut hal_h2d = || {
+            stream.copy_from_host(&host_src, 0, &a)?;
+            stream.synchronize()
+        };
+        let name = format!("copy host→device {mib} MiB");
+        let t = compare(rounds, &mut hal_h2d, || {
+            raw.upload(&host, &staging, &rb, None)
+        })?;
+        add(name.clone(), t, "ash: memcpy to staging + copy");
+        if mapped {
+            let t = compare(rounds, &mut hal_h2d, || {
+                rb.host_bytes_mut()
+                    .ok_or_else(unmapped)?
+                    .copy_from_slice(&host);
+                Ok(())
+            })?;
+            add(name, t, "memcpy into the mapped buffer");
+        }
+        let mut hal_d2h = || {
+            stream.copy_to_host(&a, &host_dst, 0)?;
+            stream.synchronize()
+        };
+        let name = format!("copy device→host {mib} MiB");
+        let t = compare(rounds, &mut hal_d2h, || {
+            raw.download(&ra, &staging, &mut out, None)
+        })?;
+        add(name.clone(), t, "ash: copy to staging + memcpy");
+        if mapped {
+            let t = compare(rounds, &mut hal_d2h, || {
+                out.copy_from_slice(ra.host_bytes().ok_or_else(unmapped)?);
+                Ok(())
+            })?;
+            add(name, t, "memcpy from the mapped buffer");
+        }
+        let t = compare(
+            rounds,
+            || {
+                stream.fill(&tiny, Scalar::F32(0.0))?;
+                stream.copy_from_host(&host_src, 0, &a)?;
+                stream.synchronize()
+            },
+            || raw.upload(&host, &staging, &rb, Some(behind)),
+        )?;
+        add(
+            format!("copy host→device {mib} MiB behind a fill"),
+            t,
+            "ash: fill shader + staged copy",
+        );
+        let t = compare(
+            rounds,
+            || {
+                stream.fill(&tiny, Scalar::F32(0.0))?;
+                stream.copy_to_host(&a, &host_dst, 0)?;
+                stream.synchronize()
+            },
+            || raw.download(&ra, &staging, &mut out, Some(behind)),
+        )?;
+        add(
+            format!("copy device→host {mib} MiB behind a fill"),
+            t,
+            "ash: fill shader + staged copy",
+        );
+    }
+    Ok(())
+}
+
+/// Three buffers of `n` f32 on each side, filled with 1, 2 and 0.
+fn add_operands(
+    device: &Device,
+    stream: &Stream,
+    raw: &RawVulkan,
+    n: u64,
+) -> Result<(Vec<Allocation>, Vec<RawBuffer>)> {
+    let mut hal = Vec::new();
+    let mut reference = Vec::new();
+    for v in [1.0f32, 2.0, 0.0] {
+        let buf = device.allocate(n * 4)?;
+        stream.fill(&buf, Scalar::F32(v))?;
+        hal.push(buf);
+        let buf = raw.buffer(n * 4, Memory::Device)?;
+        raw.fill(&buf, v.to_bits())?;
+        reference.push(buf);
+    }
+    stream.synchronize()?;
+    Ok((hal, reference))
+}
+
+fn vulkan_adds(
+    figures: &mut Vec<Figure>,
+    rounds: usize,
+    device: &Device,
+    raw: &RawVulkan,
+) -> Result<()> {
+    let stream = device.create_stream()?;
+    let pipeline = raw.builtin_pipeline(ShaderKind::Binary(BinaryOp::Sum, DType::F32))?;
+    for n in [1u64 << 20, 16 << 20] {
+        let (hal, r) = add_operands(device, &stream, raw, n)?;
+        let (x, t) = compare(
+            rounds,
+            || {
+                stream.binary(BinaryOp::Sum, DType::F32, &hal[0], &hal[1], &hal[2])?;
+                stream.synchronize()
+            },
+            || raw.builtin(&pipeline, &[&r[2], &r[0], &r[1]], n, 4, 0, 1),
+        )?;
+        figures.push(Figure {
+            name: format!("add f32, {}M elements + sync", n >> 20),
+            unit: "ms",
+            xpu: x * 1e3,
+            reference: t * 1e3,
+            reference_name: "ash: same SPIR-V, 1 dispatch".into(),
+            ratio: x / t,
+        });
+    }
+    const TINY: u64 = 64;
+    const LAUNCHES: usize = 1000;
+    let (hal, r) = add_operands(device, &stream, raw, TINY)?;
+    let (x, t) = compare(
+        rounds,
+        || {
+            stream.binary(BinaryOp::Sum, DType::F32, &hal[0], &hal[1], &hal[2])?;
+            stream.synchronize()
+        },
+        || raw.builtin(&pipeline, &[&r[2], &r[0], &r[1]], TINY, 4, 0, 1),
+    )?;
+    figures.push(Figure {
+        name: format!("add {TINY} f32 + synchronize"),
+        unit: "µs",
+        xpu: x * 1e6,
+        reference: t * 1e6,
+        reference_name: "ash: 1 dispatch, submit, fence".into(),
+        ratio: x / t,
+    });
+    let (x, t) = compare(
+        rounds,
+        || {
+            for _ in 0..LAUNCHES {
+                stream.binary(BinaryOp::Sum, DType::F32, &hal[0], &hal[1], &hal[2])?;
+            }
+            stream.synchronize()
+        },
+        || raw.builtin(&pipeline, &[&r[2], &r[0], &r[1]], TINY, 4, 0, LAUNCHES),
+    )?;
+    figures.push(Figure {
+        name: format!("add {TINY} f32, per op, {LAUNCHES} then sync"),
+        unit: "µs",
+        xpu: x * 1e6 / LAUNCHES as f64,
+        reference: t * 1e6 / LAUNCHES as f64,
+        reference_name: format!("ash: {LAUNCHES} dispatches, 1 submit"),
+        ratio: x / t,
+    });
+    Ok(())
+}
+
+/// Runs the Vulkan benchmarks on `vulkan:0` and prints them (or JSON).
+pub fn vulkan(json: bool, rounds: usize) -> Result<()> {
+    if rounds == 0 {
+        return Err(Error::invalid("--rounds must be at least 1"));
+    }
+    let (device, raw) = xpu_benches::vulkan_devices().map_err(|e| match e {
+        Error::Unavailable { backend, reason } => Error::unavailable(
+            backend,
+            format!(
+                "{reason}; `xpu bench vulkan` needs a Vulkan device (vulkan:0), e.g. \
+                 Mesa's lavapipe (apt-get install mesa-vulkan-drivers libvulkan1)"
+            ),
+        ),
+        other => other,
+    })?;
+    if !json {
+        println!("vulkan:0 = {}", device.name());
+        println!();
+    }
+    let mut figures = Vec::new();
+    vulkan_copies(&mut figures, rounds, &device, &raw)?;
+    vulkan_adds(&mut figures, rounds, &device, &raw)?;
+    print(
+        &figures,
+        json,
+        &[
+            "reference: the same Vulkan commands issued directly with ash on the same physical",
+            "           device (own instance, device, buffers of the same memory type).",
+            "ratio: xpu time / reference time for latencies (1.0 = no overhead);",
+            "       xpu bandwidth / reference bandwidth for copies (1.0 = as fast).",
+        ],
+    )
 }

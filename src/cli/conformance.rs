@@ -120,6 +120,14 @@ pub fn run(registry: &Registry, options: &Options) -> Result<bool> {
         }
     }
     println!();
+    for (backend, verdict) in &report.backends {
+        println!(
+            "backend {backend}: {} the `{}` profile ({})",
+            if verdict.passed { "passed" } else { "FAILED" },
+            options.profile,
+            verdict.summary
+        );
+    }
     println!("{}", report.closing_line());
     Ok(report.success())
 }

@@ -107,8 +107,8 @@ pub fn run(registry: &Registry, selector: &DeviceSelector, json: bool) -> Result
     println!("backends:");
     for b in &backends {
         match &b.reason {
-            None => println!("  {:<10} available, {} device(s)", b.name, b.devices),
-            Some(reason) => println!("  {:<10} unavailable: {reason}", b.name),
+            None => println!("  {:<16} available, {} device(s)", b.name, b.devices),
+            Some(reason) => println!("  {:<16} unavailable: {reason}", b.name),
         }
     }
     Ok(())

@@ -15,6 +15,7 @@ fn xpu(args: &[&str]) -> Command {
         "XPU_REQUIRE",
         "XPU_VULKAN_LIBRARY",
         "XPU_VULKAN_VALIDATION",
+        "XPU_PLUGIN_PATH",
     ] {
         c.env_remove(var);
     }
@@ -241,6 +242,91 @@ fn a_missing_vulkan_library_makes_the_backend_unavailable() {
         .env("XPU_VULKAN_LIBRARY", "/nonexistent/libvulkan.so.1"));
     assert_eq!(code, 2);
     assert!(err.contains("unavailable"), "{err}");
+}
+
+/// The sim-npu example plugin, built as a dev-dependency of this package.
+fn sim_npu() -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_xpu"));
+    let dir = bin.parent().unwrap();
+    let name = format!(
+        "{}xpu_sim_npu{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    [dir.join("deps").join(&name), dir.join(&name)]
+        .into_iter()
+        .find(|p| p.exists())
+        .expect("the xpu-sim-npu plugin is built (it is a dev-dependency)")
+}
+
+fn device_ids(json: &str) -> Vec<String> {
+    let v: serde_json::Value = serde_json::from_str(json).unwrap();
+    v["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn plugins_load_from_the_flag_and_from_the_path_variable() {
+    let plugin = sim_npu();
+    let (code, out, err) = run(&mut xpu(&[
+        "devices",
+        "--json",
+        "--plugin",
+        plugin.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 0, "{err}");
+    let ids = device_ids(&out);
+    assert!(ids.contains(&"plugin.simnpu:0".to_string()), "{ids:?}");
+    assert!(ids.contains(&"plugin.simnpu:1".to_string()), "{ids:?}");
+
+    let (code, out, err) = run(xpu(&["devices", "--json"]).env("XPU_PLUGIN_PATH", &plugin));
+    assert_eq!(code, 0, "{err}");
+    assert!(device_ids(&out).contains(&"plugin.simnpu:0".to_string()));
+
+    // A file that is not a plugin: listed as an unavailable backend with the reason …
+    let junk = scratch("junk.so");
+    std::fs::write(&junk, b"not a library").unwrap();
+    let (code, out, _) = run(xpu(&["devices"]).env("XPU_PLUGIN_PATH", &junk));
+    assert_eq!(code, 0);
+    assert!(out.contains("cannot load xpu plugin"), "{out}");
+    // … and refused outright when named with --plugin for a conformance run.
+    let (code, _, err) = run(&mut xpu(&[
+        "conformance",
+        "--plugin",
+        junk.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("junk.so"), "{err}");
+}
+
+#[test]
+fn a_plugin_passes_the_core_profile_through_the_command() {
+    let plugin = sim_npu();
+    let json = scratch("plugin.json");
+    let (code, out, err) = run(&mut xpu(&[
+        "conformance",
+        "--plugin",
+        plugin.to_str().unwrap(),
+        "--devices",
+        "plugin.simnpu:*;host:0",
+        "--require",
+        "plugin.simnpu",
+        "--json",
+        json.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("backend plugin.simnpu: passed the `core` profile"),
+        "{out}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["profile"], "core");
+    assert_eq!(report["backends"]["plugin.simnpu"]["passed"], true);
 }
 
 #[test]

@@ -113,7 +113,7 @@ mod runner;
 pub use case::{Case, CaseContext, CaseError, CaseOutcome, Profile};
 pub use cases::{all_cases, cases, find_case};
 pub use expectations::{Expectation, Expectations};
-pub use report::{CaseResult, Report, ReportError, Status, Summary};
+pub use report::{BackendVerdict, CaseResult, Report, ReportError, Status, Summary};
 pub use required::{
     check_required, diagnostics_results, parse_required, required_from_env, DIAGNOSTICS_CASE,
     REQUIRED_CASE, REQUIRE_ENV,

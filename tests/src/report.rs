@@ -149,26 +149,55 @@ impl fmt::Display for ReportError {
 
 impl std::error::Error for ReportError {}
 
-/// Everything a run found. Serializes to JSON with the top-level keys `results` and
-/// `summary`.
+/// How one backend did in a run: whether it passed the profile (no `fail`, no
+/// `xpass`; skips and expected failures allowed) and its counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendVerdict {
+    /// Whether the backend passed the run's profile.
+    pub passed: bool,
+    /// Its counts.
+    pub summary: Summary,
+}
+
+/// Everything a run found. Serializes to JSON with the top-level keys `profile`,
+/// `results`, `summary` and `backends` (a [`BackendVerdict`] per backend: which
+/// backends passed the profile).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Report {
+    /// The profile that ran (`core` …), when known.
+    #[serde(default)]
+    pub profile: String,
     /// One entry per case and device, in the order they ran.
     pub results: Vec<CaseResult>,
     /// The counts of each status.
     pub summary: Summary,
+    /// The verdict per backend.
+    #[serde(default)]
+    pub backends: BTreeMap<String, BackendVerdict>,
 }
 
 impl Report {
-    /// A report of `results`, with the summary counted from them.
+    /// A report of `results`, with the summary and verdicts counted from them.
     pub fn from_results(results: Vec<CaseResult>) -> Self {
-        let summary = Summary::of(&results);
-        Report { results, summary }
+        let mut report = Report::default();
+        for r in results {
+            report.push(r);
+        }
+        report
     }
 
     /// Adds one result and counts it.
     pub fn push(&mut self, result: CaseResult) {
         self.summary.add(result.status);
+        let verdict = self
+            .backends
+            .entry(result.backend.clone())
+            .or_insert(BackendVerdict {
+                passed: true,
+                summary: Summary::default(),
+            });
+        verdict.summary.add(result.status);
+        verdict.passed &= !result.status.is_failure();
         self.results.push(result);
     }
 

@@ -177,7 +177,9 @@ pub fn matches_filter(filter: Option<&str>, case: &Case, device: &Device) -> boo
 /// other devices of the run are each case's peers. `on_result` sees every result as it
 /// is made (to print progress).
 pub fn run(devices: &[Device], options: &RunOptions, on_result: impl FnMut(&CaseResult)) -> Report {
-    run_cases(&cases(options.profile), devices, options, on_result)
+    let mut report = run_cases(&cases(options.profile), devices, options, on_result);
+    report.profile = options.profile.name().to_string();
+    report
 }
 
 /// Like [`run`], with the cases given (built-in, a vendor's own, or both); the

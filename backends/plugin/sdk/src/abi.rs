@@ -498,7 +498,8 @@ pub struct xpu_capabilities_extension {
     /// `type_ == extension_type::CAPABILITIES`.
     pub base: xpu_extension_base,
     /// Lists the device's extra capabilities.
-    pub capabilities: Option<unsafe extern "C" fn(args: *mut xpu_capabilities_args) -> *mut xpu_error>,
+    pub capabilities:
+        Option<unsafe extern "C" fn(args: *mut xpu_capabilities_args) -> *mut xpu_error>,
 }
 
 /// A plugin function taking `A` and returning an error or null.

@@ -42,7 +42,12 @@ macro_rules! layout {
 macro_rules! constant {
     ($out:expr, $c:literal, $v:expr) => {{
         $out.rust.push(format!("{} {}", $c, $v));
-        writeln!($out.c, "  printf(\"{} %llu\\n\", (unsigned long long)({}));", $c, $c).unwrap();
+        writeln!(
+            $out.c,
+            "  printf(\"{} %llu\\n\", (unsigned long long)({}));",
+            $c, $c
+        )
+        .unwrap();
     }};
 }
 
@@ -112,7 +117,11 @@ fn describe() -> Layout {
     });
     constant!(l, "XPU_PLUGIN_ABI_MAJOR", XPU_PLUGIN_ABI_MAJOR);
     constant!(l, "XPU_PLUGIN_ABI_MINOR", XPU_PLUGIN_ABI_MINOR);
-    constant!(l, "XPU_ERROR_INVALID_ARGUMENT", error_code::INVALID_ARGUMENT);
+    constant!(
+        l,
+        "XPU_ERROR_INVALID_ARGUMENT",
+        error_code::INVALID_ARGUMENT
+    );
     constant!(l, "XPU_ERROR_OUT_OF_MEMORY", error_code::OUT_OF_MEMORY);
     constant!(l, "XPU_ERROR_UNSUPPORTED", error_code::UNSUPPORTED);
     constant!(l, "XPU_ERROR_UNAVAILABLE", error_code::UNAVAILABLE);
@@ -145,13 +154,41 @@ fn describe() -> Layout {
     constant!(l, "XPU_ACCESS_READ", access::READ);
     constant!(l, "XPU_ACCESS_WRITE", access::WRITE);
     constant!(l, "XPU_ACCESS_READ_WRITE", access::READ_WRITE);
-    constant!(l, "XPU_EXTENSION_CAPABILITIES", extension_type::CAPABILITIES);
-    constant!(l, "XPU_HOST_INFO_MIN_SIZE", struct_size!(xpu_host_info, abi_minor));
-    constant!(l, "XPU_DEVICE_PROPERTIES_ARGS_MIN_SIZE", struct_size!(xpu_device_properties_args, kernel_format));
-    constant!(l, "XPU_BUILTIN_ARGS_MIN_SIZE", struct_size!(xpu_builtin_args, scalar));
-    constant!(l, "XPU_COPY_ARGS_MIN_SIZE", struct_size!(xpu_copy_args, length));
-    constant!(l, "XPU_KERNEL_LAUNCH_ARGS_MIN_SIZE", struct_size!(xpu_kernel_launch_args, arg_count));
-    constant!(l, "XPU_PLUGIN_API_MIN_SIZE", struct_size!(xpu_plugin_api, kernel_launch));
+    constant!(
+        l,
+        "XPU_EXTENSION_CAPABILITIES",
+        extension_type::CAPABILITIES
+    );
+    constant!(
+        l,
+        "XPU_HOST_INFO_MIN_SIZE",
+        struct_size!(xpu_host_info, abi_minor)
+    );
+    constant!(
+        l,
+        "XPU_DEVICE_PROPERTIES_ARGS_MIN_SIZE",
+        struct_size!(xpu_device_properties_args, kernel_format)
+    );
+    constant!(
+        l,
+        "XPU_BUILTIN_ARGS_MIN_SIZE",
+        struct_size!(xpu_builtin_args, scalar)
+    );
+    constant!(
+        l,
+        "XPU_COPY_ARGS_MIN_SIZE",
+        struct_size!(xpu_copy_args, length)
+    );
+    constant!(
+        l,
+        "XPU_KERNEL_LAUNCH_ARGS_MIN_SIZE",
+        struct_size!(xpu_kernel_launch_args, arg_count)
+    );
+    constant!(
+        l,
+        "XPU_PLUGIN_API_MIN_SIZE",
+        struct_size!(xpu_plugin_api, kernel_launch)
+    );
     l
 }
 
@@ -195,5 +232,9 @@ fn the_mirror_matches_the_header() {
         .filter(|(c, r)| c != r)
         .map(|(c, r)| format!("C: {c}  Rust: {r}"))
         .collect();
-    assert!(mismatches.is_empty(), "layout mismatches:\n{}", mismatches.join("\n"));
+    assert!(
+        mismatches.is_empty(),
+        "layout mismatches:\n{}",
+        mismatches.join("\n")
+    );
 }

@@ -1,0 +1,201 @@
+//! [`SimConfig`]: how many simulated devices, how much memory each has, and how slow
+//! they are — from code or from the `XPU_SIMNPU_*` environment variables.
+
+use std::fmt;
+use std::time::Duration;
+
+use xpu_plugin_sdk::{Error, Result};
+
+/// Devices when `XPU_SIMNPU_DEVICES` is not set.
+pub const DEFAULT_DEVICES: u32 = 2;
+
+/// The most devices accepted.
+pub const MAX_DEVICES: u32 = 64;
+
+/// The least memory per device accepted: 4 KiB.
+pub const MIN_MEMORY: u64 = 4096;
+
+/// Bytes per device when `XPU_SIMNPU_MEMORY` is not set: 256 MiB.
+pub const DEFAULT_MEMORY: u64 = 256 << 20;
+
+/// How the simulated NPU is set up.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimConfig {
+    /// Number of devices (`plugin.simnpu:0` …), 0 to [`MAX_DEVICES`].
+    pub devices: u32,
+    /// Bytes of each device's memory arena.
+    pub memory: u64,
+    /// Time every copy, builtin operation and kernel launch takes at least.
+    pub latency: Duration,
+    /// Copy bandwidth in bytes per second; `None` for unlimited. A copy of `n` bytes
+    /// takes at least `latency + n / bandwidth`.
+    pub bandwidth: Option<f64>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            devices: DEFAULT_DEVICES,
+            memory: DEFAULT_MEMORY,
+            latency: Duration::ZERO,
+            bandwidth: None,
+        }
+    }
+}
+
+impl SimConfig {
+    /// The configuration from the environment:
+    ///
+    /// | variable | meaning | default |
+    /// |---|---|---|
+    /// | `XPU_SIMNPU_DEVICES` | number of devices, 0–64 | 2 |
+    /// | `XPU_SIMNPU_MEMORY` | bytes per device (`512M`, `1G`, `1048576`), at least 4K | 256 MiB |
+    /// | `XPU_SIMNPU_LATENCY_US` | microseconds each operation takes at least | 0 |
+    /// | `XPU_SIMNPU_BANDWIDTH_GBPS` | copy bandwidth in GB/s (10^9 bytes per second), or `unlimited` | unlimited |
+    ///
+    /// An unset or empty variable takes the default; a malformed one is an
+    /// `InvalidArgument` error naming it.
+    pub fn from_env() -> Result<Self> {
+        SimConfig::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// The configuration from any source of variables (`from_env` uses the process's
+    /// environment).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let value = |name: &str| get(name).filter(|v| !v.trim().is_empty());
+        let mut config = SimConfig::default();
+        if let Some(v) = value("XPU_SIMNPU_DEVICES") {
+            config.devices = match v.trim().parse::<u32>() {
+                Ok(n) if n <= MAX_DEVICES => n,
+                _ => {
+                    return Err(Error::invalid_argument(format!(
+                    "XPU_SIMNPU_DEVICES is `{v}`; set it to a whole number from 0 to {MAX_DEVICES}"
+                )))
+                }
+            };
+        }
+        if let Some(v) = value("XPU_SIMNPU_MEMORY") {
+            config.memory = xpu_host::parse_size(&v)
+                .map_err(|e| Error::invalid_argument(format!("XPU_SIMNPU_MEMORY: {e}")))?;
+            if config.memory < MIN_MEMORY {
+                return Err(Error::invalid_argument(format!(
+                    "XPU_SIMNPU_MEMORY is `{v}`; a device needs at least {MIN_MEMORY} bytes"
+                )));
+            }
+        }
+        if let Some(v) = value("XPU_SIMNPU_LATENCY_US") {
+            let us = v.trim().parse::<u64>().map_err(|_| {
+                Error::invalid_argument(format!(
+                    "XPU_SIMNPU_LATENCY_US is `{v}`; set it to a whole number of microseconds"
+                ))
+            })?;
+            config.latency = Duration::from_micros(us);
+        }
+        if let Some(v) = value("XPU_SIMNPU_BANDWIDTH_GBPS") {
+            config.bandwidth = parse_bandwidth(&v)?;
+        }
+        Ok(config)
+    }
+
+    /// How long an operation moving `bytes` bytes takes at least: the latency plus the
+    /// transfer time at the configured bandwidth.
+    pub fn copy_time(&self, bytes: u64) -> Duration {
+        let transfer = match self.bandwidth {
+            Some(bytes_per_second) => Duration::try_from_secs_f64(bytes as f64 / bytes_per_second)
+                .unwrap_or(Duration::MAX),
+            None => Duration::ZERO,
+        };
+        self.latency.saturating_add(transfer)
+    }
+}
+
+fn parse_bandwidth(v: &str) -> Result<Option<f64>> {
+    let t = v.trim();
+    if t.eq_ignore_ascii_case("unlimited") || t.eq_ignore_ascii_case("inf") {
+        return Ok(None);
+    }
+    match t.parse::<f64>() {
+        Ok(gbps) if gbps.is_finite() && gbps > 0.0 => Ok(Some(gbps * 1e9)),
+        _ => Err(Error::invalid_argument(format!(
+            "XPU_SIMNPU_BANDWIDTH_GBPS is `{v}`; set it to a positive number of GB/s (e.g. 12.5), or `unlimited`"
+        ))),
+    }
+}
+
+impl fmt::Display for SimConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} device(s) of {} bytes, latency {} us, bandwidth ",
+            self.devices,
+            self.memory,
+            self.latency.as_micros()
+        )?;
+        match self.bandwidth {
+            Some(b) => write!(f, "{} GB/s", b / 1e9),
+            None => f.write_str("unlimited"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn from(vars: &[(&str, &str)]) -> Result<SimConfig> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        SimConfig::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_apply_when_nothing_is_set() {
+        assert_eq!(from(&[]).unwrap(), SimConfig::default());
+        assert_eq!(from(&[("XPU_SIMNPU_DEVICES", " ")]).unwrap().devices, 2);
+        assert_eq!(SimConfig::default().memory, 256 << 20);
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let c = from(&[
+            ("XPU_SIMNPU_DEVICES", "5"),
+            ("XPU_SIMNPU_MEMORY", "64M"),
+            ("XPU_SIMNPU_LATENCY_US", "250"),
+            ("XPU_SIMNPU_BANDWIDTH_GBPS", "2.5"),
+        ])
+        .unwrap();
+        assert_eq!(c.devices, 5);
+        assert_eq!(c.memory, 64 << 20);
+        assert_eq!(c.latency, Duration::from_micros(250));
+        assert_eq!(c.bandwidth, Some(2.5e9));
+        assert_eq!(c.copy_time(5_000_000), Duration::from_micros(250 + 2000));
+        assert_eq!(
+            from(&[("XPU_SIMNPU_BANDWIDTH_GBPS", "Unlimited")])
+                .unwrap()
+                .bandwidth,
+            None
+        );
+        assert_eq!(from(&[("XPU_SIMNPU_DEVICES", "0")]).unwrap().devices, 0);
+    }
+
+    #[test]
+    fn malformed_values_name_their_variable() {
+        for (k, v) in [
+            ("XPU_SIMNPU_DEVICES", "65"),
+            ("XPU_SIMNPU_DEVICES", "two"),
+            ("XPU_SIMNPU_MEMORY", "0"),
+            ("XPU_SIMNPU_MEMORY", "12Q"),
+            ("XPU_SIMNPU_MEMORY", "100"),
+            ("XPU_SIMNPU_LATENCY_US", "-1"),
+            ("XPU_SIMNPU_BANDWIDTH_GBPS", "0"),
+            ("XPU_SIMNPU_BANDWIDTH_GBPS", "fast"),
+        ] {
+            let e = from(&[(k, v)]).unwrap_err();
+            assert_eq!(e.code(), xpu_plugin_sdk::ErrorCode::InvalidArgument);
+            assert!(e.message().contains(k), "{e}");
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! [`SimDevice`]: one simulated NPU with its own memory arena.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use xpu_plugin_sdk::{
+    DType, Device, DeviceKind, DeviceProperties, Error, KernelCode, MemoryInfo, Result,
+};
+
+use crate::arena::{Arena, Buffer, ALIGN};
+use crate::bytecode::{self, Kernel, Module};
+use crate::config::SimConfig;
+use crate::stream::SimStream;
+use crate::SimNpu;
+
+/// Byte alignment of kernel buffer arguments the device asks for (an NPU-like value,
+/// so that the host's alignment checks are exercised).
+pub const KERNEL_ARG_ALIGNMENT: u64 = 64;
+
+/// An open simulated device.
+pub struct SimDevice {
+    index: u32,
+    config: SimConfig,
+    arena: Arc<Arena>,
+    streams: AtomicU64,
+}
+
+impl SimDevice {
+    pub(crate) fn open(index: u32, config: SimConfig) -> Result<Self> {
+        Ok(SimDevice {
+            index,
+            config,
+            arena: Arena::new(id(index), config.memory)?,
+            streams: AtomicU64::new(0),
+        })
+    }
+}
+
+/// The device's id as xpu shows it.
+fn id(index: u32) -> String {
+    format!("plugin.simnpu:{index}")
+}
+
+impl Device<SimNpu> for SimDevice {
+    fn properties(&self) -> Result<DeviceProperties> {
+        Ok(DeviceProperties {
+            name: format!("simnpu {} (simulated NPU)", self.index),
+            vendor: "xpu (simulated)".to_string(),
+            driver: format!("xpu-sim-npu {}", env!("CARGO_PKG_VERSION")),
+            kind: DeviceKind::Npu,
+            dtypes: DType::ALL.to_vec(),
+            memory_bytes: self.arena.capacity(),
+            // Buffers take whole ALIGN-byte blocks, so the largest is the arena rounded
+            // down to a block.
+            max_allocation: self.arena.capacity() - self.arena.capacity() % ALIGN,
+            kernel_arg_alignment: KERNEL_ARG_ALIGNMENT,
+            timeline_events: true,
+            event_timing: true,
+            kernel_format: Some(bytecode::FORMAT.to_string()),
+        })
+    }
+
+    fn capabilities(&self) -> Result<Vec<String>> {
+        Ok(vec![
+            "simulated=1".to_string(),
+            format!("latency_us={}", self.config.latency.as_micros()),
+            match self.config.bandwidth {
+                Some(b) => format!("bandwidth_gbps={}", b / 1e9),
+                None => "bandwidth_gbps=unlimited".to_string(),
+            },
+        ])
+    }
+
+    fn memory_info(&self) -> Result<MemoryInfo> {
+        Ok(MemoryInfo {
+            total: self.arena.capacity(),
+            free: self.arena.free_bytes(),
+        })
+    }
+
+    fn allocate(&self, size: u64) -> Result<Buffer> {
+        self.arena.allocate(size)
+    }
+
+    fn create_stream(&self) -> Result<SimStream> {
+        let n = self.streams.fetch_add(1, Ordering::Relaxed);
+        SimStream::new(format!("{} stream {n}", id(self.index)), self.config)
+    }
+
+    fn load_kernel(&self, code: KernelCode<'_>) -> Result<Kernel> {
+        if code.format != bytecode::FORMAT {
+            return Err(Error::unsupported(format!(
+                "{} loads `{}` kernels, not `{}`",
+                id(self.index),
+                bytecode::FORMAT,
+                code.format
+            )));
+        }
+        let module = Module::decode(code.code)?;
+        let function = module.entry(code.entry_point)?.clone();
+        Ok(Kernel {
+            function: Arc::new(function),
+        })
+    }
+}

@@ -1,0 +1,654 @@
+//! The simulated NPU through its exported C table, with the default configuration
+//! (2 devices of 256 MiB, no latency, unlimited bandwidth): properties, memory,
+//! copies, every builtin operation of every dtype against the host backend's
+//! reference, events across streams and devices, external waits, failures, kernels.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::ptr::null_mut;
+use std::time::{Duration, Instant};
+
+use common::*;
+use half::{bf16, f16};
+use xpu_host::ops;
+use xpu_plugin_sdk::abi::*;
+use xpu_plugin_sdk::{DType, ErrorCode, Scalar};
+use xpu_sim_npu::bytecode::{self, BinOp, Instr, Module};
+
+#[test]
+fn the_table_and_properties_describe_a_simulated_npu() {
+    let api = api();
+    assert_eq!(cstr(api.name), "simnpu");
+    assert_eq!(cstr(api.version), env!("CARGO_PKG_VERSION"));
+    assert_eq!((api.abi_major, api.abi_minor), (1, 0));
+    assert!(api.event_elapsed.is_some() && api.kernel_load.is_some());
+
+    assert_eq!(device_count().unwrap(), 2);
+    let e = open(2).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument);
+    assert!(e.message().contains("XPU_SIMNPU_DEVICES"), "{e}");
+
+    let d = open(1).unwrap();
+    let p = properties(d);
+    assert_eq!(cstr(p.name), "simnpu 1 (simulated NPU)");
+    assert_eq!(p.kind, device_kind::NPU);
+    assert_eq!(p.dtype_mask, 0x7f);
+    assert_eq!(p.memory_bytes, 256 << 20);
+    assert_eq!(p.max_allocation, 256 << 20);
+    assert_eq!(p.kernel_arg_alignment, 64);
+    assert_eq!((p.timeline_events, p.event_timing), (1, 1));
+    assert_eq!(cstr(p.kernel_format), "simnpu-bytecode");
+    assert!(cstr(p.driver).starts_with("xpu-sim-npu "));
+    assert_eq!(
+        capabilities(d),
+        ["simulated=1", "latency_us=0", "bandwidth_gbps=unlimited"]
+    );
+    close(d);
+}
+
+#[test]
+fn memory_is_an_arena_with_real_out_of_memory() {
+    let d = open(0).unwrap();
+    let (total, free0) = memory(d);
+    assert_eq!((total, free0), (256 << 20, 256 << 20));
+    let a = alloc(d, 100).unwrap();
+    assert_eq!(
+        memory(d).1,
+        free0 - 256,
+        "allocations take whole 256-byte blocks"
+    );
+    let big = alloc(d, (256 << 20) - 256).unwrap();
+    assert_eq!(memory(d).1, 0);
+    let e = alloc(d, 1).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::OutOfMemory);
+    assert!(
+        e.message()
+            .contains("plugin.simnpu:0 cannot allocate 1 bytes"),
+        "{e}"
+    );
+    assert!(e.message().contains("XPU_SIMNPU_MEMORY"), "{e}");
+    free(big);
+    free(a);
+    assert_eq!(memory(d).1, free0);
+    close(d);
+}
+
+#[test]
+fn copies_land_at_their_offsets_only() {
+    let d = open(0).unwrap();
+    let s = stream(d);
+    let b = alloc(d, 1000).unwrap();
+    let c = alloc(d, 1000).unwrap();
+    let background = pattern(1, 1000);
+    write(s, range(b, 0, 1000), &background).unwrap();
+    write(s, range(c, 0, 1000), &background).unwrap();
+    let data = pattern(2, 333);
+    write(s, range(b, 7, 333), &data).unwrap();
+    copy(s, range(b, 7, 333), range(c, 601, 333)).unwrap();
+    let got = read(s, range(c, 0, 1000)).unwrap();
+    assert_eq!(&got[..601], &background[..601]);
+    assert_eq!(&got[601..934], &data[..]);
+    assert_eq!(&got[934..], &background[934..]);
+    let got = read(s, range(b, 0, 1000)).unwrap();
+    assert_eq!(&got[..7], &background[..7]);
+    assert_eq!(&got[7..340], &data[..]);
+    assert_eq!(&got[340..], &background[340..]);
+    free(b);
+    free(c);
+    destroy_stream(s);
+    close(d);
+}
+
+// ------------------------------------------------------------------ builtins --
+
+/// Runs `$body` with `$T` bound to the Rust type of `$dtype`.
+macro_rules! with_type {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            DType::F16 => {
+                type $T = f16;
+                $body
+            }
+            DType::BF16 => {
+                type $T = bf16;
+                $body
+            }
+            DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            DType::U8 => {
+                type $T = u8;
+                $body
+            }
+        }
+    };
+}
+
+fn typed<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
+    bytemuck::pod_collect_to_vec(bytes)
+}
+
+fn bytes<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+/// Sample data of `n` elements of `dtype`: random bits mixed with ordinary numbers,
+/// zeros and (for floats) NaN and infinities.
+fn sample(dtype: DType, n: usize, seed: u64) -> Vec<u8> {
+    let size = dtype.size() as usize;
+    let mut out = pattern(seed, n * size);
+    let specials: Vec<Vec<u8>> = with_type!(dtype, T => {
+        let v: Vec<f64> = vec![0.0, 1.0, -2.0, 3.5, 100.0, -0.0, f64::NAN, f64::INFINITY];
+        v.into_iter()
+            .map(|x| {
+                let mut one = [<T as bytemuck::Zeroable>::zeroed()];
+                ops::cast::<f64, T>(&[x], &mut one);
+                bytes(&one)
+            })
+            .collect()
+    });
+    for (i, chunk) in out.chunks_exact_mut(size).enumerate() {
+        if i % 3 == 0 {
+            chunk.copy_from_slice(&specials[(i / 3) % specials.len()]);
+        }
+    }
+    out
+}
+
+fn hal_op(op: u32) -> xpu_hal::BinaryOp {
+    xpu_hal::BinaryOp::ALL[op as usize]
+}
+
+/// `op(a, b)` computed by the host backend's functions.
+fn reference_binary(dtype: DType, op: u32, a: &[u8], b: &[u8]) -> Vec<u8> {
+    with_type!(dtype, T => {
+        let (a, b) = (typed::<T>(a), typed::<T>(b));
+        let mut out = a.clone();
+        ops::binary(hal_op(op), &a, &b, &mut out);
+        bytes(&out)
+    })
+}
+
+fn reference_scale(dtype: DType, alpha: &[u8; 8], src: &[u8]) -> Vec<u8> {
+    with_type!(dtype, T => {
+        let alpha: T = bytemuck::pod_read_unaligned(&alpha[..dtype.size() as usize]);
+        let src = typed::<T>(src);
+        let mut out = src.clone();
+        ops::scale(alpha, &src, &mut out);
+        bytes(&out)
+    })
+}
+
+fn reference_cast(from: DType, to: DType, src: &[u8]) -> Vec<u8> {
+    with_type!(from, S => with_type!(to, D => {
+        let src = typed::<S>(src);
+        let mut out = vec![<D as bytemuck::Zeroable>::zeroed(); src.len()];
+        ops::cast(&src, &mut out);
+        bytes(&out)
+    }))
+}
+
+const N: usize = 61;
+
+#[test]
+fn builtins_match_the_host_reference_for_every_dtype() {
+    let d = open(0).unwrap();
+    let s = stream(d);
+    let buf = alloc(d, 4096).unwrap();
+    for dtype in DType::ALL {
+        let dt = dtype.raw();
+        let len = (N * dtype.size() as usize) as u64;
+        // Three disjoint element-aligned ranges at odd element offsets.
+        let (ra, rb, rd) = (
+            range(buf, 8, len),
+            range(buf, 8 + len + 16, len),
+            range(buf, 8 + 2 * len + 40, len),
+        );
+        let (a, b) = (
+            sample(dtype, N, 10 + u64::from(dt)),
+            sample(dtype, N, 20 + u64::from(dt)),
+        );
+        let load = |x: &[u8], y: &[u8]| {
+            write(s, ra, x).unwrap();
+            write(s, rb, y).unwrap();
+        };
+
+        // fill
+        let mut value = [0u8; 8];
+        value[..dtype.size() as usize]
+            .copy_from_slice(&a[3 * dtype.size() as usize..4 * dtype.size() as usize]);
+        let mut op = Op::new(builtin_kind::FILL, dt, rd);
+        op.scalar = value;
+        builtin(s, &op).unwrap();
+        let one = &value[..dtype.size() as usize];
+        assert_eq!(read(s, rd).unwrap(), one.repeat(N), "fill {dtype}");
+
+        for binop in 0..4 {
+            let name = format!("{dtype} op {binop}");
+            let want = reference_binary(dtype, binop, &a, &b);
+            // dst = a op b, all disjoint.
+            load(&a, &b);
+            let mut op = Op::new(builtin_kind::BINARY, dt, rd);
+            op.op = binop;
+            (op.a, op.b) = (ra, rb);
+            builtin(s, &op).unwrap();
+            assert_eq!(read(s, rd).unwrap(), want, "binary {name}");
+            // dst is a.
+            op.dst = ra;
+            builtin(s, &op).unwrap();
+            assert_eq!(read(s, ra).unwrap(), want, "binary dst=a {name}");
+            // dst is b.
+            load(&a, &b);
+            op.dst = rb;
+            builtin(s, &op).unwrap();
+            assert_eq!(read(s, rb).unwrap(), want, "binary dst=b {name}");
+            // all three the same.
+            load(&a, &b);
+            (op.dst, op.a, op.b) = (ra, ra, ra);
+            builtin(s, &op).unwrap();
+            assert_eq!(
+                read(s, ra).unwrap(),
+                reference_binary(dtype, binop, &a, &a),
+                "binary self {name}"
+            );
+            // accumulate: dst op= src, and dst op= dst.
+            load(&a, &b);
+            let mut acc = Op::new(builtin_kind::ACCUMULATE, dt, ra);
+            acc.op = binop;
+            acc.a = rb;
+            builtin(s, &acc).unwrap();
+            assert_eq!(read(s, ra).unwrap(), want, "accumulate {name}");
+            load(&b, &a);
+            acc.a = ra;
+            builtin(s, &acc).unwrap();
+            assert_eq!(
+                read(s, ra).unwrap(),
+                reference_binary(dtype, binop, &b, &b),
+                "accumulate self {name}"
+            );
+        }
+
+        // scale, disjoint and in place.
+        let mut alpha = [0u8; 8];
+        alpha[..dtype.size() as usize]
+            .copy_from_slice(&b[6 * dtype.size() as usize..7 * dtype.size() as usize]);
+        let want = reference_scale(dtype, &alpha, &a);
+        load(&a, &b);
+        let mut op = Op::new(builtin_kind::SCALE, dt, rd);
+        op.a = ra;
+        op.scalar = alpha;
+        builtin(s, &op).unwrap();
+        assert_eq!(read(s, rd).unwrap(), want, "scale {dtype}");
+        op.dst = ra;
+        builtin(s, &op).unwrap();
+        assert_eq!(read(s, ra).unwrap(), want, "scale in place {dtype}");
+
+        // casts to every dtype, and in place where the sizes agree.
+        for to in DType::ALL {
+            let want = reference_cast(dtype, to, &a);
+            load(&a, &b);
+            let dst = range(buf, 3000, (N * to.size() as usize) as u64);
+            let mut op = Op::new(builtin_kind::CAST, dt, dst);
+            op.dst_dtype = to.raw();
+            op.a = ra;
+            builtin(s, &op).unwrap();
+            assert_eq!(read(s, dst).unwrap(), want, "cast {dtype} -> {to}");
+            if to.size() == dtype.size() {
+                op.dst = ra;
+                builtin(s, &op).unwrap();
+                assert_eq!(read(s, ra).unwrap(), want, "cast in place {dtype} -> {to}");
+            }
+        }
+    }
+    // A readable spot check: 2.5f32 + 4 = 6.5.
+    let r = range(buf, 0, 4);
+    write(s, r, &2.5f32.to_le_bytes()).unwrap();
+    let mut acc = Op::new(builtin_kind::ACCUMULATE, dtype::F32, r);
+    acc.a = range(buf, 4, 4);
+    write(s, acc.a, &4f32.to_le_bytes()).unwrap();
+    builtin(s, &acc).unwrap();
+    assert_eq!(read(s, r).unwrap(), 6.5f32.to_le_bytes());
+    free(buf);
+    destroy_stream(s);
+    close(d);
+}
+
+// -------------------------------------------------------------------- events --
+
+#[test]
+fn events_order_streams_across_devices() {
+    let (d0, d1) = (open(0).unwrap(), open(1).unwrap());
+    let (s0, s1) = (stream(d0), stream(d1));
+    let (b0, b1) = (alloc(d0, 64).unwrap(), alloc(d1, 64).unwrap());
+    let gate = Gate::new();
+
+    // s0: start, wait for the gate, copy, done. s1 waits for s0's `done`.
+    let start = record(s0);
+    wait_external(s0, &gate).unwrap();
+    let data = pattern(3, 64);
+    write_async(s0, range(b0, 0, 64), &data).unwrap();
+    let done = record(s0);
+    wait_event(s1, done).unwrap();
+    let later = pattern(4, 64);
+    write_async(s1, range(b1, 0, 64), &later).unwrap();
+    let after = record(s1);
+
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(event_done(start).unwrap());
+    assert!(
+        !event_done(done).unwrap(),
+        "s0 must hold work behind the external wait"
+    );
+    assert!(
+        !event_done(after).unwrap(),
+        "s1 must hold work behind s0's event"
+    );
+    assert!(!query(s0).unwrap() && !query(s1).unwrap());
+    let e = event_wait(after, 1_000_000).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Timeout);
+
+    gate.open(0);
+    event_wait(after, u64::MAX).unwrap();
+    assert!(event_done(done).unwrap());
+    assert!(elapsed_ns(start, done).unwrap() >= 20_000_000);
+    let e = elapsed_ns(start, after).unwrap_err();
+    assert_eq!(
+        e.code(),
+        ErrorCode::InvalidArgument,
+        "events of two devices: {e}"
+    );
+    sync(s0).unwrap();
+    sync(s1).unwrap();
+    assert_eq!(read(s0, range(b0, 0, 64)).unwrap(), data);
+    assert_eq!(read(s1, range(b1, 0, 64)).unwrap(), later);
+    assert_eq!(*gate.released.lock().unwrap(), 1, "released exactly once");
+
+    for e in [start, done, after] {
+        destroy_event(e);
+    }
+    free(b0);
+    free(b1);
+    destroy_stream(s0);
+    destroy_stream(s1);
+    close(d0);
+    close(d1);
+}
+
+#[test]
+fn a_failure_aborts_later_work_until_it_is_reported() {
+    let d = open(0).unwrap();
+    let (s, other) = (stream(d), stream(d));
+    let b = alloc(d, 16).unwrap();
+    write(s, range(b, 0, 16), &[1; 16]).unwrap();
+
+    let gate = Gate::new();
+    wait_external(s, &gate).unwrap();
+    let mut fill = Op::new(builtin_kind::FILL, dtype::U8, range(b, 0, 16));
+    fill.scalar[0] = 9;
+    builtin(s, &fill).unwrap();
+    let event = record(s);
+    wait_event(other, event).unwrap();
+    gate.open(5);
+
+    let e = event_wait(event, u64::MAX).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Aborted);
+    let e = sync(s).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Aborted);
+    assert!(e.message().contains("status 5"), "{e}");
+    // Reported once; the fill was skipped; the stream works again.
+    sync(s).unwrap();
+    assert_eq!(read(s, range(b, 0, 16)).unwrap(), [1; 16]);
+    builtin(s, &fill).unwrap();
+    assert_eq!(read(s, range(b, 0, 16)).unwrap(), [9; 16]);
+    // The stream that waited on the failed event fails too.
+    let e = sync(other).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Aborted);
+    assert!(
+        e.message()
+            .contains("waited for an event whose work failed"),
+        "{e}"
+    );
+    sync(other).unwrap();
+
+    destroy_event(event);
+    free(b);
+    destroy_stream(s);
+    destroy_stream(other);
+    close(d);
+}
+
+#[test]
+fn a_destroyed_stream_finishes_its_work_first() {
+    let d = open(1).unwrap();
+    let s = stream(d);
+    let b = alloc(d, 1 << 20).unwrap();
+    let data = pattern(5, 1 << 20);
+    for _ in 0..8 {
+        write_async(s, range(b, 0, 1 << 20), &data).unwrap();
+    }
+    destroy_stream(s);
+    let reader = stream(d);
+    assert_eq!(read(reader, range(b, 0, 1 << 20)).unwrap(), data);
+    destroy_stream(reader);
+    free(b);
+    close(d);
+}
+
+#[test]
+fn streams_accept_work_from_several_threads() {
+    let d = open(0).unwrap();
+    let s = stream(d);
+    let b = alloc(d, 4 * 4).unwrap();
+    write(s, range(b, 0, 16), &[0; 16]).unwrap();
+    let one = alloc(d, 4).unwrap();
+    write(s, range(one, 0, 4), &1i32.to_le_bytes()).unwrap();
+    let (s_addr, b_addr, one_addr) = (s as usize, b as usize, one as usize);
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for _ in 0..100 {
+                    let mut acc = Op::new(
+                        builtin_kind::ACCUMULATE,
+                        dtype::I32,
+                        range(b_addr as *mut _, t * 4, 4),
+                    );
+                    acc.a = range(one_addr as *mut _, 0, 4);
+                    builtin(s_addr as *mut _, &acc).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let got = read(s, range(b, 0, 16)).unwrap();
+    let counts: Vec<i32> = got
+        .chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(counts, [100; 4]);
+    free(b);
+    free(one);
+    destroy_stream(s);
+    close(d);
+}
+
+// ------------------------------------------------------------------- kernels --
+
+fn f32s(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn from_f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn axpy_runs_over_the_launched_invocations() {
+    let d = open(0).unwrap();
+    let s = stream(d);
+    let code = bytecode::axpy().encode().unwrap();
+    let k = kernel_load(d, c"simnpu-bytecode", &code, c"axpy").unwrap();
+    let n = 300;
+    let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 7.0).collect();
+    let y: Vec<f32> = (0..n).map(|i| (i % 13) as f32 + 0.1).collect();
+    let xb = alloc(d, 4 * n as u64).unwrap();
+    let yb = alloc(d, 64 + 4 * n as u64).unwrap();
+    write(s, range(xb, 0, 4 * n as u64), &f32s(&x)).unwrap();
+    let yr = range(yb, 64, 4 * n as u64);
+    write(s, yr, &f32s(&y)).unwrap();
+
+    let a = 1.5f32;
+    let kargs = [
+        scalar_arg(Scalar::F32(a)),
+        buffer_arg(range(xb, 0, 4 * n as u64), access::READ),
+        buffer_arg(yr, access::READ_WRITE),
+    ];
+    // 4 x 64 = 256 invocations: the last 44 elements stay as they were.
+    launch(s, k, [4, 1, 1], [64, 1, 1], &kargs).unwrap();
+    let got = from_f32s(&read(s, yr).unwrap());
+    for i in 0..n {
+        let want = if i < 256 { a * x[i] + y[i] } else { y[i] };
+        assert_eq!(got[i].to_bits(), want.to_bits(), "element {i}");
+    }
+
+    // Enqueue-time checks.
+    let e = launch(s, k, [1, 1, 1], [1, 1, 1], &kargs[..2]).unwrap_err();
+    assert!(
+        e.message()
+            .contains("takes 3 arguments; the launch passed 2"),
+        "{e}"
+    );
+    let mut bad = kargs;
+    bad[0] = scalar_arg(Scalar::I32(1));
+    let e = launch(s, k, [1, 1, 1], [1, 1, 1], &bad).unwrap_err();
+    assert!(
+        e.message()
+            .contains("as an f32 scalar, but I32(1) was passed"),
+        "{e}"
+    );
+    let mut bad = kargs;
+    bad[2].access = access::READ;
+    let e = launch(s, k, [1, 1, 1], [1, 1, 1], &bad).unwrap_err();
+    assert!(
+        e.message()
+            .contains("loads from and stores to argument 2, but it was passed as Read"),
+        "{e}"
+    );
+    let mut bad = kargs;
+    bad[1] = buffer_arg(range(yb, 0, 128), access::READ);
+    let e = launch(s, k, [1, 1, 1], [1, 1, 1], &bad).unwrap_err();
+    assert!(e.message().contains("overlap"), "{e}");
+    let mut bad = kargs;
+    bad[1] = scalar_arg(Scalar::F32(0.0));
+    let e = launch(s, k, [1, 1, 1], [1, 1, 1], &bad).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument);
+    // An empty range for a used buffer: no invocation touches anything.
+    let mut empty = kargs;
+    empty[1] = buffer_arg(range(null_mut(), 0, 0), access::READ);
+    launch(s, k, [1, 1, 1], [1, 1, 1], &empty).unwrap();
+    assert_eq!(from_f32s(&read(s, yr).unwrap()), got);
+
+    kernel_destroy(k);
+    free(xb);
+    free(yb);
+    destroy_stream(s);
+    close(d);
+}
+
+#[test]
+fn kernel_loading_and_run_time_failures_are_reported() {
+    let d = open(1).unwrap();
+    let s = stream(d);
+    let axpy = bytecode::axpy().encode().unwrap();
+    let e = kernel_load(d, c"spirv", &axpy, c"axpy").unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Unsupported);
+    let e = kernel_load(d, c"simnpu-bytecode", b"SNPU\x07", c"axpy").unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument);
+    assert!(e.message().contains("encoding version 7"), "{e}");
+    let e = kernel_load(d, c"simnpu-bytecode", &axpy, c"gemm").unwrap_err();
+    assert!(e.message().contains("no function `gemm`"), "{e}");
+
+    // A kernel that traps: the launch is accepted, synchronize reports the trap once.
+    let module = Module::new()
+        .function(
+            "iota_then_trap",
+            1,
+            vec![
+                Instr::Index { rd: 0 },
+                Instr::Const { rd: 1, value: 2.0 },
+                Instr::Binary {
+                    op: BinOp::Mul,
+                    rd: 0,
+                    ra: 0,
+                    rb: 1,
+                },
+                Instr::Store { arg: 0, rs: 0 },
+                Instr::Trap { code: 7 },
+            ],
+        )
+        .unwrap()
+        .function(
+            "iota",
+            1,
+            vec![Instr::Index { rd: 0 }, Instr::Store { arg: 0, rs: 0 }],
+        )
+        .unwrap();
+    let code = module.encode().unwrap();
+    let trap = kernel_load(d, c"simnpu-bytecode", &code, c"iota_then_trap").unwrap();
+    let iota = kernel_load(d, c"simnpu-bytecode", &code, c"iota").unwrap();
+    let b = alloc(d, 40).unwrap();
+    let arg = [buffer_arg(range(b, 0, 40), access::WRITE)];
+    launch(s, trap, [10, 1, 1], [1, 1, 1], &arg).unwrap();
+    let e = sync(s).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Aborted);
+    assert!(e.message().contains("kernel `iota_then_trap`"), "{e}");
+    assert!(e.message().contains("trapped with code 7"), "{e}");
+    launch(s, iota, [2, 1, 1], [5, 1, 1], &arg).unwrap();
+    let got = from_f32s(&read(s, range(b, 0, 40)).unwrap());
+    assert_eq!(got, (0..10).map(|i| i as f32).collect::<Vec<_>>());
+
+    kernel_destroy(trap);
+    kernel_destroy(iota);
+    free(b);
+    destroy_stream(s);
+    close(d);
+}
+
+#[test]
+fn the_host_gets_no_time_back_from_an_idle_device() {
+    // With no latency configured, a burst of small operations completes quickly: the
+    // simulation adds nothing on top of the work itself.
+    let d = open(0).unwrap();
+    let s = stream(d);
+    let b = alloc(d, 64).unwrap();
+    let start = Instant::now();
+    let mut fill = Op::new(builtin_kind::FILL, dtype::U8, range(b, 0, 64));
+    for i in 0..200u8 {
+        fill.scalar[0] = i;
+        builtin(s, &fill).unwrap();
+    }
+    sync(s).unwrap();
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert_eq!(read(s, range(b, 0, 64)).unwrap(), [199; 64]);
+    free(b);
+    destroy_stream(s);
+    close(d);
+}
