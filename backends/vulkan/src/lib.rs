@@ -36,6 +36,7 @@ mod kernel;
 mod memory;
 mod pipeline;
 mod shader;
+mod staging;
 mod stream;
 
 use std::sync::{Arc, OnceLock};

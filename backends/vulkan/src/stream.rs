@@ -36,7 +36,8 @@ use xpu_hal::{
 use crate::device::DeviceShared;
 use crate::error::VkResultExt;
 use crate::event::{Mark, VulkanEvent};
-use crate::memory::{Placement, VulkanBuffer};
+use crate::memory::VulkanBuffer;
+use crate::staging::{Staging, StagingPool};
 
 /// Operations recorded before a batch is submitted without being asked.
 pub const BATCH_LIMIT: u32 = 256;
@@ -524,6 +525,7 @@ impl Drop for StreamShared {
 /// A stream on a Vulkan device.
 pub struct VulkanStream {
     pub(crate) shared: Arc<StreamShared>,
+    staging: Arc<StagingPool>,
 }
 
 impl VulkanStream {
@@ -598,15 +600,14 @@ impl VulkanStream {
             .map_err(|e| {
                 Error::backend_message("vulkan", format!("could not start a stream thread: {e}"))
             })?;
-        Ok(VulkanStream { shared })
+        Ok(VulkanStream {
+            shared,
+            staging: Arc::new(StagingPool::default()),
+        })
     }
 
-    fn staging(&self, len: u64) -> Result<Arc<VulkanBuffer>> {
-        Ok(Arc::new(VulkanBuffer::new(
-            &self.shared.dev,
-            len,
-            Placement::Staging,
-        )?))
+    fn staging(&self, len: u64) -> Result<Arc<Staging>> {
+        self.staging.lease(&self.shared.dev, len)
     }
 }
 
