@@ -12,7 +12,10 @@
  *
  *   XPU_PLUGIN_ABI_MAJOR changes only when an existing function or field changes
  *   meaning or is removed. A host refuses a plugin of another major version, with an
- *   error naming both versions.
+ *   error naming both versions. The first four members of xpu_plugin_api
+ *   (struct_size, extensions, abi_major, abi_minor) and of xpu_host_info keep their
+ *   positions in every major version, so that both sides can always read each other's
+ *   version.
  *
  *   XPU_PLUGIN_ABI_MINOR changes when something is appended: a function at the end of
  *   xpu_plugin_api, a field at the end of an argument struct, an enum value. Within one
@@ -43,17 +46,20 @@
  *   Handles (xpu_device, xpu_buffer, xpu_stream, xpu_event, xpu_kernel) are opaque
  *   pointers owned by the plugin, created by an "open", "create", "allocate", "load"
  *   or "record" function and released by the matching "close", "destroy" or "free"
- *   function, exactly once. The host destroys children before their device. A stream that is
- *   destroyed finishes its enqueued work first (or lets it finish in the background).
+ *   function, exactly once. The host destroys children before their device.
+ *   stream_destroy returns only after the stream's enqueued work has finished; no
+ *   plugin code runs for a stream after its destroy returns, and none runs at all once
+ *   the last device is closed. An event stays usable after its stream is destroyed,
+ *   and may be destroyed while a stream still waits on it (the wait is not affected).
  *   Strings returned by the plugin are valid for the lifetime stated at each field.
  *
  * THREAD SAFETY
  *
- *   Unless a function says otherwise, it may be called from any thread, concurrently
- *   with any other function on other objects. Calls on one stream may come from several
- *   threads; the plugin serialises them (enqueue order = call completion order).
- *   Destroy/close functions are never called concurrently with other calls on the same
- *   object.
+ *   Every function may be called from any thread, concurrently with any other
+ *   function, on the same object too — except that a close, destroy or free function
+ *   is never called concurrently with another call on the object it releases. Calls on
+ *   one stream may come from several threads; the plugin serialises them (enqueue
+ *   order = call completion order).
  *
  * ASYNCHRONY
  *
@@ -379,7 +385,9 @@ typedef struct xpu_external_event {
 } xpu_external_event;
 
 /* Makes later work on `stream` wait until `external.wait` returns. If it reports a
- * failure, the stream's later work fails with XPU_ERROR_ABORTED. */
+ * failure, the stream's later work fails with XPU_ERROR_ABORTED. Ownership of
+ * `external` passes to the plugin whenever the plugin can read this struct: if the call
+ * then fails, the plugin calls `release` exactly once and never `wait`. */
 typedef struct xpu_stream_wait_external_args {
   size_t struct_size;
   const xpu_extension_base* extensions;
