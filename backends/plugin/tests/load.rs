@@ -9,7 +9,7 @@ mod support;
 use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use xpu_hal::backend::Backend;
 use xpu_hal::{DType, Error, KernelFormat};
@@ -411,9 +411,10 @@ fn pathdiff(target: &Path, base: &Path) -> PathBuf {
     out
 }
 
-/// Loading a plugin and opening a device: dlopen, entry point, table checks,
-/// device_open and device_properties. Each sample loads a distinct copy of the file,
-/// so that every dlopen maps a library for the first time.
+/// Loading a plugin and opening a device works for many fresh copies of a plugin, and
+/// the time it takes (dlopen, entry point, table checks, device_open and
+/// device_properties) is printed. Each sample loads a distinct copy of the file, so
+/// that every dlopen maps a library for the first time.
 #[test]
 fn load_and_open_time() {
     let dir = scratch("timing");
@@ -439,6 +440,5 @@ fn load_and_open_time() {
         times[0].as_secs_f64() * 1e6,
         times[SAMPLES - 1].as_secs_f64() * 1e6
     );
-    // The target is 1 ms; the bound leaves room for a loaded CI machine.
-    assert!(median < Duration::from_millis(20), "median {median:?}");
+    // A figure to read, not an assertion: speed is measured, not asserted in tests.
 }
