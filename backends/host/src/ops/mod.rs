@@ -9,45 +9,61 @@ mod element;
 
 pub use element::{Element, Wide};
 
-use half::{bf16, f16};
+pub use half::{bf16, f16};
 use xpu_hal::backend::BuiltinOp;
 use xpu_hal::{BinaryOp, DType, Error, Result, Scalar};
 
 use crate::memory::Region;
 
-/// Runs `$body` with `$T` bound to the Rust type of `$dtype`.
-macro_rules! with_type {
-    ($dtype:expr, $T:ident => $body:expr) => {
+/// Runs `$body` with `$T` bound to the Rust type of `$dtype`, a value of the enum
+/// `$enum` whose variants are named like [`xpu_hal::DType`]'s (`F32`, `F64`, `F16`,
+/// `BF16`, `I32`, `I64`, `U8`) — the HAL's own, or a plugin SDK's mirror of it.
+///
+/// ```
+/// use xpu_hal::DType;
+/// let size = xpu_host::with_dtype!(DType, DType::BF16, T => std::mem::size_of::<T>());
+/// assert_eq!(size, 2);
+/// ```
+#[macro_export]
+macro_rules! with_dtype {
+    ($enum:ident, $dtype:expr, $T:ident => $body:expr) => {
         match $dtype {
-            DType::F32 => {
+            $enum::F32 => {
                 type $T = f32;
                 $body
             }
-            DType::F64 => {
+            $enum::F64 => {
                 type $T = f64;
                 $body
             }
-            DType::F16 => {
-                type $T = f16;
+            $enum::F16 => {
+                type $T = $crate::ops::f16;
                 $body
             }
-            DType::BF16 => {
-                type $T = bf16;
+            $enum::BF16 => {
+                type $T = $crate::ops::bf16;
                 $body
             }
-            DType::I32 => {
+            $enum::I32 => {
                 type $T = i32;
                 $body
             }
-            DType::I64 => {
+            $enum::I64 => {
                 type $T = i64;
                 $body
             }
-            DType::U8 => {
+            $enum::U8 => {
                 type $T = u8;
                 $body
             }
         }
+    };
+}
+
+/// The HAL's dtypes, for this module.
+macro_rules! with_type {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        $crate::with_dtype!(DType, $dtype, $T => $body)
     };
 }
 

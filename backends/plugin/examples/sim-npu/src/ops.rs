@@ -14,39 +14,10 @@ use xpu_plugin_sdk::{BinaryOp, BufferRange, Builtin, DType, Error, Result, Scala
 
 use crate::arena::Buffer;
 
-/// Runs `$body` with `$T` bound to the Rust type of `$dtype`.
+/// Runs `$body` with `$T` bound to the Rust type of an SDK dtype.
 macro_rules! with_type {
     ($dtype:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            DType::F16 => {
-                type $T = f16;
-                $body
-            }
-            DType::BF16 => {
-                type $T = bf16;
-                $body
-            }
-            DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            DType::U8 => {
-                type $T = u8;
-                $body
-            }
-        }
+        xpu_host::with_dtype!(DType, $dtype, $T => $body)
     };
 }
 

@@ -11,7 +11,6 @@ use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
 use common::*;
-use half::{bf16, f16};
 use xpu_host::ops;
 use xpu_plugin_sdk::abi::*;
 use xpu_plugin_sdk::{DType, ErrorCode, Scalar};
@@ -103,39 +102,10 @@ fn copies_land_at_their_offsets_only() {
 
 // ------------------------------------------------------------------ builtins --
 
-/// Runs `$body` with `$T` bound to the Rust type of `$dtype`.
+/// Runs `$body` with `$T` bound to the Rust type of an SDK dtype.
 macro_rules! with_type {
     ($dtype:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            DType::F16 => {
-                type $T = f16;
-                $body
-            }
-            DType::BF16 => {
-                type $T = bf16;
-                $body
-            }
-            DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            DType::U8 => {
-                type $T = u8;
-                $body
-            }
-        }
+        xpu_host::with_dtype!(DType, $dtype, $T => $body)
     };
 }
 
