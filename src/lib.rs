@@ -35,19 +35,22 @@ pub use xpu_host as host;
 /// The Vulkan backend crate.
 pub use xpu_vulkan as vulkan;
 
+/// The CUDA backend crate.
+pub use xpu_cuda as cuda;
+
 /// The plugin loader crate.
 pub use xpu_plugin as plugin;
 
 /// The environment variable holding the default device selector.
 pub const DEVICES_ENV: &str = "XPU_DEVICES";
 
-/// A registry holding every built-in backend (host, vulkan) and the plugins found on
+/// A registry holding every built-in backend (host, vulkan, cuda) and the plugins found on
 /// `XPU_PLUGIN_PATH`. See [`registry_with_plugins`].
 pub fn registry() -> Result<Registry> {
     Ok(registry_with_plugins(&[])?.0)
 }
 
-/// A registry holding every built-in backend, in a fixed order (host, vulkan), then
+/// A registry holding every built-in backend, in a fixed order (host, vulkan, cuda), then
 /// the plugins named in `plugins` (files or folders) and on `XPU_PLUGIN_PATH`.
 ///
 /// A plugin that cannot be loaded does not stop the others: it is listed as an
@@ -61,6 +64,7 @@ pub fn registry_with_plugins(
     let mut registry = Registry::new();
     registry.register(Arc::new(xpu_host::HostBackend::from_env()?))?;
     registry.register(Arc::new(xpu_vulkan::VulkanBackend::new()))?;
+    registry.register(Arc::new(xpu_cuda::CudaBackend::new()))?;
     let found = xpu_plugin::discover(plugins);
     for backend in found.backends {
         registry.register(backend)?;

@@ -7,10 +7,14 @@
 //! - `vulkan_copy`, `vulkan_add`, `vulkan_launch`: copies, a large elementwise add and
 //!   many tiny adds on `vulkan:0` through the HAL vs the same Vulkan commands issued
 //!   directly with ash (`xpu_benches::vulkan_raw`); skipped without a Vulkan device.
+//! - `cuda_copy`, `cuda_add`, `cuda_launch`: a device-to-device copy, a large
+//!   elementwise add and many tiny adds on `cuda:0` through the HAL vs the same work
+//!   issued directly with cudarc; skipped without a CUDA driver and device.
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 mod copy;
+mod cuda;
 mod dispatch;
 mod vulkan;
 
@@ -27,6 +31,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = dispatch::bench, copy::bench, vulkan::bench
+    targets = dispatch::bench, copy::bench, vulkan::bench, cuda::bench
 }
 criterion_main!(benches);

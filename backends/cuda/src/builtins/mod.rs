@@ -1,0 +1,247 @@
+//! The builtin operations: generated CUDA C ([`source`]), compiled by NVRTC on first
+//! use (cached per source and architecture for the process), loaded once per device,
+//! and launched on the stream with the operands' device pointers.
+
+pub mod source;
+
+use std::ffi::{c_void, CString};
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUfunction, CUmodule};
+use xpu_hal::backend::BuiltinOp;
+use xpu_hal::{BinaryOp, DType, Error, Result, Scalar};
+
+use crate::device::{lock, DeviceShared};
+use crate::driver::{cu, guarded};
+use crate::stream::{buffer_of, Held, StreamShared};
+use crate::NAME;
+
+/// Threads per block of every builtin launch.
+pub const BLOCK: u32 = 256;
+
+/// Which builtin kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BuiltinKind {
+    /// `dst[i] = scalar`.
+    Fill(DType),
+    /// `dst[i] = a[i] op b[i]`.
+    Binary(BinaryOp, DType),
+    /// `dst[i] = dst[i] op a[i]`.
+    Accumulate(BinaryOp, DType),
+    /// `dst[i] = a[i] * scalar`.
+    Scale(DType),
+    /// `dst[i] = a[i] as dst dtype`: (source dtype, destination dtype).
+    Cast(DType, DType),
+}
+
+impl BuiltinKind {
+    /// Every builtin kernel.
+    pub fn all() -> Vec<BuiltinKind> {
+        let mut v = Vec::new();
+        for d in DType::ALL {
+            v.push(BuiltinKind::Fill(d));
+            v.push(BuiltinKind::Scale(d));
+            for op in BinaryOp::ALL {
+                v.push(BuiltinKind::Binary(op, d));
+                v.push(BuiltinKind::Accumulate(op, d));
+            }
+            for s in DType::ALL {
+                v.push(BuiltinKind::Cast(s, d));
+            }
+        }
+        v
+    }
+}
+
+/// A loaded builtin kernel. Unloaded when the device drops its cache (with the
+/// device's context current).
+pub struct BuiltinKernel {
+    module: CUmodule,
+    function: CUfunction,
+}
+
+// SAFETY: module and function handles may be used from any thread.
+unsafe impl Send for BuiltinKernel {}
+// SAFETY: as above.
+unsafe impl Sync for BuiltinKernel {}
+
+impl Drop for BuiltinKernel {
+    fn drop(&mut self) {
+        let m = self.module;
+        // SAFETY: our module, unloaded once; dropped by `DeviceShared::drop` with the
+        // context current, after every stream (which hold the device) is gone.
+        let _ = guarded("cuModuleUnload", || unsafe { sys::cuModuleUnload(m) });
+    }
+}
+
+/// Loads NUL-terminated PTX and looks up `entry`.
+pub(crate) fn load_module(
+    dev: &DeviceShared,
+    ptx: &[u8],
+    entry: &str,
+) -> Result<(CUmodule, CUfunction)> {
+    if ptx.last() != Some(&0) {
+        return Err(Error::invalid(
+            "PTX must not contain NUL bytes except at the end",
+        ));
+    }
+    let name = CString::new(entry)
+        .map_err(|_| Error::invalid(format!("the entry point `{entry}` contains a NUL byte")))?;
+    dev.bind()?;
+    let mut module: CUmodule = std::ptr::null_mut();
+    // SAFETY: context current; `ptx` is NUL-terminated text that outlives the call.
+    cu(&dev.name, "loading PTX", "cuModuleLoadData", || unsafe {
+        sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast())
+    })?;
+    let mut function: CUfunction = std::ptr::null_mut();
+    let m = module;
+    // SAFETY: a live module; NUL-terminated name.
+    let found = cu(
+        &dev.name,
+        &format!("looking up the entry point `{entry}`"),
+        "cuModuleGetFunction",
+        || unsafe { sys::cuModuleGetFunction(&mut function, m, name.as_ptr()) },
+    );
+    if let Err(e) = found {
+        // SAFETY: our module, unused.
+        let _ = guarded("cuModuleUnload", || unsafe { sys::cuModuleUnload(m) });
+        return Err(e);
+    }
+    Ok((module, function))
+}
+
+fn kernel(dev: &Arc<DeviceShared>, kind: BuiltinKind) -> Result<Arc<BuiltinKernel>> {
+    let mut cache = lock(&dev.builtins);
+    if let Some(k) = cache.get(&kind) {
+        return Ok(k.clone());
+    }
+    if !dev.driver.nvrtc {
+        return Err(Error::unsupported(format!(
+            "builtin operations on {} need NVRTC (libnvrtc.so), which was not found; install the CUDA toolkit's NVRTC",
+            dev.name
+        )));
+    }
+    let arch = dev.arch.0 * 10 + dev.arch.1;
+    let ptx = crate::nvrtc::compile(&source::source(kind), arch).map_err(|e| {
+        Error::backend_message(
+            NAME,
+            format!("NVRTC could not compile the builtin kernel {kind:?} for sm_{arch}: {e}"),
+        )
+    })?;
+    let (module, function) = load_module(dev, &ptx, &source::entry(kind))?;
+    let k = Arc::new(BuiltinKernel { module, function });
+    cache.insert(kind, k.clone());
+    Ok(k)
+}
+
+/// The scalar's little-endian bits in the low bytes of a `u64`.
+fn scalar_bits(s: &Scalar) -> u64 {
+    let mut b = [0u8; 8];
+    for (dst, src) in b.iter_mut().zip(s.to_le_bytes()) {
+        *dst = src;
+    }
+    u64::from_le_bytes(b)
+}
+
+/// Enqueues `op` on `stream`.
+pub(crate) fn dispatch(stream: &Arc<StreamShared>, op: BuiltinOp) -> Result<()> {
+    let (kind, dst, dtype, sources, scalar) = match op {
+        BuiltinOp::Fill { dst, value } => (
+            BuiltinKind::Fill(value.dtype()),
+            dst,
+            value.dtype(),
+            vec![],
+            Some(value),
+        ),
+        BuiltinOp::Binary {
+            op,
+            dtype,
+            a,
+            b,
+            dst,
+        } => (BuiltinKind::Binary(op, dtype), dst, dtype, vec![a, b], None),
+        BuiltinOp::Accumulate {
+            op,
+            dtype,
+            dst,
+            src,
+        } => (
+            BuiltinKind::Accumulate(op, dtype),
+            dst,
+            dtype,
+            vec![src],
+            None,
+        ),
+        BuiltinOp::Scale { alpha, src, dst } => (
+            BuiltinKind::Scale(alpha.dtype()),
+            dst,
+            alpha.dtype(),
+            vec![src],
+            Some(alpha),
+        ),
+        BuiltinOp::Cast {
+            src,
+            src_dtype,
+            dst,
+            dst_dtype,
+        } => (
+            BuiltinKind::Cast(src_dtype, dst_dtype),
+            dst,
+            dst_dtype,
+            vec![src],
+            None,
+        ),
+    };
+    let dev = &stream.dev;
+    let k = kernel(dev, kind)?;
+    let count = dst.len / dtype.size() as u64;
+    let dst_buf = buffer_of(&dst)?;
+    let mut ptrs = [dst_buf.address(dst.offset), 0, 0];
+    let mut held: Vec<Held> = vec![k.clone(), dst_buf];
+    for (i, s) in sources.iter().enumerate() {
+        let b = buffer_of(s)?;
+        ptrs[i + 1] = b.address(s.offset);
+        held.push(b);
+    }
+    let mut n = count;
+    let mut bits = scalar.as_ref().map_or(0, scalar_bits);
+    let blocks = count
+        .div_ceil(u64::from(BLOCK))
+        .min(u64::from(dev.sm_count) * 32)
+        .clamp(1, i32::MAX as u64) as u32;
+    let function = k.function;
+    let name = dev.name.clone();
+    stream.enqueue(held, |s| {
+        let [mut d, mut a, mut b] = ptrs;
+        let mut params: [*mut c_void; 5] = [
+            (&mut d as *mut u64).cast(),
+            (&mut a as *mut u64).cast(),
+            (&mut b as *mut u64).cast(),
+            (&mut n as *mut u64).cast(),
+            (&mut bits as *mut u64).cast(),
+        ];
+        // SAFETY: the kernel's signature is the one in `source` (three pointers, two
+        // u64), matched by `params`, which outlive the call (the driver copies them);
+        // the pointers address live buffers held until the launch completes.
+        cu(
+            &name,
+            "launching a builtin kernel",
+            "cuLaunchKernel",
+            || unsafe {
+                sys::cuLaunchKernel(
+                    function,
+                    blocks,
+                    1,
+                    1,
+                    BLOCK,
+                    1,
+                    1,
+                    0,
+                    s,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+        )
+    })
+}

@@ -1,0 +1,186 @@
+//! # xpu-cuda: NVIDIA GPUs through the CUDA driver API
+//!
+//! Every CUDA device becomes `cuda:N`. The driver library (`libcuda.so`) is loaded at
+//! run time through cudarc's `dynamic-loading` bindings; without it the backend is
+//! `Unavailable` with the reason and lists no devices.
+//!
+//! **Required driver:** one that supports CUDA 12.6 (`cuDriverGetVersion` ≥ 12060,
+//! NVIDIA driver 560 or newer). Builtin operations additionally need NVRTC
+//! (`libnvrtc.so`, from the CUDA toolkit or the `nvidia-cuda-nvrtc` package); without
+//! it a device lists no builtin dtypes and only PTX kernels run.
+//!
+//! ## Loading without panics
+//!
+//! cudarc panics when a library or a symbol is missing, so this crate never lets it get
+//! that far. [`CudaBackend`] probes once and caches the answer:
+//!
+//! 1. `cudarc::driver::sys::is_culib_present()` — the non-panicking probe. When it says
+//!    no, nothing else in cudarc is touched.
+//! 2. The library is opened once more with libloading and every driver symbol this
+//!    crate calls ([`driver::REQUIRED_SYMBOLS`]) is looked up, so that a driver too old
+//!    for one of them is an `Unavailable` error naming it.
+//! 3. `cuDriverGetVersion` is checked against CUDA 12.6, the version the bindings are
+//!    generated for, before `cuInit`.
+//!
+//! As a second line of defence every driver call goes through `driver::guarded`, which
+//! catches a panic and returns it as a typed error. NVRTC and NCCL are probed the same
+//! way, separately; their absence only narrows what a device can do.
+//!
+//! ## Shape (sys → result → safe)
+//!
+//! - `driver` — the result layer: guarded calls, CUDA result codes mapped onto HAL
+//!   errors with the CUDA error name (`CUDA_ERROR_OUT_OF_MEMORY` → `OutOfMemory`;
+//!   sticky errors such as `CUDA_ERROR_ILLEGAL_ADDRESS` or `CUDA_ERROR_LAUNCH_FAILED` →
+//!   `DeviceLost`; the rest → `Backend` with the code in the source chain).
+//! - [`CudaDevice`] — one device: its primary context (retained for the device's
+//!   lifetime and made current on each thread before it calls the driver), its
+//!   properties, a pinned staging pool, and the builtin kernels compiled so far.
+//! - `memory` — one `cuMemAlloc` per allocation; slices are device pointer + byte
+//!   offset. Pinned host memory (`cuMemHostAlloc`) stages host copies. Errors of
+//!   `cuMemFree` in `Drop` are recorded on the device and reported by the next
+//!   synchronize of any of its streams, never panicked or lost.
+//! - [`CudaStream`] — a non-blocking `CUstream`. Work goes straight to the stream;
+//!   host-side steps (copying between a `HostBuffer` and pinned staging memory, waiting
+//!   for another backend's event) are `cuLaunchHostFunc` callbacks, so stream order
+//!   holds across the host and the device. Callbacks never call CUDA and never drop
+//!   CUDA objects. A completion thread per stream synchronises checkpoint events in
+//!   order, completes xpu events, and releases what the work held.
+//! - [`CudaEvent`] — a timing-enabled `CUevent` recorded on the stream, plus the
+//!   stream position whose outcome it reports. Waits on events of the same backend are
+//!   native (`cuStreamWaitEvent`, which accepts events of other devices' contexts);
+//!   waits on other backends' events are host callbacks that call the foreign
+//!   `Event::wait`.
+//! - `builtins` — every builtin operation as generated CUDA C (one kernel per
+//!   operation and dtype), compiled by NVRTC on first use, once per (source, GPU
+//!   architecture) in the process, and loaded once per device.
+//! - `kernel` — user kernels in PTX (`cuModuleLoadData`).
+//!
+//! ## Errors of asynchronous work
+//!
+//! As on every backend: a failure is recorded on the stream when it is observed (a
+//! checkpoint event's synchronisation fails, a host step fails, an event waited for
+//! failed) and reported once, by the next `synchronize` or `query`, and by every event
+//! recorded after it. CUDA's sticky errors poison the whole context; they are reported
+//! as `DeviceLost` and every later call fails the same way.
+//!
+//! ## Kernel ABI (PTX)
+//!
+//! Parameters are passed in declaration order: a buffer as a 64-bit device pointer to
+//! the first byte of its slice (null for an empty slice), a scalar by value in its own
+//! width (`u8` one byte, `f16`/`bf16` as their 16 bits, `f32`/`i32` four bytes,
+//! `f64`/`i64` eight). `LaunchDims` is the grid and block.
+//!
+//! ## Not implemented
+//!
+//! Virtual memory management (`cuMemAddressReserve`/`cuMemCreate`/`cuMemMap`) is not
+//! offered; allocations are plain `cuMemAlloc`. CUDA C source for user kernels needs a
+//! kernel format the HAL does not have yet (only PTX is accepted).
+
+pub mod builtins;
+mod device;
+pub mod driver;
+mod event;
+mod kernel;
+mod memory;
+mod nvrtc;
+mod stream;
+
+use std::sync::{Arc, OnceLock};
+
+use xpu_hal::backend::{Backend, DeviceImpl, DeviceSummary};
+use xpu_hal::{Error, Result};
+
+pub use device::CudaDevice;
+pub use driver::Driver;
+pub use event::CudaEvent;
+pub use memory::CudaBuffer;
+pub use stream::CudaStream;
+
+/// The backend's registered name.
+pub const NAME: &str = "cuda";
+
+/// The probe's outcome, shared by every backend value in the process: the probe loads
+/// a library, which there is no reason to do twice.
+static DRIVER: OnceLock<std::result::Result<Arc<Driver>, String>> = OnceLock::new();
+
+/// The loaded driver, or why there is none. Probes on first call.
+pub fn driver() -> std::result::Result<Arc<Driver>, String> {
+    DRIVER.get_or_init(|| Driver::load().map(Arc::new)).clone()
+}
+
+/// The CUDA backend. The driver is probed on first enumeration.
+#[derive(Debug, Default)]
+pub struct CudaBackend {
+    _private: (),
+}
+
+impl CudaBackend {
+    /// A backend; nothing is loaded until it is first used.
+    pub fn new() -> Self {
+        CudaBackend { _private: () }
+    }
+
+    fn driver(&self) -> Result<Arc<Driver>> {
+        driver().map_err(|reason| Error::unavailable(NAME, reason))
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn enumerate(&self) -> Result<Vec<DeviceSummary>> {
+        let driver = self.driver()?;
+        if driver.device_count <= 0 {
+            return Err(Error::unavailable(NAME, "no CUDA device was found"));
+        }
+        (0..driver.device_count)
+            .map(|i| {
+                Ok(DeviceSummary {
+                    index: i as u32,
+                    name: device::device_name(i)?,
+                })
+            })
+            .collect()
+    }
+
+    fn create_device(&self, index: u32) -> Result<Arc<dyn DeviceImpl>> {
+        let driver = self.driver()?;
+        if i64::from(index) >= i64::from(driver.device_count) {
+            return Err(Error::invalid(format!(
+                "cuda:{index} does not exist; there are {} CUDA device(s)",
+                driver.device_count
+            )));
+        }
+        Ok(Arc::new(CudaDevice::new(driver, index)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether this machine must have a CUDA device (then absence fails the test).
+    fn required() -> bool {
+        std::env::var("XPU_REQUIRE").is_ok_and(|v| v.split(',').any(|p| p.trim() == NAME))
+    }
+
+    #[test]
+    fn enumeration_never_panics_and_explains_absence() {
+        let backend = CudaBackend::new();
+        assert_eq!(backend.name(), "cuda");
+        match backend.enumerate() {
+            Ok(devices) => assert!(!devices.is_empty()),
+            Err(e) => {
+                assert!(!required(), "CUDA is required here: {e}");
+                assert_eq!(e.kind(), "unavailable", "{e}");
+                assert!(!e.to_string().is_empty());
+                assert!(backend.create_device(0).is_err());
+                // The answer is cached: asking again gives the same reason.
+                let again = backend.enumerate().unwrap_err();
+                assert_eq!(again.to_string(), e.to_string());
+            }
+        }
+    }
+}

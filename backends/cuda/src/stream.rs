@@ -1,0 +1,620 @@
+//! [`CudaStream`]: an in-order queue on a non-blocking `CUstream`.
+//!
+//! # Checkpoints and completion
+//! Operations go straight to the `CUstream`; what they hold (buffers, staging leases,
+//! events waited for) collects in the stream's pending list. A *checkpoint* records a
+//! `CUevent` at the end of the stream and hands the event, the pending list and the xpu
+//! events to complete to the stream's completion thread, which synchronises the event,
+//! collects errors, completes the xpu events, releases what the work held and advances
+//! the completed position. Checkpoints are taken by `record_event`, `synchronize`,
+//! `query`, and after [`CHECKPOINT_LIMIT`] operations (so held resources are released
+//! in bounded time).
+//!
+//! # Host steps
+//! Host work that must happen in stream order (filling a staging buffer from a
+//! `HostBuffer` that earlier work may still write, draining a staging buffer into a
+//! `HostBuffer`, waiting for another backend's event) is a `cuLaunchHostFunc`
+//! callback. Callbacks never call CUDA and never own CUDA objects (they hold raw
+//! staging pointers; the leases stay in the pending list), so nothing they drop calls
+//! the driver. Their errors go to a slot that the completion thread folds into the
+//! stream's error at the next checkpoint.
+
+use std::any::Any;
+use std::ffi::c_void;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys::{self, CUevent, CUstream};
+use xpu_hal::backend::{BuiltinOp, EventImpl, StreamImpl};
+use xpu_hal::{
+    downcast_raw, Error, Event, HostSlice, KernelDesc, KernelImpl, LaunchDims, RawKernelArg,
+    RawSlice, Result,
+};
+
+use crate::device::{lock, DeviceShared};
+use crate::driver::{cu, panic_message};
+use crate::event::{CudaEvent, Mark};
+use crate::memory::{CudaBuffer, StagingPool};
+use crate::NAME;
+
+/// Operations enqueued before a checkpoint is taken without being asked.
+pub const CHECKPOINT_LIMIT: u32 = 256;
+
+/// Something enqueued work keeps alive until it completes.
+pub(crate) type Held = Arc<dyn Any + Send + Sync>;
+/// Host work run in stream order by a `cuLaunchHostFunc` callback.
+pub(crate) type HostAction = Box<dyn FnOnce() -> Result<()> + Send>;
+
+/// A `CUevent`, destroyed on drop (an error then is recorded on the device).
+pub(crate) struct CuEvent {
+    pub(crate) dev: Arc<DeviceShared>,
+    pub(crate) event: CUevent,
+}
+
+// SAFETY: CUDA events may be used from any thread.
+unsafe impl Send for CuEvent {}
+// SAFETY: as above.
+unsafe impl Sync for CuEvent {}
+
+impl CuEvent {
+    fn new(dev: &Arc<DeviceShared>, timing: bool) -> Result<Self> {
+        let mut flags = sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
+        if !timing {
+            flags |= sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        }
+        let mut event: CUevent = std::ptr::null_mut();
+        // SAFETY: context current (callers bind first); valid out-pointer.
+        cu(&dev.name, "creating an event", "cuEventCreate", || unsafe {
+            sys::cuEventCreate(&mut event, flags)
+        })?;
+        Ok(CuEvent {
+            dev: dev.clone(),
+            event,
+        })
+    }
+}
+
+impl Drop for CuEvent {
+    fn drop(&mut self) {
+        let e = self.event;
+        let result = self.dev.bind().and_then(|()| {
+            // SAFETY: our event, destroyed once; the driver defers the release if the
+            // event is still pending.
+            cu(
+                &self.dev.name,
+                "destroying an event",
+                "cuEventDestroy_v2",
+                || unsafe { sys::cuEventDestroy_v2(e) },
+            )
+        });
+        if let Err(e) = result {
+            self.dev.record_error(e);
+        }
+    }
+}
+
+struct Checkpoint {
+    pos: u64,
+    event: Arc<CuEvent>,
+    held: Vec<Held>,
+    marks: Vec<Arc<Mark>>,
+    waited: Vec<CudaEvent>,
+}
+
+struct SubmitState {
+    pos: u64,
+    held: Vec<Held>,
+    waited: Vec<CudaEvent>,
+    /// Operations since the last checkpoint.
+    ops: u32,
+    tx: Option<Sender<Checkpoint>>,
+}
+
+struct Progress {
+    completed: u64,
+    error: Option<Error>,
+}
+
+/// Errors of host callbacks, until the completion thread takes them.
+#[derive(Default)]
+pub(crate) struct ErrorSlot(Mutex<Option<Error>>);
+
+impl ErrorSlot {
+    fn set(&self, e: Error) {
+        let mut s = lock(&self.0);
+        if s.is_none() {
+            *s = Some(e);
+        }
+    }
+
+    fn take(&self) -> Option<Error> {
+        lock(&self.0).take()
+    }
+}
+
+/// What a stream, its events and its completion thread share.
+pub(crate) struct StreamShared {
+    pub(crate) dev: Arc<DeviceShared>,
+    pub(crate) stream: CUstream,
+    submit: Mutex<SubmitState>,
+    progress: Mutex<Progress>,
+    cv: Condvar,
+    host_errors: Arc<ErrorSlot>,
+}
+
+// SAFETY: a CUstream may be used from any thread (the driver API is thread-safe); the
+// mutable state is behind mutexes.
+unsafe impl Send for StreamShared {}
+// SAFETY: as above.
+unsafe impl Sync for StreamShared {}
+
+/// The payload of one host callback.
+struct HostTask {
+    action: HostAction,
+    errors: Arc<ErrorSlot>,
+}
+
+/// The `cuLaunchHostFunc` callback: runs one [`HostTask`].
+///
+/// # Safety
+/// `data` must come from `Box::into_raw` of a `Box<HostTask>` and be passed once.
+unsafe extern "C" fn run_host_task(data: *mut c_void) {
+    // SAFETY: the caller's contract: `data` is a leaked Box<HostTask>, passed once.
+    let task = unsafe { Box::from_raw(data.cast::<HostTask>()) };
+    let HostTask { action, errors } = *task;
+    // A panic must not cross this `extern "C"` boundary.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(action));
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => errors.set(e),
+        Err(p) => errors.set(Error::aborted(format!(
+            "a host step of a CUDA stream panicked: {}",
+            panic_message(&*p)
+        ))),
+    }
+}
+
+impl StreamShared {
+    /// Waits until the completion thread has passed `pos`; `false` on timeout.
+    pub(crate) fn wait_pos(&self, pos: u64, timeout: Option<Duration>) -> bool {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut p = lock(&self.progress);
+        while p.completed < pos {
+            match deadline {
+                None => p = self.cv.wait(p).unwrap_or_else(|e| e.into_inner()),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return false;
+                    }
+                    p = self
+                        .cv
+                        .wait_timeout(p, d - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            }
+        }
+        true
+    }
+
+    pub(crate) fn completed(&self) -> u64 {
+        lock(&self.progress).completed
+    }
+
+    fn set_error(&self, e: Error) {
+        let mut p = lock(&self.progress);
+        if p.error.is_none() {
+            p.error = Some(e);
+        }
+    }
+
+    fn take_error(&self) -> Result<()> {
+        let stream_error = lock(&self.progress).error.take();
+        match stream_error.or_else(|| self.dev.take_error()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Enqueues one operation: `f` issues it on the `CUstream` (with the context
+    /// current and the submission lock held); `held` is kept until it completes.
+    pub(crate) fn enqueue(
+        &self,
+        held: Vec<Held>,
+        f: impl FnOnce(CUstream) -> Result<()>,
+    ) -> Result<()> {
+        let mut st = lock(&self.submit);
+        self.dev.bind()?;
+        f(self.stream)?;
+        st.held.extend(held);
+        st.ops += 1;
+        if st.ops >= CHECKPOINT_LIMIT {
+            self.checkpoint(&mut st, None)?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues host work in stream order.
+    pub(crate) fn host_step(&self, action: HostAction) -> Result<()> {
+        let task = Box::new(HostTask {
+            action,
+            errors: self.host_errors.clone(),
+        });
+        let mut st = lock(&self.submit);
+        self.dev.bind()?;
+        let data = Box::into_raw(task).cast::<c_void>();
+        let stream = self.stream;
+        // SAFETY: the callback takes ownership of `data` when it runs; it calls no CUDA
+        // function and owns no CUDA object.
+        let r = cu(
+            &self.dev.name,
+            "enqueueing a host step",
+            "cuLaunchHostFunc",
+            || unsafe { sys::cuLaunchHostFunc(stream, Some(run_host_task), data) },
+        );
+        if let Err(e) = r {
+            // SAFETY: the launch failed, so the callback will never run: the Box is
+            // still ours, reclaimed once here.
+            drop(unsafe { Box::from_raw(data.cast::<HostTask>()) });
+            return Err(e);
+        }
+        st.ops += 1;
+        Ok(())
+    }
+
+    /// Records a checkpoint at the current end of the stream; returns its position and
+    /// event. `mark` is completed with the outcome of the work before it.
+    fn checkpoint(
+        &self,
+        st: &mut SubmitState,
+        mark: Option<&Arc<Mark>>,
+    ) -> Result<(u64, Arc<CuEvent>)> {
+        self.dev.bind()?;
+        let event = Arc::new(CuEvent::new(&self.dev, mark.is_some())?);
+        let (e, s) = (event.event, self.stream);
+        cu(
+            &self.dev.name,
+            "recording an event",
+            "cuEventRecord",
+            // SAFETY: our event and stream, both live.
+            || unsafe { sys::cuEventRecord(e, s) },
+        )?;
+        st.pos += 1;
+        st.ops = 0;
+        let item = Checkpoint {
+            pos: st.pos,
+            event: event.clone(),
+            held: std::mem::take(&mut st.held),
+            marks: mark.into_iter().cloned().collect(),
+            waited: std::mem::take(&mut st.waited),
+        };
+        match &st.tx {
+            Some(tx) => tx.send(item).map_err(|_| Error::DeviceLost {
+                device: self.dev.name.clone(),
+                message: "the stream's completion thread has stopped".to_string(),
+            })?,
+            None => {
+                return Err(Error::DeviceLost {
+                    device: self.dev.name.clone(),
+                    message: "the stream has been shut down".to_string(),
+                })
+            }
+        }
+        Ok((st.pos, event))
+    }
+
+    /// A checkpoint if anything was enqueued since the last one; the position to wait
+    /// for either way.
+    fn flush(&self) -> Result<u64> {
+        let mut st = lock(&self.submit);
+        if st.ops == 0 && st.held.is_empty() && st.waited.is_empty() {
+            return Ok(st.pos);
+        }
+        Ok(self.checkpoint(&mut st, None)?.0)
+    }
+
+    fn run_completion(self: Arc<Self>, rx: Receiver<Checkpoint>) {
+        if let Err(e) = self.dev.bind() {
+            self.set_error(e);
+        }
+        for cp in rx {
+            let e = cp.event.event;
+            if let Err(err) = cu(
+                &self.dev.name,
+                "waiting for the stream's work",
+                "cuEventSynchronize",
+                // SAFETY: the event is live (held by `cp`) and was recorded.
+                || unsafe { sys::cuEventSynchronize(e) },
+            ) {
+                self.set_error(err);
+            }
+            if let Some(err) = self.host_errors.take() {
+                self.set_error(err);
+            }
+            for w in &cp.waited {
+                if let Err(err) = EventImpl::wait(w, None) {
+                    self.set_error(Error::aborted(format!(
+                        "an event this stream waited for failed: {err}"
+                    )));
+                }
+            }
+            let err = lock(&self.progress).error.clone();
+            for m in &cp.marks {
+                m.complete(err.as_ref(), &self.dev.name);
+            }
+            drop(cp.held);
+            drop(cp.waited);
+            let mut p = lock(&self.progress);
+            p.completed = p.completed.max(cp.pos);
+            drop(p);
+            self.cv.notify_all();
+        }
+    }
+}
+
+impl Drop for StreamShared {
+    fn drop(&mut self) {
+        let s = self.stream;
+        let result = self.dev.bind().and_then(|()| {
+            // SAFETY: the completion thread has finished every checkpoint (it holds an
+            // Arc to this value until it exits), so no xpu work is pending on it.
+            cu(
+                &self.dev.name,
+                "destroying a stream",
+                "cuStreamDestroy_v2",
+                || unsafe { sys::cuStreamDestroy_v2(s) },
+            )
+        });
+        if let Err(e) = result {
+            self.dev.record_error(e);
+        }
+    }
+}
+
+/// A stream on a CUDA device.
+pub struct CudaStream {
+    pub(crate) shared: Arc<StreamShared>,
+}
+
+impl CudaStream {
+    pub(crate) fn new(dev: Arc<DeviceShared>) -> Result<Self> {
+        dev.bind()?;
+        let mut stream: CUstream = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        cu(
+            &dev.name,
+            "creating a stream",
+            "cuStreamCreateWithPriority",
+            // SAFETY: context current; valid out-pointer; priority 0 is the default.
+            || unsafe { sys::cuStreamCreateWithPriority(&mut stream, flags, 0) },
+        )?;
+        let (tx, rx) = channel();
+        let name = format!("xpu-{}-done", dev.name);
+        let shared = Arc::new(StreamShared {
+            dev,
+            stream,
+            submit: Mutex::new(SubmitState {
+                pos: 0,
+                held: Vec::new(),
+                waited: Vec::new(),
+                ops: 0,
+                tx: Some(tx),
+            }),
+            progress: Mutex::new(Progress {
+                completed: 0,
+                error: None,
+            }),
+            cv: Condvar::new(),
+            host_errors: Arc::new(ErrorSlot::default()),
+        });
+        let worker = shared.clone();
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(move || worker.run_completion(rx))
+            .map_err(|e| {
+                Error::backend_message(NAME, format!("could not start a stream thread: {e}"))
+            })?;
+        Ok(CudaStream { shared })
+    }
+
+    /// The raw `CUstream`, for code that mixes xpu with direct CUDA calls
+    /// (benchmarks). Work issued on it directly is not tracked by xpu.
+    pub fn raw(&self) -> CUstream {
+        self.shared.stream
+    }
+}
+
+impl Drop for CudaStream {
+    fn drop(&mut self) {
+        let mut st = lock(&self.shared.submit);
+        if st.ops > 0 || !st.held.is_empty() || !st.waited.is_empty() {
+            if let Err(e) = self.shared.checkpoint(&mut st, None) {
+                self.shared.dev.record_error(e);
+            }
+        }
+        // Closing the channel lets the completion thread finish and exit.
+        st.tx = None;
+    }
+}
+
+/// The device buffer of a validated slice.
+pub(crate) fn buffer_of(slice: &RawSlice) -> Result<Arc<CudaBuffer>> {
+    downcast_raw::<CudaBuffer>(&slice.memory, NAME)
+}
+
+/// Whether no other enqueued operation holds this host memory (the user's buffer and
+/// the operation being enqueued hold one share each).
+fn host_exclusive(h: &HostSlice) -> bool {
+    Arc::strong_count(&h.memory) <= 2
+}
+
+impl StreamImpl for CudaStream {
+    fn copy_host_to_device(&self, src: HostSlice, dst: RawSlice) -> Result<()> {
+        let dst_buf = buffer_of(&dst)?;
+        let lease = StagingPool::lease(&self.shared.dev, src.len)?;
+        let stage = lease.ptr() as usize;
+        let len = src.len;
+        if host_exclusive(&src) {
+            // Nothing enqueued can change the host bytes before this copy would read
+            // them, so reading them now is reading them in order.
+            // SAFETY: the host range is in bounds (HAL); the staging buffer is ours
+            // (fresh lease) and at least `len` bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.memory.as_ptr().add(src.offset),
+                    stage as *mut u8,
+                    len,
+                )
+            };
+            drop(src);
+        } else {
+            self.shared.host_step(Box::new(move || {
+                // SAFETY: as above; runs after all earlier work of the stream; the
+                // lease outlives the callback (held until a later checkpoint).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        src.memory.as_ptr().add(src.offset),
+                        stage as *mut u8,
+                        len,
+                    )
+                };
+                Ok(())
+            }))?;
+        }
+        let target = dst_buf.address(dst.offset);
+        let name = self.shared.dev.name.clone();
+        self.shared.enqueue(vec![lease, dst_buf], |s| {
+            // SAFETY: pinned source and device destination, both valid for `len`
+            // bytes and held until the copy completes.
+            cu(
+                &name,
+                "copying host to device",
+                "cuMemcpyHtoDAsync_v2",
+                || unsafe { sys::cuMemcpyHtoDAsync_v2(target, stage as *const c_void, len, s) },
+            )
+        })
+    }
+
+    fn copy_device_to_host(&self, src: RawSlice, dst: HostSlice) -> Result<()> {
+        let src_buf = buffer_of(&src)?;
+        let lease = StagingPool::lease(&self.shared.dev, dst.len)?;
+        let stage = lease.ptr() as usize;
+        let len = dst.len;
+        let source = src_buf.address(src.offset);
+        let name = self.shared.dev.name.clone();
+        self.shared.enqueue(vec![lease, src_buf], |s| {
+            // SAFETY: device source and pinned destination, valid for `len` bytes and
+            // held until the copy completes.
+            cu(
+                &name,
+                "copying device to host",
+                "cuMemcpyDtoHAsync_v2",
+                || unsafe { sys::cuMemcpyDtoHAsync_v2(stage as *mut c_void, source, len, s) },
+            )
+        })?;
+        self.shared.host_step(Box::new(move || {
+            // SAFETY: the copy into the staging buffer completed (stream order); the
+            // host range is in bounds (HAL) and nobody touches it while `dst` holds it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    stage as *const u8,
+                    dst.memory.as_ptr().add(dst.offset),
+                    len,
+                )
+            };
+            drop(dst);
+            Ok(())
+        }))
+    }
+
+    fn copy_device_to_device(&self, src: RawSlice, dst: RawSlice) -> Result<()> {
+        let (sb, db) = (buffer_of(&src)?, buffer_of(&dst)?);
+        let (from, to) = (sb.address(src.offset), db.address(dst.offset));
+        let len = usize::try_from(dst.len)
+            .map_err(|_| Error::invalid("the copy is larger than the address space"))?;
+        let name = self.shared.dev.name.clone();
+        self.shared.enqueue(vec![sb, db], |s| {
+            // SAFETY: both ranges are in bounds and disjoint (HAL); held until done.
+            cu(
+                &name,
+                "copying device to device",
+                "cuMemcpyDtoDAsync_v2",
+                || unsafe { sys::cuMemcpyDtoDAsync_v2(to, from, len, s) },
+            )
+        })
+    }
+
+    fn builtin(&self, op: BuiltinOp) -> Result<()> {
+        crate::builtins::dispatch(&self.shared, op)
+    }
+
+    fn launch(
+        &self,
+        kernel: &Arc<dyn KernelImpl>,
+        desc: &KernelDesc,
+        dims: LaunchDims,
+        args: Vec<RawKernelArg>,
+    ) -> Result<()> {
+        crate::kernel::launch(&self.shared, kernel, desc, dims, args)
+    }
+
+    fn record_event(&self) -> Result<Arc<dyn EventImpl>> {
+        let mark = Arc::new(Mark::default());
+        let (pos, event) = {
+            let mut st = lock(&self.shared.submit);
+            self.shared.checkpoint(&mut st, Some(&mark))?
+        };
+        Ok(Arc::new(CudaEvent {
+            stream: self.shared.clone(),
+            pos,
+            mark,
+            event,
+        }))
+    }
+
+    fn wait_event(&self, event: &Arc<dyn EventImpl>) -> Result<()> {
+        let Some(e) = event.as_any().downcast_ref::<CudaEvent>() else {
+            return Err(Error::backend_message(
+                NAME,
+                "internal error: an event of another backend reached the CUDA backend",
+            ));
+        };
+        let mut st = lock(&self.shared.submit);
+        self.shared.dev.bind()?;
+        let (s, ev) = (self.shared.stream, e.event.event);
+        cu(
+            &self.shared.dev.name,
+            "waiting for an event",
+            "cuStreamWaitEvent",
+            // SAFETY: our stream and a live event (held below until our next checkpoint);
+            // the event may belong to another device's context, which CUDA allows.
+            || unsafe { sys::cuStreamWaitEvent(s, ev, 0) },
+        )?;
+        st.waited.push(e.clone());
+        st.ops += 1;
+        Ok(())
+    }
+
+    fn wait_foreign_event(&self, event: Event) -> Result<()> {
+        self.shared.host_step(Box::new(move || {
+            event
+                .wait()
+                .map_err(|e| Error::aborted(format!("an event this stream waited for failed: {e}")))
+        }))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let pos = self.shared.flush()?;
+        self.shared.wait_pos(pos, None);
+        self.shared.take_error()
+    }
+
+    fn query(&self) -> Result<bool> {
+        let pos = self.shared.flush()?;
+        let done = self.shared.completed() >= pos;
+        self.shared.take_error()?;
+        Ok(done)
+    }
+}
