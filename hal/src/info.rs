@@ -87,6 +87,9 @@ pub struct DeviceInfo {
     pub memory_bytes: u64,
     /// What it can do.
     pub capabilities: Capabilities,
+    /// Backend-specific facts as `key=value` strings (a Vulkan device's subgroup size,
+    /// a plugin's capabilities extension …), shown by `xpu devices`.
+    pub extra: Vec<String>,
 }
 
 /// A snapshot of a device's memory use.

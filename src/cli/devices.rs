@@ -18,6 +18,7 @@ struct DeviceJson {
     memory_bytes: u64,
     free_bytes: Option<u64>,
     capabilities: CapabilitiesJson,
+    extra: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -58,6 +59,7 @@ fn device_json(d: &Device) -> DeviceJson {
         driver: d.info().driver.clone(),
         memory_bytes: d.info().memory_bytes,
         free_bytes: d.memory_info().ok().map(|m| m.free),
+        extra: d.info().extra.clone(),
         capabilities: CapabilitiesJson {
             dtypes: caps.dtypes.iter().map(|t| t.name()).collect(),
             max_allocation: caps.max_allocation,

@@ -254,6 +254,11 @@ impl CudaDevice {
                 max_streams: u32::MAX,
                 kernel_arg_alignment: 1,
             },
+            extra: vec![
+                format!("compute_capability={major}.{minor}"),
+                format!("sm_count={sms}"),
+                format!("nvrtc={}", driver.nvrtc),
+            ],
         };
         Ok(CudaDevice {
             shared: Arc::new(DeviceShared {

@@ -96,6 +96,10 @@ impl DeviceImpl for HostDevice {
                 max_streams: u32::MAX,
                 kernel_arg_alignment: 1,
             },
+            extra: vec![format!(
+                "threads={}",
+                std::thread::available_parallelism().map_or(1, |n| n.get())
+            )],
         }
     }
 

@@ -85,8 +85,9 @@ impl PluginDevice {
             handle: Handle(args.device),
             id,
         });
-        let (info, kernel_format) = properties(&shared)?;
+        let (mut info, kernel_format) = properties(&shared)?;
         let extra = capabilities(&shared);
+        info.extra = extra.clone();
         Ok(PluginDevice {
             shared,
             info,
@@ -171,6 +172,7 @@ fn properties(shared: &DeviceShared) -> Result<(DeviceInfo, Option<String>)> {
             max_streams: u32::MAX,
             kernel_arg_alignment: p.kernel_arg_alignment.max(1),
         },
+        extra: Vec::new(),
     };
     Ok((info, kernel_format))
 }

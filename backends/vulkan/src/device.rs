@@ -268,6 +268,21 @@ impl VulkanDevice {
                 max_streams: u32::MAX,
                 kernel_arg_alignment: p.limits.min_storage_buffer_offset_alignment.max(1),
             },
+            extra: vec![
+                format!("subgroup_size={}", physical.subgroup_size),
+                format!(
+                    "max_storage_buffer_range={}",
+                    p.limits.max_storage_buffer_range
+                ),
+                format!("queues={}", physical.queue_count),
+                format!(
+                    "unified_memory={}",
+                    matches!(
+                        p.device_type,
+                        vk::PhysicalDeviceType::CPU | vk::PhysicalDeviceType::INTEGRATED_GPU
+                    )
+                ),
+            ],
         };
         Ok(VulkanDevice {
             shared: Arc::new(DeviceShared {
