@@ -90,6 +90,19 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Replays an allocation trace through the caching allocator, beside a baseline
+    /// that follows PyTorch's default rules, and prints utilization and latency.
+    Memory {
+        /// The trace: one tensor per line, `start_op end_op bytes` (the allocsim format).
+        #[arg(long, value_name = "FILE")]
+        trace: PathBuf,
+        /// Which policy to replay: `xpu`, `pytorch`, or `both` side by side.
+        #[arg(long, default_value = "both")]
+        policy: String,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn selector(arg: Option<String>, default: &str) -> Result<DeviceSelector> {
@@ -157,6 +170,14 @@ fn run(cli: Cli) -> Result<bool> {
         }
         Some(Command::Bench(BenchCommand::Vulkan { rounds, json })) => {
             cli::bench::vulkan(json, rounds)?;
+            Ok(true)
+        }
+        Some(Command::Bench(BenchCommand::Memory {
+            trace,
+            policy,
+            json,
+        })) => {
+            cli::memory::replay(&trace, &policy, json)?;
             Ok(true)
         }
         None => {

@@ -330,6 +330,52 @@ fn a_plugin_passes_the_core_profile_through_the_command() {
 }
 
 #[test]
+fn the_memory_bench_replays_a_trace_beside_the_pytorch_baseline() {
+    let trace =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data/traces/alexnet_train.log");
+    assert!(
+        trace.exists(),
+        "the shared AlexNet trace is at {}",
+        trace.display()
+    );
+    let (code, out, err) = run(&mut xpu(&[
+        "bench",
+        "memory",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = v.as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for row in rows {
+        for key in [
+            "requests",
+            "peak_live_bytes",
+            "peak_reserved_bytes",
+            "utilization",
+            "device_alloc_calls",
+            "alloc_free_p50_ns",
+            "alloc_free_p99_ns",
+        ] {
+            assert!(row.get(key).is_some(), "{key} missing: {row}");
+        }
+        assert_eq!(row["requests"], 193);
+        let u = row["utilization"].as_f64().unwrap();
+        assert!(u > 0.0 && u <= 1.0, "{u}");
+    }
+    let (code, _, err) = run(&mut xpu(&[
+        "bench",
+        "memory",
+        "--trace",
+        "/nonexistent/trace",
+    ]));
+    assert_eq!(code, 2);
+    assert!(err.contains("/nonexistent/trace"), "{err}");
+}
+
+#[test]
 fn version_and_case_list() {
     let (code, out, _) = run(&mut xpu(&["--version"]));
     assert_eq!(code, 0);

@@ -1,0 +1,83 @@
+//! # xpu-memory: a stream-aware caching allocator
+//!
+//! Asking a device for memory is slow (a driver call, often a device synchronization) and
+//! asking it to take memory back is slower, so a runtime that allocates a tensor per op keeps
+//! freed memory and hands it out again. This crate is that cache.
+//!
+//! ## Two layers
+//!
+//! The crate splits raw storage from the pooling algorithm. [`SegmentSource`] is raw storage:
+//! it hands out *segments* (large ranges, named by a [`SegmentId`]), takes them back, and
+//! records [`Fence`]s on streams. [`CachingAllocator`] is the algorithm, and it only ever sees
+//! sizes and offsets. That is what makes it testable without a device: the tests drive it over
+//! plain numbered segments, check its invariants after every operation and hammer it from
+//! threads, and [`replay`] measures it on recorded traces. [`DeviceAllocator`] puts the same
+//! algorithm on a [`xpu_hal::Device`], with [`xpu_hal::Allocation`]s as segments and
+//! [`xpu_hal::Event`]s as fences.
+//!
+//! ## The algorithm
+//!
+//! Requests are rounded up to [`Config::min_block`] (512 B) and split into two pools. Small
+//! requests (≤ 1 MiB) are carved from 2 MiB small segments so that many of them share one
+//! driver allocation; large requests get segments of their own size class. Each pool indexes
+//! its free blocks in a `BTreeSet` keyed by `(stream, size, segment, offset)`, so the best fit
+//! is one range lookup. A chosen block larger than the request is split when the remainder is
+//! worth keeping; a freed block merges with free neighbours in its segment, so a segment whose
+//! blocks are all freed becomes one block again and can go back to the device
+//! ([`CachingAllocator::empty_cache`]). Splitting a huge cached block for a small request is
+//! refused above a threshold ([`Config::max_split`]): the small piece would pin the remainder
+//! and fragment the pool.
+//!
+//! ## Streams
+//!
+//! A segment belongs to the stream that caused it, and its blocks are only reused on that
+//! stream: work on one in-order stream cannot overlap, so a block freed on its own stream can
+//! be handed out at once. If the caller declared the block used on other streams
+//! ([`CachingAllocator::record_stream`]), freeing it records a fence on each of them and the
+//! block stays *pending* until all complete. The fence is an abstract trait so that tests can
+//! complete fences by hand.
+//!
+//! ## Running out
+//!
+//! When the source is out of memory, the allocator returns every whole free segment, turns
+//! completed pending frees into free blocks, and retries once. If that fails too the error
+//! ([`AllocError::OutOfMemory`]) carries an [`OomReport`]: the request, capacity, free,
+//! allocated, reserved-but-unallocated, largest free block and fragmentation, and only the
+//! remedies not already in effect. [`Config::memory_fraction`] caps what one allocator may
+//! reserve, so that several can share a device.
+//!
+//! ## Accounting
+//!
+//! [`MemoryStats`] uses PyTorch's names (allocated, reserved, active, inactive-split and
+//! requested bytes and counts, each with current, peak, allocated and freed totals; retries,
+//! OOMs, device allocations and frees) so figures compare directly. [`Snapshot`] lists every
+//! segment and block and serializes as JSON; a bounded ring keeps the latest alloc/free events.
+//!
+//! ## Policies
+//!
+//! [`Policy::PyTorch`] reproduces PyTorch's default size rules as a baseline. [`Policy::Xpu`],
+//! the default, sizes large segments to the request instead of to 2 MiB or 20 MiB buckets,
+//! splits large blocks finely, and hands whole free segments back before growing; it trades
+//! more device calls for a smaller footprint. [`replay`] runs a trace under either and reports
+//! utilization (peak live bytes over peak reserved bytes), device calls and latency.
+//!
+//! Not provided: expandable segments (growing a segment in place through virtual memory
+//! mapping) and budgets shared by several devices.
+
+mod allocator;
+mod device;
+mod policy;
+mod replay;
+mod stats;
+
+pub use allocator::{
+    AllocError, Block, CachingAllocator, Fence, OomReport, SegmentId, SegmentSource, SourceError,
+    StreamId,
+};
+pub use device::{DeviceAllocator, DeviceBlock, HalSource};
+pub use policy::{Config, Policy, MIB};
+pub use replay::{replay, replay_with, Completed, FakeSource, ReplayReport, Trace, TraceEntry};
+pub use stats::{
+    BlockSnapshot, BlockStateKind, MemoryStats, SegmentSnapshot, Snapshot, Stat, TraceAction,
+    TraceEvent,
+};

@@ -1,0 +1,169 @@
+//! Counters with PyTorch's names, a snapshot of the pool and the bounded event history.
+
+use serde::{Deserialize, Serialize};
+
+use crate::allocator::{SegmentId, StreamId};
+
+/// One statistic: its current value, its peak since the last reset, and the running totals
+/// of increases (`allocated`) and decreases (`freed`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stat {
+    /// The value now.
+    pub current: u64,
+    /// The highest value since creation or the last [`crate::CachingAllocator::reset_peak_stats`].
+    pub peak: u64,
+    /// Sum of all increases.
+    pub allocated: u64,
+    /// Sum of all decreases.
+    pub freed: u64,
+}
+
+impl Stat {
+    pub(crate) fn increase(&mut self, n: u64) {
+        self.current += n;
+        self.allocated += n;
+        self.peak = self.peak.max(self.current);
+    }
+
+    pub(crate) fn decrease(&mut self, n: u64) {
+        self.current = self.current.saturating_sub(n);
+        self.freed += n;
+    }
+
+    pub(crate) fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+}
+
+/// The allocator's statistics, named as in `torch.cuda.memory_stats()`.
+///
+/// * `allocated`: bytes (and blocks) handed out and not yet freed, at block granularity.
+/// * `reserved`: bytes (and segments) obtained from the source.
+/// * `active`: allocated blocks plus blocks freed but still waiting for other streams.
+/// * `inactive_split`: free blocks inside segments that are split (fragmentation).
+/// * `requested`: the bytes callers asked for, before rounding.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryStats {
+    /// Bytes in allocated blocks.
+    pub allocated_bytes: Stat,
+    /// Bytes in segments.
+    pub reserved_bytes: Stat,
+    /// Bytes in active (allocated or pending-free) blocks.
+    pub active_bytes: Stat,
+    /// Bytes in free blocks of split segments.
+    pub inactive_split_bytes: Stat,
+    /// Bytes requested by callers for allocated blocks.
+    pub requested_bytes: Stat,
+    /// Number of allocated blocks.
+    pub allocation: Stat,
+    /// Number of segments.
+    pub segment: Stat,
+    /// Number of active blocks.
+    pub active: Stat,
+    /// Number of free blocks in split segments.
+    pub inactive_split: Stat,
+    /// Times a source failure made the allocator release its cache and retry.
+    pub num_alloc_retries: u64,
+    /// Requests that failed with out-of-memory.
+    pub num_ooms: u64,
+    /// Segments requested from the source.
+    pub num_device_alloc: u64,
+    /// Segments returned to the source.
+    pub num_device_free: u64,
+}
+
+impl MemoryStats {
+    pub(crate) fn reset_peaks(&mut self) {
+        for s in [
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+        ] {
+            s.reset_peak();
+        }
+    }
+}
+
+/// The state of one block in a [`Snapshot`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockStateKind {
+    /// Cached and reusable.
+    Free,
+    /// Handed out.
+    Allocated,
+    /// Freed by its owner, waiting for other streams to pass their fences.
+    PendingFree,
+}
+
+/// One block of a segment in a [`Snapshot`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockSnapshot {
+    /// Offset of the block in its segment.
+    pub offset: u64,
+    /// Size of the block (rounded).
+    pub size: u64,
+    /// Bytes the caller asked for (0 when free).
+    pub requested: u64,
+    /// Its state.
+    pub state: BlockStateKind,
+}
+
+/// One segment in a [`Snapshot`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentSnapshot {
+    /// The source's id for it.
+    pub id: SegmentId,
+    /// Its size.
+    pub size: u64,
+    /// The stream it serves.
+    pub stream: StreamId,
+    /// Whether it belongs to the small pool.
+    pub small: bool,
+    /// Its blocks, by offset; they tile the segment.
+    pub blocks: Vec<BlockSnapshot>,
+}
+
+/// The pool at one moment: every segment and its blocks. Serializable as JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Segments sorted by id.
+    pub segments: Vec<SegmentSnapshot>,
+    /// The statistics at the same moment.
+    pub stats: MemoryStats,
+}
+
+/// What a [`TraceEvent`] records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TraceAction {
+    /// A block was handed out.
+    Alloc,
+    /// A block was freed by its owner.
+    Free,
+    /// A segment was obtained from the source.
+    SegmentAlloc,
+    /// A segment was returned to the source.
+    SegmentFree,
+    /// A request failed with out-of-memory.
+    Oom,
+}
+
+/// One entry of the bounded alloc/free history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceEvent {
+    /// What happened.
+    pub action: TraceAction,
+    /// Bytes involved (block or segment size; the request for an OOM).
+    pub size: u64,
+    /// The stream involved.
+    pub stream: StreamId,
+    /// Nanoseconds since the allocator was created.
+    pub timestamp_ns: u64,
+}

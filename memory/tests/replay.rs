@@ -1,0 +1,47 @@
+//! Trace replay on the AlexNet training trace shipped with the repository.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+
+use xpu_memory::{replay, Policy, Trace};
+
+/// The trace path: `XPU_TRACE`, else the shared data folder beside the repository.
+fn alexnet_path() -> Option<PathBuf> {
+    let path = std::env::var_os("XPU_TRACE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../shared/data/traces/alexnet_train.log")
+        });
+    path.exists().then_some(path)
+}
+
+#[test]
+fn parse_rejects_bad_lines() {
+    assert!(Trace::parse("1 2 3\n\n# c\n4 5 6\n").unwrap().entries.len() == 2);
+    assert!(Trace::parse("1 2\n").is_err());
+    assert!(Trace::parse("5 2 8\n").is_err());
+}
+
+#[test]
+fn alexnet_replay_pytorch_vs_xpu() {
+    let path = alexnet_path().expect(
+        "the AlexNet trace is in ../shared/data/traces beside the repository (or set XPU_TRACE)",
+    );
+    let trace = Trace::load(&path).unwrap();
+    let pt = replay(&trace, Policy::PyTorch).unwrap();
+    let xpu = replay(&trace, Policy::Xpu).unwrap();
+    for (name, r) in [("pytorch", &pt), ("xpu", &xpu)] {
+        eprintln!(
+            "{name}: requests {} peak_live {} peak_reserved {} util {:.4} device_allocs {} frees {} p50 {} ns p99 {} ns",
+            r.requests, r.peak_live_bytes, r.peak_reserved_bytes, r.utilization,
+            r.device_allocs, r.device_frees, r.p50_ns, r.p99_ns
+        );
+    }
+    assert_eq!(pt.requests, 193);
+    assert_eq!(pt.peak_live_bytes, 1_443_669_632);
+    assert!(pt.utilization <= 1.0 && xpu.utilization <= 1.0);
+    let json = serde_json::to_string(&xpu).unwrap();
+    assert!(json.contains("utilization"));
+}
