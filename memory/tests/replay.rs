@@ -6,13 +6,12 @@ use std::path::PathBuf;
 
 use xpu_memory::{replay, Policy, Trace};
 
-/// The trace path: `XPU_TRACE`, else the shared data folder beside the repository.
+/// The trace path: `XPU_TRACE`, else the copy kept with these tests.
 fn alexnet_path() -> Option<PathBuf> {
     let path = std::env::var_os("XPU_TRACE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../shared/data/traces/alexnet_train.log")
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/alexnet_train.log")
         });
     path.exists().then_some(path)
 }
