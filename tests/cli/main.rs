@@ -332,10 +332,10 @@ fn a_plugin_passes_the_core_profile_through_the_command() {
 #[test]
 fn the_memory_bench_replays_a_trace_beside_the_pytorch_baseline() {
     let trace =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data/traces/alexnet_train.log");
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("memory/tests/data/alexnet_train.log");
     assert!(
         trace.exists(),
-        "the shared AlexNet trace is at {}",
+        "the AlexNet trace is at {}",
         trace.display()
     );
     let (code, out, err) = run(&mut xpu(&[
