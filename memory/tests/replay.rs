@@ -25,9 +25,8 @@ fn parse_rejects_bad_lines() {
 
 #[test]
 fn alexnet_replay_pytorch_vs_xpu() {
-    let path = alexnet_path().expect(
-        "the AlexNet trace is in ../shared/data/traces beside the repository (or set XPU_TRACE)",
-    );
+    let path =
+        alexnet_path().expect("the AlexNet trace is in memory/tests/data (or set XPU_TRACE)");
     let trace = Trace::load(&path).unwrap();
     let pt = replay(&trace, Policy::PyTorch).unwrap();
     let xpu = replay(&trace, Policy::Xpu).unwrap();
