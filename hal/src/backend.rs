@@ -18,6 +18,8 @@ use crate::info::{DeviceInfo, MemoryInfo};
 use crate::kernel::{KernelDesc, KernelImpl, LaunchDims, RawKernelArg};
 use crate::memory::{HostSlice, RawAllocation, RawSlice};
 
+pub use crate::progress::StreamProgress;
+
 /// Cheap facts about one device, from [`Backend::enumerate`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceSummary {

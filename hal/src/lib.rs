@@ -112,6 +112,7 @@ mod id;
 mod info;
 mod kernel;
 mod memory;
+mod progress;
 mod registry;
 mod stream;
 mod validate;

@@ -22,11 +22,11 @@
 use std::any::Any;
 use std::ffi::c_void;
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use cudarc::driver::sys::{self, CUevent, CUstream};
-use xpu_hal::backend::{BuiltinOp, EventImpl, StreamImpl};
+use xpu_hal::backend::{BuiltinOp, EventImpl, StreamImpl, StreamProgress};
 use xpu_hal::{
     downcast_raw, Error, Event, HostSlice, KernelDesc, KernelImpl, LaunchDims, RawKernelArg,
     RawSlice, Result,
@@ -111,11 +111,6 @@ struct SubmitState {
     tx: Option<Sender<Checkpoint>>,
 }
 
-struct Progress {
-    completed: u64,
-    error: Option<Error>,
-}
-
 /// Errors of host callbacks, until the completion thread takes them.
 #[derive(Default)]
 pub(crate) struct ErrorSlot(Mutex<Option<Error>>);
@@ -138,8 +133,7 @@ pub(crate) struct StreamShared {
     pub(crate) dev: Arc<DeviceShared>,
     pub(crate) stream: CUstream,
     submit: Mutex<SubmitState>,
-    progress: Mutex<Progress>,
-    cv: Condvar,
+    progress: StreamProgress,
     host_errors: Arc<ErrorSlot>,
 }
 
@@ -178,40 +172,19 @@ unsafe extern "C" fn run_host_task(data: *mut c_void) {
 impl StreamShared {
     /// Waits until the completion thread has passed `pos`; `false` on timeout.
     pub(crate) fn wait_pos(&self, pos: u64, timeout: Option<Duration>) -> bool {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let mut p = lock(&self.progress);
-        while p.completed < pos {
-            match deadline {
-                None => p = self.cv.wait(p).unwrap_or_else(|e| e.into_inner()),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return false;
-                    }
-                    p = self
-                        .cv
-                        .wait_timeout(p, d - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
-                }
-            }
-        }
-        true
+        self.progress.wait(pos, timeout)
     }
 
     pub(crate) fn completed(&self) -> u64 {
-        lock(&self.progress).completed
+        self.progress.completed()
     }
 
     fn set_error(&self, e: Error) {
-        let mut p = lock(&self.progress);
-        if p.error.is_none() {
-            p.error = Some(e);
-        }
+        self.progress.set_error(e);
     }
 
     fn take_error(&self) -> Result<()> {
-        let stream_error = lock(&self.progress).error.take();
+        let stream_error = self.progress.take_error();
         match stream_error.or_else(|| self.dev.take_error()) {
             Some(e) => Err(e),
             None => Ok(()),
@@ -340,16 +313,13 @@ impl StreamShared {
                     )));
                 }
             }
-            let err = lock(&self.progress).error.clone();
+            let err = self.progress.peek_error();
             for m in &cp.marks {
                 m.complete(err.as_ref(), &self.dev.name);
             }
             drop(cp.held);
             drop(cp.waited);
-            let mut p = lock(&self.progress);
-            p.completed = p.completed.max(cp.pos);
-            drop(p);
-            self.cv.notify_all();
+            self.progress.advance(cp.pos);
         }
     }
 }
@@ -402,11 +372,7 @@ impl CudaStream {
                 ops: 0,
                 tx: Some(tx),
             }),
-            progress: Mutex::new(Progress {
-                completed: 0,
-                error: None,
-            }),
-            cv: Condvar::new(),
+            progress: StreamProgress::new(),
             host_errors: Arc::new(ErrorSlot::default()),
         });
         let worker = shared.clone();

@@ -23,11 +23,11 @@
 
 use std::any::Any;
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use ash::vk;
-use xpu_hal::backend::{BuiltinOp, EventImpl, StreamImpl};
+use xpu_hal::backend::{BuiltinOp, EventImpl, StreamImpl, StreamProgress};
 use xpu_hal::{
     downcast_raw, Error, Event, HostSlice, KernelDesc, KernelImpl, LaunchDims, RawKernelArg,
     RawSlice, Result,
@@ -91,11 +91,6 @@ struct SubmitState {
     tx: Option<Sender<Item>>,
 }
 
-struct Progress {
-    completed: u64,
-    error: Option<Error>,
-}
-
 /// The state a stream, its events and its completion thread share.
 pub(crate) struct StreamShared {
     pub(crate) dev: Arc<DeviceShared>,
@@ -107,8 +102,7 @@ pub(crate) struct StreamShared {
     timestamps: Option<vk::QueryPool>,
     recycled: Mutex<Vec<vk::CommandBuffer>>,
     submit: Mutex<SubmitState>,
-    progress: Mutex<Progress>,
-    cv: Condvar,
+    progress: StreamProgress,
 }
 
 // SAFETY: Vulkan handles may move between threads; the externally synchronised ones
@@ -130,44 +124,23 @@ fn timeline_semaphore(dev: &DeviceShared) -> Result<vk::Semaphore> {
 impl StreamShared {
     /// Waits until the completion thread has passed position `pos`; `false` on timeout.
     pub(crate) fn wait_pos(&self, pos: u64, timeout: Option<Duration>) -> bool {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let mut p = lock(&self.progress);
-        while p.completed < pos {
-            match deadline {
-                None => p = self.cv.wait(p).unwrap_or_else(|e| e.into_inner()),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return false;
-                    }
-                    p = self
-                        .cv
-                        .wait_timeout(p, d - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
-                }
-            }
-        }
-        true
+        self.progress.wait(pos, timeout)
     }
 
     pub(crate) fn completed(&self) -> u64 {
-        lock(&self.progress).completed
+        self.progress.completed()
     }
 
     fn peek_error(&self) -> Option<Error> {
-        lock(&self.progress).error.clone()
+        self.progress.peek_error()
     }
 
     fn set_error(&self, e: Error) {
-        let mut p = lock(&self.progress);
-        if p.error.is_none() {
-            p.error = Some(e);
-        }
+        self.progress.set_error(e);
     }
 
     fn take_error(&self) -> Result<()> {
-        match lock(&self.progress).error.take() {
+        match self.progress.take_error() {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -426,9 +399,7 @@ impl StreamShared {
     }
 
     fn complete(&self, pos: u64) {
-        let mut p = lock(&self.progress);
-        p.completed = pos;
-        self.cv.notify_all();
+        self.progress.advance(pos);
     }
 
     fn run_completion(self: &Arc<Self>, rx: Receiver<Item>) {
@@ -587,11 +558,7 @@ impl VulkanStream {
                 next_slot: 0,
                 tx: Some(tx),
             }),
-            progress: Mutex::new(Progress {
-                completed: 0,
-                error: None,
-            }),
-            cv: Condvar::new(),
+            progress: StreamProgress::new(),
         });
         let worker = shared.clone();
         std::thread::Builder::new()
