@@ -18,7 +18,7 @@ use crate::info::{DeviceInfo, MemoryInfo};
 use crate::kernel::{KernelDesc, KernelImpl, LaunchDims, RawKernelArg};
 use crate::memory::{HostSlice, RawAllocation, RawSlice};
 
-pub use crate::progress::StreamProgress;
+pub use crate::progress::{EventOutcome, StreamProgress};
 
 /// Cheap facts about one device, from [`Backend::enumerate`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,10 +1,41 @@
 //! [`StreamProgress`]: how far a stream's in-order work has completed, and its first
-//! unreported error — the bookkeeping every backend with a completion thread needs.
+//! unreported error — the bookkeeping every backend with a completion thread needs —
+//! and [`EventOutcome`], what an event reports once the work before it has run.
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::error::Error;
+use crate::error::{Error, Result};
+
+/// The outcome of the work enqueued before an event, set once when the event completes.
+#[derive(Debug, Default)]
+pub struct EventOutcome {
+    result: OnceLock<Result<()>>,
+}
+
+impl EventOutcome {
+    /// Records the outcome: success, or an `Aborted` error naming `error`, the stream's
+    /// unreported failure at that point, on `device`. Later calls change nothing.
+    pub fn complete(&self, error: Option<&Error>, device: &str) {
+        let _ = self.result.set(match error {
+            None => Ok(()),
+            Some(e) => Err(Error::aborted(format!(
+                "work enqueued before this event on {device} failed: {e}"
+            ))),
+        });
+    }
+
+    /// The recorded outcome; an internal error of `backend` if none was recorded.
+    pub fn get(&self, backend: &str) -> Result<()> {
+        match self.result.get() {
+            Some(r) => r.clone(),
+            None => Err(Error::backend_message(
+                backend,
+                "internal error: an event completed without recording its outcome",
+            )),
+        }
+    }
+}
 
 struct State {
     completed: u64,
@@ -93,6 +124,34 @@ impl StreamProgress {
     /// Reports (removes) the unreported error, if any.
     pub fn take_error(&self) -> Option<Error> {
         self.lock().error.take()
+    }
+
+    /// `EventImpl::query` for an event at `pos` with `outcome`.
+    pub fn query_event(&self, pos: u64, outcome: &EventOutcome, backend: &str) -> Result<bool> {
+        if self.completed() < pos {
+            return Ok(false);
+        }
+        outcome.get(backend).map(|()| true)
+    }
+
+    /// `EventImpl::wait` for an event at `pos` with `outcome`, on `device`.
+    pub fn wait_event(
+        &self,
+        pos: u64,
+        timeout: Option<Duration>,
+        outcome: &EventOutcome,
+        device: &str,
+        backend: &str,
+    ) -> Result<()> {
+        if !self.wait(pos, timeout) {
+            return Err(Error::Timeout {
+                message: format!(
+                    "an event on {device} did not complete within {:?}",
+                    timeout.unwrap_or_default()
+                ),
+            });
+        }
+        outcome.get(backend)
     }
 }
 

@@ -2,11 +2,11 @@
 //! position whose outcome (the first error before it) the event reports.
 
 use std::any::Any;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::sys;
-use xpu_hal::backend::EventImpl;
+use xpu_hal::backend::{EventImpl, EventOutcome};
 use xpu_hal::{Error, Result};
 
 use crate::driver::cu;
@@ -14,21 +14,7 @@ use crate::stream::{CuEvent, StreamShared};
 use crate::NAME;
 
 /// The outcome of the work before an event, set by the completion thread.
-#[derive(Default)]
-pub(crate) struct Mark {
-    result: OnceLock<Result<()>>,
-}
-
-impl Mark {
-    pub(crate) fn complete(&self, error: Option<&Error>, device: &str) {
-        let _ = self.result.set(match error {
-            None => Ok(()),
-            Some(e) => Err(Error::aborted(format!(
-                "work enqueued before this event on {device} failed: {e}"
-            ))),
-        });
-    }
-}
+pub(crate) type Mark = EventOutcome;
 
 /// An event on a CUDA stream.
 #[derive(Clone)]
@@ -40,16 +26,6 @@ pub struct CudaEvent {
 }
 
 impl CudaEvent {
-    fn outcome(&self) -> Result<()> {
-        match self.mark.result.get() {
-            Some(r) => r.clone(),
-            None => Err(Error::backend_message(
-                NAME,
-                "internal error: an event completed without its outcome",
-            )),
-        }
-    }
-
     /// The raw `CUevent`, for code that mixes xpu with direct CUDA calls.
     pub fn raw(&self) -> sys::CUevent {
         self.event.event
@@ -58,23 +34,13 @@ impl CudaEvent {
 
 impl EventImpl for CudaEvent {
     fn query(&self) -> Result<bool> {
-        if self.stream.completed() < self.pos {
-            return Ok(false);
-        }
-        self.outcome().map(|()| true)
+        self.stream.progress.query_event(self.pos, &self.mark, NAME)
     }
 
     fn wait(&self, timeout: Option<Duration>) -> Result<()> {
-        if !self.stream.wait_pos(self.pos, timeout) {
-            return Err(Error::Timeout {
-                message: format!(
-                    "an event on {} did not complete within {:?}",
-                    self.stream.dev.name,
-                    timeout.unwrap_or_default()
-                ),
-            });
-        }
-        self.outcome()
+        self.stream
+            .progress
+            .wait_event(self.pos, timeout, &self.mark, &self.stream.dev.name, NAME)
     }
 
     fn elapsed_since(&self, earlier: &dyn EventImpl) -> Result<Duration> {

@@ -133,7 +133,7 @@ pub(crate) struct StreamShared {
     pub(crate) dev: Arc<DeviceShared>,
     pub(crate) stream: CUstream,
     submit: Mutex<SubmitState>,
-    progress: StreamProgress,
+    pub(crate) progress: StreamProgress,
     host_errors: Arc<ErrorSlot>,
 }
 

@@ -27,13 +27,7 @@ impl HostEvent {
     }
 
     fn outcome(&self) -> Result<()> {
-        match self.mark.result.get() {
-            Some(r) => r.clone(),
-            None => Err(Error::backend_message(
-                "host",
-                "internal error: an event completed without recording its outcome",
-            )),
-        }
+        self.mark.outcome.get(crate::NAME)
     }
 }
 

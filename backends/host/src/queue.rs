@@ -32,6 +32,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::{Backoff, CachePadded};
+use xpu_hal::backend::EventOutcome;
 use xpu_hal::{Error, Result};
 
 /// How long the worker polls for more work before it sleeps, and a waiter polls for
@@ -52,7 +53,7 @@ pub(crate) struct Mark {
     /// When execution reached it.
     pub(crate) time: OnceLock<Instant>,
     /// The outcome of the work before it.
-    pub(crate) result: OnceLock<Result<()>>,
+    pub(crate) outcome: EventOutcome,
 }
 
 /// The job queue proper, guarded by one mutex.
@@ -353,14 +354,8 @@ fn run(job: Job, timeline: &Timeline) {
     match job {
         Job::Mark(mark) => {
             let _ = mark.time.set(Instant::now());
-            let result = match timeline.peek_error() {
-                None => Ok(()),
-                Some(e) => Err(Error::aborted(format!(
-                    "work enqueued before this event on {} failed: {e}",
-                    timeline.device
-                ))),
-            };
-            let _ = mark.result.set(result);
+            mark.outcome
+                .complete(timeline.peek_error().as_ref(), &timeline.device);
         }
         Job::Work(work) => {
             if timeline.has_error.load(Ordering::Acquire) {

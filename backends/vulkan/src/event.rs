@@ -5,7 +5,7 @@ use std::any::Any;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use xpu_hal::backend::EventImpl;
+use xpu_hal::backend::{EventImpl, EventOutcome};
 use xpu_hal::{Error, Result};
 
 use crate::stream::StreamShared;
@@ -19,18 +19,14 @@ pub(crate) struct Mark {
     pub(crate) device_ns: OnceLock<u64>,
     /// The timestamp query slot, when the device writes timestamps.
     pub(crate) slot: OnceLock<u32>,
-    pub(crate) result: OnceLock<Result<()>>,
+    /// The outcome of the work before the event.
+    pub(crate) outcome: EventOutcome,
 }
 
 impl Mark {
     pub(crate) fn complete(&self, error: Option<&Error>, device: &str) {
         let _ = self.time.set(Instant::now());
-        let _ = self.result.set(match error {
-            None => Ok(()),
-            Some(e) => Err(Error::aborted(format!(
-                "work enqueued before this event on {device} failed: {e}"
-            ))),
-        });
+        self.outcome.complete(error, device);
     }
 }
 
@@ -43,37 +39,21 @@ pub struct VulkanEvent {
     pub(crate) mark: Arc<Mark>,
 }
 
-impl VulkanEvent {
-    fn outcome(&self) -> Result<()> {
-        match self.mark.result.get() {
-            Some(r) => r.clone(),
-            None => Err(Error::backend_message(
-                "vulkan",
-                "internal error: an event completed without its outcome",
-            )),
-        }
-    }
-}
-
 impl EventImpl for VulkanEvent {
     fn query(&self) -> Result<bool> {
-        if self.stream.completed() < self.pos {
-            return Ok(false);
-        }
-        self.outcome().map(|()| true)
+        self.stream
+            .progress
+            .query_event(self.pos, &self.mark.outcome, crate::NAME)
     }
 
     fn wait(&self, timeout: Option<Duration>) -> Result<()> {
-        if !self.stream.wait_pos(self.pos, timeout) {
-            return Err(Error::Timeout {
-                message: format!(
-                    "an event on {} did not complete within {:?}",
-                    self.stream.dev.name,
-                    timeout.unwrap_or_default()
-                ),
-            });
-        }
-        self.outcome()
+        self.stream.progress.wait_event(
+            self.pos,
+            timeout,
+            &self.mark.outcome,
+            &self.stream.dev.name,
+            crate::NAME,
+        )
     }
 
     fn elapsed_since(&self, earlier: &dyn EventImpl) -> Result<Duration> {

@@ -102,7 +102,7 @@ pub(crate) struct StreamShared {
     timestamps: Option<vk::QueryPool>,
     recycled: Mutex<Vec<vk::CommandBuffer>>,
     submit: Mutex<SubmitState>,
-    progress: StreamProgress,
+    pub(crate) progress: StreamProgress,
 }
 
 // SAFETY: Vulkan handles may move between threads; the externally synchronised ones
