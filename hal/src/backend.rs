@@ -67,6 +67,20 @@ pub trait DeviceImpl: Send + Sync {
     /// Guaranteed by the HAL: `1 <= size <= capabilities.max_allocation`.
     fn allocate(&self, size: u64) -> Result<Arc<dyn RawAllocation>>;
 
+    /// Reserves `reserve` bytes of addresses and backs the first `initial` of them with
+    /// memory: a growable allocation, whose [`RawAllocation::size`] is the backed length
+    /// and which [`RawAllocation::resize`] changes. Devices without virtual memory keep
+    /// the default, which refuses.
+    ///
+    /// Guaranteed by the HAL: `capabilities.virtual_memory_granularity` is `Some(g)`;
+    /// `reserve` and `initial` are multiples of `g`; `g <= initial <= reserve`.
+    fn allocate_growable(&self, reserve: u64, initial: u64) -> Result<Arc<dyn RawAllocation>> {
+        let _ = (reserve, initial);
+        Err(crate::Error::unsupported(
+            "this device has no virtual memory, so allocations cannot grow in place",
+        ))
+    }
+
     /// Creates a stream.
     fn create_stream(&self) -> Result<Box<dyn StreamImpl>>;
 

@@ -116,6 +116,52 @@ impl Device {
         ))
     }
 
+    /// Reserves `reserve` bytes of addresses and backs the first `initial` bytes with
+    /// memory, making an allocation that [`Allocation::resize`] grows and shrinks in place
+    /// — what a memory pool needs for expandable segments. Both sizes are rounded up to
+    /// the device's `virtual_memory_granularity`; `initial` must not be 0. Devices without
+    /// virtual memory (the capability is `None`) refuse with [`Error::Unsupported`].
+    pub fn allocate_growable(&self, reserve: u64, initial: u64) -> Result<Allocation> {
+        let Some(granularity) = self.capabilities().virtual_memory_granularity else {
+            return Err(Error::unsupported(format!(
+                "{} has no virtual memory (its virtual_memory_granularity capability is None), so allocations cannot grow in place; use Device::allocate",
+                self.id()
+            )));
+        };
+        let round = |v: u64| v.div_ceil(granularity).checked_mul(granularity);
+        let (Some(reserve_r), Some(initial_r)) = (round(reserve), round(initial)) else {
+            return Err(Error::invalid(format!(
+                "a growable allocation of {reserve} bytes cannot be rounded to the granularity of {granularity} bytes; reserve fewer bytes"
+            )));
+        };
+        if initial == 0 || initial_r > reserve_r {
+            return Err(Error::invalid(format!(
+                "a growable allocation needs 0 < initial ({initial}) <= reserve ({reserve}); back at least one byte and reserve at least as much as you back"
+            )));
+        }
+        let max = self.capabilities().max_allocation;
+        if initial_r > max {
+            let free = self.memory_info().map(|m| m.free).unwrap_or(0);
+            return Err(Error::OutOfMemory {
+                device: self.id().to_string(),
+                requested: initial_r,
+                free,
+                capacity: self.info().memory_bytes,
+                hint: format!(
+                    "the largest single allocation on this device is {max} bytes; back less of the reservation at first"
+                ),
+            });
+        }
+        let raw = self.inner.imp.allocate_growable(reserve_r, initial_r)?;
+        Ok(Allocation::with_growth(
+            self.id().clone(),
+            self.uid(),
+            initial_r,
+            Some((reserve_r, granularity)),
+            Some(raw),
+        ))
+    }
+
     /// Creates an in-order stream on this device.
     pub fn create_stream(&self) -> Result<Stream> {
         let imp = self.inner.imp.create_stream()?;

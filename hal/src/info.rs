@@ -58,6 +58,12 @@ pub struct Capabilities {
     /// Byte alignment a buffer argument of a kernel launch must start at (1: any).
     /// Builtin operations have no such requirement.
     pub kernel_arg_alignment: u64,
+    /// `Some(granularity)` when the device can reserve a range of addresses and back it
+    /// with memory on demand, in multiples of `granularity` bytes: then
+    /// [`crate::Device::allocate_growable`] makes allocations that
+    /// [`crate::Allocation::resize`] grows and shrinks in place (expandable segments).
+    /// `None` when it cannot.
+    pub virtual_memory_granularity: Option<u64>,
 }
 
 impl Capabilities {

@@ -29,8 +29,24 @@ use crate::id::DeviceId;
 /// Dropping the last `Arc` of a raw allocation releases its memory: that is how
 /// [`Allocation::free`] and in-flight operations cooperate.
 pub trait RawAllocation: Any + Send + Sync {
-    /// The size in bytes (at least 1: the HAL serves zero-size allocations itself).
+    /// The size in bytes (at least 1: the HAL serves zero-size allocations itself). For a
+    /// growable allocation, the length currently backed by memory.
     fn size(&self) -> u64;
+    /// Changes the backed length of a growable allocation (from
+    /// [`crate::backend::DeviceImpl::allocate_growable`]) to `new_size`, keeping the
+    /// addresses and the contents of `[0, min(old, new))`. Bytes that become backed have
+    /// unspecified contents. Releasing bytes must not make the process fault, even if work
+    /// already enqueued still touches them (the host backend keeps the addresses mapped;
+    /// the CUDA backend waits for the device before unmapping). Plain allocations keep the
+    /// default, which refuses.
+    ///
+    /// Guaranteed by the HAL: the allocation is growable; `new_size` is a multiple of the
+    /// device's granularity, at least one granule and at most the reserved size; calls on
+    /// one allocation are serialized.
+    fn resize(&self, new_size: u64) -> Result<()> {
+        let _ = new_size;
+        Err(Error::unsupported("this allocation cannot be resized"))
+    }
     /// The allocation as `Any`, for the owning backend to downcast.
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
 }
@@ -65,7 +81,11 @@ struct AllocationInner {
     id: u64,
     device: DeviceId,
     device_uid: u64,
-    size: u64,
+    /// The usable length: fixed for a plain allocation, the backed length of a growable
+    /// one (changed only under `state`'s lock).
+    size: AtomicU64,
+    /// `Some((reserved bytes, granularity))` for a growable allocation.
+    growable: Option<(u64, u64)>,
     state: Mutex<AllocState>,
 }
 
@@ -84,12 +104,23 @@ impl Allocation {
         size: u64,
         raw: Option<Arc<dyn RawAllocation>>,
     ) -> Self {
+        Self::with_growth(device, device_uid, size, None, raw)
+    }
+
+    pub(crate) fn with_growth(
+        device: DeviceId,
+        device_uid: u64,
+        size: u64,
+        growable: Option<(u64, u64)>,
+        raw: Option<Arc<dyn RawAllocation>>,
+    ) -> Self {
         Allocation {
             inner: Arc::new(AllocationInner {
                 id: NEXT_ALLOCATION_ID.fetch_add(1, Ordering::Relaxed),
                 device,
                 device_uid,
-                size,
+                size: AtomicU64::new(size),
+                growable,
                 state: Mutex::new(AllocState::Live(raw)),
             }),
         }
@@ -100,9 +131,61 @@ impl Allocation {
         self.inner.id
     }
 
-    /// Its size in bytes.
+    /// Its size in bytes: for a growable allocation, the length currently backed by
+    /// memory, which [`Allocation::resize`] changes.
     pub fn size(&self) -> u64 {
-        self.inner.size
+        self.inner.size.load(Ordering::Acquire)
+    }
+
+    /// Whether it came from [`crate::Device::allocate_growable`].
+    pub fn is_growable(&self) -> bool {
+        self.inner.growable.is_some()
+    }
+
+    /// The most it can grow to: the reserved address range of a growable allocation, the
+    /// size of a plain one.
+    pub fn reserved(&self) -> u64 {
+        self.inner.growable.map_or_else(|| self.size(), |(r, _)| r)
+    }
+
+    /// Grows or shrinks a growable allocation in place to `new_size` bytes, keeping its
+    /// addresses and the contents of the bytes both sizes share; newly backed bytes have
+    /// unspecified contents. `new_size` must be a multiple of the device's
+    /// `virtual_memory_granularity`, at least one granule and at most
+    /// [`Allocation::reserved`].
+    ///
+    /// Shrinking releases memory; enqueue no work on the released range after it (such
+    /// work is refused) and let work already enqueued on it finish first, since its
+    /// results there are lost.
+    pub fn resize(&self, new_size: u64) -> Result<()> {
+        let Some((reserved, granularity)) = self.inner.growable else {
+            return Err(Error::invalid(format!(
+                "allocation #{} on {} is not growable; make it with Device::allocate_growable to resize it",
+                self.inner.id, self.inner.device
+            )));
+        };
+        if new_size == 0 || new_size % granularity != 0 || new_size > reserved {
+            return Err(Error::invalid(format!(
+                "cannot resize allocation #{} on {} to {new_size} bytes: the size must be a non-zero multiple of the device's granularity ({granularity} bytes) and at most the {reserved} bytes reserved",
+                self.inner.id, self.inner.device
+            )));
+        }
+        let state = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        let raw = match &*state {
+            AllocState::Live(Some(raw)) => raw.clone(),
+            AllocState::Live(None) | AllocState::Freed => {
+                return Err(Error::invalid(format!(
+                    "allocation #{} on {} was resized after it was freed; keep it alive while you resize it",
+                    self.inner.id, self.inner.device
+                )))
+            }
+        };
+        if new_size == self.size() {
+            return Ok(());
+        }
+        raw.resize(new_size)?;
+        self.inner.size.store(new_size, Ordering::Release);
+        Ok(())
     }
 
     /// The device that owns it.
@@ -159,7 +242,7 @@ impl Allocation {
 
     /// The whole allocation as a slice.
     pub fn whole(&self) -> BufferSlice<'_> {
-        self.slice(0, self.inner.size)
+        self.slice(0, self.size())
     }
 }
 
@@ -168,7 +251,8 @@ impl fmt::Debug for Allocation {
         f.debug_struct("Allocation")
             .field("id", &self.inner.id)
             .field("device", &self.inner.device.to_string())
-            .field("size", &self.inner.size)
+            .field("size", &self.size())
+            .field("reserved", &self.reserved())
             .field("freed", &self.is_freed())
             .finish()
     }

@@ -253,6 +253,7 @@ impl CudaDevice {
                 kernel_formats: vec![KernelFormat::Ptx],
                 max_streams: u32::MAX,
                 kernel_arg_alignment: 1,
+                virtual_memory_granularity: None,
             },
             extra: vec![
                 format!("compute_capability={major}.{minor}"),

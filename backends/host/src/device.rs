@@ -95,6 +95,7 @@ impl DeviceImpl for HostDevice {
                 kernel_formats: vec![KernelFormat::HostFunction],
                 max_streams: u32::MAX,
                 kernel_arg_alignment: 1,
+                virtual_memory_granularity: None,
             },
             extra: vec![format!(
                 "threads={}",

@@ -171,6 +171,7 @@ fn properties(shared: &DeviceShared) -> Result<(DeviceInfo, Option<String>)> {
             kernel_formats,
             max_streams: u32::MAX,
             kernel_arg_alignment: p.kernel_arg_alignment.max(1),
+            virtual_memory_granularity: None,
         },
         extra: Vec::new(),
     };

@@ -267,6 +267,7 @@ impl VulkanDevice {
                 kernel_formats: vec![KernelFormat::Wgsl, KernelFormat::SpirV],
                 max_streams: u32::MAX,
                 kernel_arg_alignment: p.limits.min_storage_buffer_offset_alignment.max(1),
+                virtual_memory_granularity: None,
             },
             extra: vec![
                 format!("subgroup_size={}", physical.subgroup_size),
