@@ -122,7 +122,11 @@ impl Device {
     /// the device's `virtual_memory_granularity`; `initial` must not be 0. Devices without
     /// virtual memory (the capability is `None`) refuse with [`Error::Unsupported`].
     pub fn allocate_growable(&self, reserve: u64, initial: u64) -> Result<Allocation> {
-        let Some(granularity) = self.capabilities().virtual_memory_granularity else {
+        let Some(granularity) = self
+            .capabilities()
+            .virtual_memory_granularity
+            .map(|g| g.max(1))
+        else {
             return Err(Error::unsupported(format!(
                 "{} has no virtual memory (its virtual_memory_granularity capability is None), so allocations cannot grow in place; use Device::allocate",
                 self.id()

@@ -164,7 +164,7 @@ impl Allocation {
                 self.inner.id, self.inner.device
             )));
         };
-        if new_size == 0 || new_size % granularity != 0 || new_size > reserved {
+        if new_size == 0 || !new_size.is_multiple_of(granularity) || new_size > reserved {
             return Err(Error::invalid(format!(
                 "cannot resize allocation #{} on {} to {new_size} bytes: the size must be a non-zero multiple of the device's granularity ({granularity} bytes) and at most the {reserved} bytes reserved",
                 self.inner.id, self.inner.device
