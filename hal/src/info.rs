@@ -94,8 +94,38 @@ pub struct DeviceInfo {
     /// What it can do.
     pub capabilities: Capabilities,
     /// Backend-specific facts as `key=value` strings (a Vulkan device's subgroup size,
-    /// a plugin's capabilities extension …), shown by `xpu devices`.
+    /// a plugin's capabilities extension …), shown by `xpu devices`. The keys in
+    /// [`topology_keys`] have fixed meanings that topology discovery reads.
     pub extra: Vec<String>,
+}
+
+/// Keys of [`DeviceInfo::extra`] with fixed meanings: how a backend tells topology
+/// discovery where its device sits and how it connects to its siblings.
+pub mod topology_keys {
+    /// The device's PCI address, `DDDD:BB:DD.F` in hexadecimal (`0000:1b:00.0`).
+    pub const PCI_BUS_ID: &str = "pci_bus_id";
+    /// The device's UUID, as the vendor prints it.
+    pub const UUID: &str = "uuid";
+    /// The NUMA node the device is attached to, a decimal number.
+    pub const NUMA_NODE: &str = "numa_node";
+    /// Indexes of devices of the same backend this device reaches peer to peer, as a
+    /// comma list (`1,2,3`).
+    pub const PEERS: &str = "peers";
+    /// Direct high-bandwidth links (NVLink and the like) to devices of the same backend,
+    /// as a comma list of `INDEX:COUNT` (`1:12,2:12`: twelve links to each of 1 and 2).
+    pub const LINKS: &str = "links";
+}
+
+impl DeviceInfo {
+    /// The value of the `key=value` entry of [`DeviceInfo::extra`] named `key`, if any.
+    pub fn extra_value(&self, key: &str) -> Option<&str> {
+        self.extra.iter().find_map(|entry| {
+            entry
+                .split_once('=')
+                .filter(|(k, _)| *k == key)
+                .map(|(_, v)| v)
+        })
+    }
 }
 
 /// A snapshot of a device's memory use.

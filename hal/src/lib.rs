@@ -123,7 +123,7 @@ pub use error::{Error, MessageError, Result};
 pub use event::Event;
 pub use half::{bf16, f16};
 pub use id::{DeviceId, DeviceSelector};
-pub use info::{Capabilities, DeviceInfo, DeviceKind, MemoryInfo};
+pub use info::{topology_keys, Capabilities, DeviceInfo, DeviceKind, MemoryInfo};
 pub use kernel::{
     Access, HostArg, HostKernelContext, HostKernelFn, KernelArg, KernelDesc, KernelFormat,
     KernelImpl, KernelParam, KernelSource, LaunchDims, RawKernelArg,
