@@ -25,6 +25,8 @@ pub enum KernelFormat {
     Wgsl,
     /// PTX text (CUDA).
     Ptx,
+    /// CUDA C++ source, compiled by the backend (CUDA, with NVRTC).
+    CudaC,
     /// A vendor's native binary format (plugins).
     PluginNative,
 }
@@ -37,6 +39,7 @@ impl KernelFormat {
             KernelFormat::SpirV => "spirv",
             KernelFormat::Wgsl => "wgsl",
             KernelFormat::Ptx => "ptx",
+            KernelFormat::CudaC => "cuda-c",
             KernelFormat::PluginNative => "plugin-native",
         }
     }
@@ -63,6 +66,9 @@ pub enum KernelSource {
     Wgsl(String),
     /// PTX text.
     Ptx(String),
+    /// CUDA C++ source text; the entry point must be an `extern "C" __global__`
+    /// function so that its name is not mangled.
+    CudaC(String),
     /// A vendor-native binary; `format` names it for the plugin (`"simnpu-bytecode"` …).
     PluginNative {
         /// The vendor's name for the format.
@@ -91,6 +97,7 @@ impl KernelSource {
             KernelSource::SpirV(_) => KernelFormat::SpirV,
             KernelSource::Wgsl(_) => KernelFormat::Wgsl,
             KernelSource::Ptx(_) => KernelFormat::Ptx,
+            KernelSource::CudaC(_) => KernelFormat::CudaC,
             KernelSource::PluginNative { .. } => KernelFormat::PluginNative,
         }
     }
@@ -150,7 +157,8 @@ pub struct KernelDesc {
 /// The grid of a launch: `grid` workgroups of `block` invocations each, per dimension.
 ///
 /// For WGSL and SPIR-V kernels the workgroup size is fixed by the shader
-/// (`@workgroup_size`), so `block` is not used; for PTX it is the block size.
+/// (`@workgroup_size`), so `block` is not used; for PTX and CUDA C it is the block
+/// size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LaunchDims {
     /// Number of workgroups (CUDA blocks) in x, y, z; each at least 1.

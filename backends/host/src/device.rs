@@ -11,7 +11,7 @@ use xpu_hal::{
 };
 
 use crate::kernel::HostKernel;
-use crate::memory::{Accounting, HostAllocation};
+use crate::memory::{page_size, Accounting, HostAllocation};
 use crate::stream::HostStream;
 
 /// A virtual device on the CPU.
@@ -76,6 +76,33 @@ impl HostDevice {
             self.accounting.clone(),
         )?))
     }
+
+    /// Makes a growable allocation (see [`DeviceImpl::allocate_growable`]) and returns
+    /// it as the concrete host type. `reserve` and `initial` must be multiples of the
+    /// page size with `0 < initial <= reserve`.
+    pub fn allocate_growable_host(
+        &self,
+        reserve: u64,
+        initial: u64,
+    ) -> Result<Arc<HostAllocation>> {
+        let page = page_size().ok_or_else(|| {
+            Error::unsupported("the host backend reserves address space only on Unix systems")
+        })?;
+        if initial == 0
+            || initial > reserve
+            || !initial.is_multiple_of(page)
+            || !reserve.is_multiple_of(page)
+        {
+            return Err(Error::invalid(format!(
+                "a growable host allocation needs 0 < initial ({initial}) <= reserve ({reserve}), both multiples of the page size ({page} bytes)"
+            )));
+        }
+        Ok(Arc::new(HostAllocation::growable(
+            reserve,
+            initial,
+            self.accounting.clone(),
+        )?))
+    }
 }
 
 impl DeviceImpl for HostDevice {
@@ -95,7 +122,7 @@ impl DeviceImpl for HostDevice {
                 kernel_formats: vec![KernelFormat::HostFunction],
                 max_streams: u32::MAX,
                 kernel_arg_alignment: 1,
-                virtual_memory_granularity: None,
+                virtual_memory_granularity: page_size(),
             },
             extra: vec![format!(
                 "threads={}",
@@ -114,6 +141,10 @@ impl DeviceImpl for HostDevice {
 
     fn allocate(&self, size: u64) -> Result<Arc<dyn RawAllocation>> {
         Ok(self.allocate_host(size)?)
+    }
+
+    fn allocate_growable(&self, reserve: u64, initial: u64) -> Result<Arc<dyn RawAllocation>> {
+        Ok(self.allocate_growable_host(reserve, initial)?)
     }
 
     fn create_stream(&self) -> Result<Box<dyn StreamImpl>> {

@@ -15,7 +15,11 @@
 //!   kernels.
 //! - `memory` — each allocation is its own 256-byte-aligned, zero-filled block that
 //!   returns its bytes to the device's account when the last holder drops it; queued
-//!   work holds the blocks it touches, so freeing early is safe.
+//!   work holds the blocks it touches, so freeing early is safe. Growable allocations
+//!   (capability `virtual_memory_granularity` = the page size) are the same memory type
+//!   backed by an `mmap(MAP_NORESERVE)` reservation: the backed length is charged to the
+//!   account, shrinking hands the tail back with `madvise(MADV_DONTNEED)` but keeps it
+//!   mapped, so queued work that still touches it cannot fault.
 //! - `queue` + [`HostStream`] — every stream owns one worker thread that drains an
 //!   in-order job queue. A thread that waits on the stream without a time limit
 //!   (`synchronize`, an untimed event wait) does not sleep while jobs are queued: it runs

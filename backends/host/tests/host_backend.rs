@@ -158,3 +158,109 @@ fn enumerate_lists_configured_devices_and_rejects_others() {
     assert_eq!(b.enumerate().unwrap().len(), 3);
     assert!(b.create_device(3).is_err());
 }
+
+#[test]
+fn growable_allocations_charge_the_backed_length_exactly() {
+    let d = device(1 << 20);
+    let page = d.capabilities().virtual_memory_granularity.unwrap();
+    assert!(page.is_power_of_two());
+    // A reservation far beyond the capacity is only addresses.
+    let a = d.allocate_growable(64 << 20, 1).unwrap();
+    assert!(a.is_growable());
+    assert_eq!(a.size(), page);
+    assert_eq!(a.reserved(), 64 << 20);
+    assert_eq!(d.memory_info().unwrap().free, (1 << 20) - page);
+    a.resize(4 * page).unwrap();
+    assert_eq!(d.memory_info().unwrap().free, (1 << 20) - 4 * page);
+    a.resize(2 * page).unwrap();
+    assert_eq!(d.memory_info().unwrap().free, (1 << 20) - 2 * page);
+    // Growing past the capacity is the out-of-memory error of a plain allocation, and
+    // leaves the allocation as it was.
+    match a.resize(2 * (1 << 20)) {
+        Err(Error::OutOfMemory {
+            requested, free, ..
+        }) => {
+            assert_eq!(requested, 2 * (1 << 20) - 2 * page);
+            assert_eq!(free, (1 << 20) - 2 * page);
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    assert_eq!(a.size(), 2 * page);
+    drop(a);
+    assert_eq!(
+        d.memory_info().unwrap().free,
+        1 << 20,
+        "drop returns the backed bytes"
+    );
+}
+
+#[test]
+fn growable_memory_keeps_its_address_and_contents_and_works_with_every_op() {
+    let d = device(16 << 20);
+    let page = d.capabilities().virtual_memory_granularity.unwrap();
+    let s = d.create_stream().unwrap();
+    let a = d.allocate_growable(8 * page, page).unwrap();
+    let data: Vec<u8> = (0..page).map(|i| (i * 7 + 3) as u8).collect();
+    s.write(&a, &data).unwrap();
+    a.resize(3 * page).unwrap();
+    assert_eq!(&s.read(a.slice(0, page)).unwrap(), &data);
+    // Fill, copy and a kernel on the grown part.
+    s.fill(a.slice(page, 2 * page), Scalar::U8(0x5A)).unwrap();
+    s.copy(a.slice(0, page), a.slice(2 * page, page)).unwrap();
+    let k = d
+        .load_kernel(KernelDesc {
+            name: "inc".into(),
+            entry_point: String::new(),
+            source: KernelSource::host_fn(|ctx| {
+                for b in ctx.bytes_mut(0)? {
+                    *b = b.wrapping_add(1);
+                }
+                Ok(())
+            }),
+            params: vec![KernelParam::Buffer(Access::ReadWrite)],
+        })
+        .unwrap();
+    s.launch(
+        &k,
+        LaunchDims::linear(1, 1),
+        &[KernelArg::Buffer(a.slice(page, page))],
+    )
+    .unwrap();
+    let all = s.read(&a).unwrap();
+    assert_eq!(&all[..page as usize], &data[..]);
+    assert!(all[page as usize..2 * page as usize]
+        .iter()
+        .all(|b| *b == 0x5B));
+    assert_eq!(&all[2 * page as usize..], &data[..]);
+    // Shrunk, the tail is refused; grown again, it reads as fresh memory.
+    a.resize(page).unwrap();
+    let refused = s.fill(a.slice(page, page), Scalar::U8(1));
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument { .. })),
+        "{refused:?}"
+    );
+    a.resize(2 * page).unwrap();
+    assert_eq!(&s.read(a.slice(0, page)).unwrap(), &data);
+    // A plain allocation does not resize.
+    let plain = d.allocate(page).unwrap();
+    assert!(!plain.is_growable());
+    assert!(matches!(
+        plain.resize(2 * page),
+        Err(Error::InvalidArgument { .. })
+    ));
+}
+
+#[test]
+fn shrinking_under_queued_work_never_faults() {
+    let d = device(16 << 20);
+    let page = d.capabilities().virtual_memory_granularity.unwrap();
+    let s = d.create_stream().unwrap();
+    let a = d.allocate_growable(4 * page, 4 * page).unwrap();
+    // Queued behind a sleeping kernel, the fill of the tail runs after the shrink.
+    s.launch(&sleepy_kernel(&d, 50), LaunchDims::linear(1, 1), &[])
+        .unwrap();
+    s.fill(a.slice(page, 3 * page), Scalar::U8(9)).unwrap();
+    a.resize(page).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(d.memory_info().unwrap().free, (16 << 20) - page);
+}

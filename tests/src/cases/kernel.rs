@@ -1116,6 +1116,9 @@ fn source_of(format: KernelFormat) -> KernelSource {
             ".version 7.0\n.target sm_50\n.address_size 64\n.visible .entry main() { ret; }\n"
                 .to_string(),
         ),
+        KernelFormat::CudaC => {
+            KernelSource::CudaC("extern \"C\" __global__ void main() {}".to_string())
+        }
         KernelFormat::PluginNative => KernelSource::PluginNative {
             format: "conformance-none".to_string(),
             bytes: vec![0; 16],
@@ -1129,6 +1132,7 @@ fn unsupported_format(ctx: &CaseContext) -> CaseOutcome {
         KernelFormat::SpirV,
         KernelFormat::Wgsl,
         KernelFormat::Ptx,
+        KernelFormat::CudaC,
         KernelFormat::PluginNative,
     ];
     let caps = ctx.device.capabilities();
