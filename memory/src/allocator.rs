@@ -4,11 +4,13 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::Config;
+use crate::budget::{Budget, BudgetMember, BudgetReport};
+use crate::policy::{round_up, Config};
 use crate::stats::{
     BlockSnapshot, BlockStateKind, MemoryStats, SegmentSnapshot, Snapshot, TraceAction, TraceEvent,
 };
@@ -65,6 +67,37 @@ pub trait SegmentSource {
     fn record_fence(&mut self, stream: StreamId) -> Result<Self::Fence, SourceError>;
     /// Total bytes the source can hold, if known; the base of [`Config::memory_fraction`].
     fn capacity(&self) -> Option<u64>;
+
+    /// `Some(granularity)` when the source can make growable segments
+    /// ([`SegmentSource::allocate_growable`], [`SegmentSource::resize`]) whose backed length
+    /// is a multiple of `granularity` bytes. The default, `None`, means it cannot.
+    fn growth_granularity(&self) -> Option<u64> {
+        None
+    }
+
+    /// Obtains a growable segment: `reserve` bytes of address range of which `[0, initial)`
+    /// is backed by memory. Both are multiples of the granularity and `0 < initial <=
+    /// reserve`. The segment is returned with [`SegmentSource::free`] like any other. The
+    /// default refuses.
+    fn allocate_growable(&mut self, reserve: u64, initial: u64) -> Result<SegmentId, SourceError> {
+        let _ = (reserve, initial);
+        Err(SourceError::Failed(
+            "this source cannot make growable segments".to_string(),
+        ))
+    }
+
+    /// Changes the backed length of a growable segment to `new_len` (a non-zero multiple of
+    /// the granularity, at most its reserve), keeping offsets and the contents of the bytes
+    /// both lengths share. Segments are backed as a prefix: growing backs `[old, new_len)`,
+    /// shrinking releases `[new_len, old)`. The allocator shrinks only over free bytes. The
+    /// default refuses.
+    fn resize(&mut self, segment: SegmentId, new_len: u64) -> Result<(), SourceError> {
+        let _ = new_len;
+        Err(SourceError::Failed(format!(
+            "segment {} cannot be resized by this source",
+            segment.0
+        )))
+    }
 }
 
 /// A block handed out by [`CachingAllocator::allocate`]. Plain data: pass it back to
@@ -106,6 +139,9 @@ pub struct OomReport {
     pub fragmentation: f64,
     /// Blocks still waiting for other streams' fences.
     pub pending_frees: usize,
+    /// The shared budget this allocator draws from, if any: its limit, its use, and every
+    /// allocator sharing it.
+    pub budget: Option<BudgetReport>,
     /// Remedies that are not already in effect.
     pub suggestions: Vec<String>,
 }
@@ -129,6 +165,9 @@ impl fmt::Display for OomReport {
         )?;
         if let Some(limit) = self.limit {
             write!(f, "; memory limit {limit} bytes")?;
+        }
+        if let Some(budget) = &self.budget {
+            write!(f, "; {budget}")?;
         }
         if !self.suggestions.is_empty() {
             write!(f, ". {}", self.suggestions.join("; "))?;
@@ -175,14 +214,72 @@ struct BlockInfo {
 
 #[derive(Debug)]
 struct Segment {
+    /// Bytes backed by memory (for a growable segment, its current length).
     size: u64,
+    /// `Some(reserved address range)` for a growable segment.
+    reserve: Option<u64>,
     stream: StreamId,
     small: bool,
     blocks: BTreeMap<u64, BlockInfo>,
 }
 
+impl Segment {
+    /// `(offset, size)` of the last block if it is free.
+    fn free_tail(&self) -> Option<(u64, u64)> {
+        self.blocks
+            .iter()
+            .next_back()
+            .filter(|(_, b)| matches!(b.state, State::Free))
+            .map(|(o, b)| (*o, b.size))
+    }
+
+    /// Whether the segment is one free block.
+    fn is_whole_free(&self) -> bool {
+        self.blocks.len() == 1
+            && self
+                .blocks
+                .values()
+                .all(|b| matches!(b.state, State::Free) && b.size == self.size)
+    }
+}
+
 /// Key of the free index: best fit is the first key at or after `(stream, size, 0, 0)`.
 type FreeKey = (StreamId, u64, SegmentId, u64);
+
+/// A multiplicative hasher for the small integer keys of the allocator's maps: segment ids
+/// are not attacker-chosen, and SipHash would dominate the cost of a cached allocation.
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl IdHasher {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::K);
+    }
+}
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.add(u64::from(*b));
+        }
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.add(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+}
+
+type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 struct Pending<F> {
     segment: SegmentId,
@@ -195,21 +292,30 @@ struct Pending<F> {
 pub struct CachingAllocator<S: SegmentSource> {
     source: S,
     config: Config,
-    segments: HashMap<SegmentId, Segment>,
+    /// The source's growth granularity when expandable segments are in use.
+    granularity: Option<u64>,
+    segments: IdMap<SegmentId, Segment>,
+    /// The growable segment each (pool, stream) grows: `(small, stream)`.
+    growable: IdMap<(bool, StreamId), SegmentId>,
     free_small: BTreeSet<FreeKey>,
     free_large: BTreeSet<FreeKey>,
     pending: Vec<Pending<S::Fence>>,
     stats: MemoryStats,
     history: VecDeque<TraceEvent>,
     epoch: Instant,
+    /// Declared after `source` so that, when the allocator is dropped, the budget gets its
+    /// bytes back only after the source has let go of the segments.
+    budget: Option<BudgetMember>,
 }
 
 impl<S: SegmentSource> fmt::Debug for CachingAllocator<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CachingAllocator")
             .field("config", &self.config)
+            .field("expandable", &self.granularity)
             .field("segments", &self.segments.len())
             .field("pending", &self.pending.len())
+            .field("budget", &self.budget)
             .field("stats", &self.stats)
             .finish()
     }
@@ -218,22 +324,54 @@ impl<S: SegmentSource> fmt::Debug for CachingAllocator<S> {
 impl<S: SegmentSource> CachingAllocator<S> {
     /// An empty allocator drawing segments from `source` under `config`.
     pub fn new(source: S, config: Config) -> Self {
+        let granularity = if config.expandable_segments {
+            source.growth_granularity().filter(|g| *g > 0)
+        } else {
+            None
+        };
         CachingAllocator {
             source,
             config,
-            segments: HashMap::new(),
+            granularity,
+            segments: IdMap::default(),
+            growable: IdMap::default(),
             free_small: BTreeSet::new(),
             free_large: BTreeSet::new(),
             pending: Vec::new(),
             stats: MemoryStats::default(),
             history: VecDeque::new(),
             epoch: Instant::now(),
+            budget: None,
         }
+    }
+
+    /// An allocator like [`CachingAllocator::new`] that also draws every segment from
+    /// `budget`, shared with other allocators; `name` identifies it in the budget's reports.
+    pub fn with_budget(
+        source: S,
+        config: Config,
+        budget: &Budget,
+        name: impl Into<String>,
+    ) -> Self {
+        let mut a = Self::new(source, config);
+        a.budget = Some(budget.join(name.into()));
+        a
     }
 
     /// The rules in force.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// Whether segments grow in place: [`Config::expandable_segments`] is set and the source
+    /// can grow segments.
+    pub fn expandable(&self) -> bool {
+        self.granularity.is_some()
+    }
+
+    /// The shared budget this allocator draws from, if any.
+    pub fn budget(&self) -> Option<&Budget> {
+        self.budget.as_ref().map(BudgetMember::budget)
     }
 
     /// The source.
@@ -327,6 +465,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     /// Turns pending frees whose fences have all completed into free blocks.
     pub fn process_pending(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
         let mut done = Vec::new();
         self.pending.retain(|p| {
             if p.fences.iter().all(Fence::is_complete) {
@@ -344,8 +485,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// Allocates `size` bytes for use on `stream`.
     ///
     /// Serves the smallest cached free block of the right pool and stream that fits, splitting
-    /// it when the remainder is worth keeping; otherwise obtains a new segment, releasing the
-    /// whole free segments of the cache and retrying once if the source is out of memory.
+    /// it when the remainder is worth keeping; otherwise grows the pool's expandable segment
+    /// or obtains a new segment, releasing the whole free segments of the cache and retrying
+    /// once if the source (or the budget) is out of memory.
     pub fn allocate(&mut self, size: u64, stream: StreamId) -> Result<Block, AllocError> {
         self.process_pending();
         let rounded = self.config.round_size(size);
@@ -354,27 +496,16 @@ impl<S: SegmentSource> CachingAllocator<S> {
             Some(k) => k,
             None => self.grow(size, rounded, small, stream)?,
         };
-        self.remove_free(seg_id, offset, block_size);
-        let mut used = block_size;
-        if self.config.should_split(block_size, rounded, small) {
-            used = rounded;
-            let rest = block_size - rounded;
-            if let Some(seg) = self.segments.get_mut(&seg_id) {
-                seg.blocks.insert(
-                    offset + rounded,
-                    BlockInfo {
-                        size: rest,
-                        state: State::Free,
-                    },
-                );
-            }
-            self.insert_free(seg_id, offset + rounded, rest);
-        }
-        let Some(block) = self
-            .segments
-            .get_mut(&seg_id)
-            .and_then(|s| s.blocks.get_mut(&offset))
-        else {
+        let split = self.config.should_split(block_size, rounded, small);
+        let used = if split { rounded } else { block_size };
+        let Some(seg) = self.segments.get_mut(&seg_id) else {
+            return Err(AllocError::InvalidBlock(format!(
+                "internal: segment {} vanished",
+                seg_id.0
+            )));
+        };
+        let (seg_size, seg_stream) = (seg.size, seg.stream);
+        let Some(block) = seg.blocks.get_mut(&offset) else {
             return Err(AllocError::InvalidBlock(format!(
                 "internal: block {offset} of segment {} vanished",
                 seg_id.0
@@ -385,6 +516,32 @@ impl<S: SegmentSource> CachingAllocator<S> {
             requested: size,
             uses: Vec::new(),
         };
+        if split {
+            seg.blocks.insert(
+                offset + rounded,
+                BlockInfo {
+                    size: block_size - rounded,
+                    state: State::Free,
+                },
+            );
+        }
+        // The index updates of `remove_free` and `insert_free`, inlined: one segment lookup.
+        let set = if small {
+            &mut self.free_small
+        } else {
+            &mut self.free_large
+        };
+        let was_split = block_size < seg_size;
+        if set.remove(&(seg_stream, block_size, seg_id, offset)) && was_split {
+            self.stats.inactive_split_bytes.decrease(block_size);
+            self.stats.inactive_split.decrease(1);
+        }
+        if split {
+            let rest = block_size - rounded;
+            set.insert((seg_stream, rest, seg_id, offset + rounded));
+            self.stats.inactive_split_bytes.increase(rest);
+            self.stats.inactive_split.increase(1);
+        }
         self.stats.allocated_bytes.increase(used);
         self.stats.allocation.increase(1);
         self.stats.active_bytes.increase(used);
@@ -427,30 +584,135 @@ impl<S: SegmentSource> CachingAllocator<S> {
         small: bool,
         stream: StreamId,
     ) -> Result<(SegmentId, u64, u64), AllocError> {
-        let seg_size = self.config.segment_size(rounded);
-        if self.config.release_before_grow {
-            self.release_cached(Some(seg_size));
-        }
-        let first = self.new_segment(seg_size, small, stream);
-        let result = match first {
+        let result = match self.obtain(rounded, small, stream) {
             Err(SourceError::OutOfMemory) => {
+                // Free this allocator's own cache, then try once more.
                 self.stats.num_alloc_retries += 1;
                 self.process_pending();
-                self.release_cached(None);
-                self.new_segment(seg_size, small, stream)
+                self.release_cached(None, None);
+                self.shrink_tails();
+                self.obtain(rounded, small, stream)
             }
             other => other,
         };
         match result {
-            Ok(id) => Ok((id, 0, seg_size)),
+            Ok(found) => Ok(found),
             Err(SourceError::Failed(m)) => Err(AllocError::Source(m)),
             Err(SourceError::OutOfMemory) => {
                 self.stats.num_ooms += 1;
                 self.log(TraceAction::Oom, requested, stream);
+                let seg_size = self.config.segment_size(rounded);
                 Err(AllocError::OutOfMemory(Box::new(
                     self.oom_report(requested, seg_size),
                 )))
             }
+        }
+    }
+
+    /// A free block of at least `rounded` bytes from new memory: the pool's expandable
+    /// segment grown, or a new segment.
+    fn obtain(
+        &mut self,
+        rounded: u64,
+        small: bool,
+        stream: StreamId,
+    ) -> Result<(SegmentId, u64, u64), SourceError> {
+        if let Some(g) = self.granularity {
+            return self.obtain_expandable(rounded, small, stream, g);
+        }
+        let seg_size = self.config.segment_size(rounded);
+        if self.config.release_before_grow {
+            self.release_cached(Some(seg_size), None);
+        }
+        let id = self.new_segment(seg_size, small, stream)?;
+        Ok((id, 0, seg_size))
+    }
+
+    fn obtain_expandable(
+        &mut self,
+        rounded: u64,
+        small: bool,
+        stream: StreamId,
+        g: u64,
+    ) -> Result<(SegmentId, u64, u64), SourceError> {
+        let current = self
+            .growable
+            .get(&(small, stream))
+            .and_then(|id| self.segments.get(id).map(|s| (*id, s)));
+        if let Some((id, seg)) = current {
+            let (tail_off, tail_size) = seg.free_tail().unwrap_or((seg.size, 0));
+            if tail_size >= rounded {
+                // The free tail fits (the split limit passed it over): use it rather than grow.
+                return Ok((id, tail_off, tail_size));
+            }
+            // The small pool grows in steps of a small segment, so that many small blocks
+            // share one growth call; the large pool by the shortfall itself.
+            let step = if small {
+                round_up(self.config.small_segment.max(g), g)
+            } else {
+                g
+            };
+            let new_len = round_up(tail_off.saturating_add(rounded), step);
+            if new_len <= seg.reserve.unwrap_or(seg.size) {
+                let delta = new_len - seg.size;
+                if self.config.release_before_grow {
+                    self.release_cached(Some(delta), Some(id));
+                }
+                self.resize_segment(id, new_len)?;
+                return Ok((id, tail_off, new_len - tail_off));
+            }
+        }
+        let initial = round_up(self.config.segment_size(rounded), g);
+        if self.config.release_before_grow {
+            self.release_cached(Some(initial), None);
+        }
+        let reserve = round_up(self.expandable_reserve().max(initial), g);
+        self.admit(initial)?;
+        let id = match self.source.allocate_growable(reserve, initial) {
+            Ok(id) => id,
+            Err(e) => {
+                self.unadmit(initial);
+                return Err(e);
+            }
+        };
+        self.add_segment(id, initial, Some(reserve), small, stream);
+        self.growable.insert((small, stream), id);
+        Ok((id, 0, initial))
+    }
+
+    /// The address range a new growable segment reserves: what this allocator could ever
+    /// hold (the limits in force), or 64 GiB where nothing bounds it.
+    fn expandable_reserve(&self) -> u64 {
+        [
+            self.source.capacity(),
+            self.limit(),
+            self.budget().map(Budget::limit),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(64 << 30)
+    }
+
+    /// Checks the memory-fraction limit and takes `bytes` from the budget.
+    fn admit(&mut self, bytes: u64) -> Result<(), SourceError> {
+        if let Some(limit) = self.limit() {
+            if self.stats.reserved_bytes.current.saturating_add(bytes) > limit {
+                return Err(SourceError::OutOfMemory);
+            }
+        }
+        if let Some(b) = &self.budget {
+            if !b.take(bytes) {
+                return Err(SourceError::OutOfMemory);
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives `bytes` back to the budget.
+    fn unadmit(&mut self, bytes: u64) {
+        if let Some(b) = &self.budget {
+            b.give_back(bytes);
         }
     }
 
@@ -460,12 +722,26 @@ impl<S: SegmentSource> CachingAllocator<S> {
         small: bool,
         stream: StreamId,
     ) -> Result<SegmentId, SourceError> {
-        if let Some(limit) = self.limit() {
-            if self.stats.reserved_bytes.current.saturating_add(seg_size) > limit {
-                return Err(SourceError::OutOfMemory);
+        self.admit(seg_size)?;
+        let id = match self.source.allocate(seg_size) {
+            Ok(id) => id,
+            Err(e) => {
+                self.unadmit(seg_size);
+                return Err(e);
             }
-        }
-        let id = self.source.allocate(seg_size)?;
+        };
+        self.add_segment(id, seg_size, None, small, stream);
+        Ok(id)
+    }
+
+    fn add_segment(
+        &mut self,
+        id: SegmentId,
+        seg_size: u64,
+        reserve: Option<u64>,
+        small: bool,
+        stream: StreamId,
+    ) {
         let mut blocks = BTreeMap::new();
         blocks.insert(
             0,
@@ -478,6 +754,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             id,
             Segment {
                 size: seg_size,
+                reserve,
                 stream,
                 small,
                 blocks,
@@ -488,23 +765,121 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.stats.segment.increase(1);
         self.stats.num_device_alloc += 1;
         self.log(TraceAction::SegmentAlloc, seg_size, stream);
-        Ok(id)
     }
 
-    /// Returns whole free segments to the source. With `Some(n)` it stops once the released
-    /// bytes reach `n`, releasing the smallest segments first that would cover it.
-    fn release_cached(&mut self, enough: Option<u64>) -> u64 {
+    /// Changes the backed length of growable segment `id` to `new_len`, growing its free tail
+    /// (or adding one) or cutting it. The caller ensures a shrink only cuts free bytes.
+    fn resize_segment(&mut self, id: SegmentId, new_len: u64) -> Result<(), SourceError> {
+        let Some(seg) = self.segments.get(&id) else {
+            return Err(SourceError::Failed(format!(
+                "internal: segment {} vanished",
+                id.0
+            )));
+        };
+        let (old, stream) = (seg.size, seg.stream);
+        let tail = seg.free_tail();
+        if new_len > old {
+            let delta = new_len - old;
+            self.admit(delta)?;
+            if let Err(e) = self.source.resize(id, new_len) {
+                self.unadmit(delta);
+                return Err(e);
+            }
+            let start = match tail {
+                Some((o, s)) => {
+                    self.remove_free(id, o, s);
+                    o
+                }
+                None => old,
+            };
+            if let Some(seg) = self.segments.get_mut(&id) {
+                seg.size = new_len;
+                seg.blocks.insert(
+                    start,
+                    BlockInfo {
+                        size: new_len - start,
+                        state: State::Free,
+                    },
+                );
+            }
+            self.insert_free(id, start, new_len - start);
+            self.stats.reserved_bytes.increase(delta);
+            self.stats.num_device_alloc += 1;
+            self.stats.num_segment_grows += 1;
+            self.log(TraceAction::SegmentGrow, delta, stream);
+        } else if new_len < old {
+            let Some((o, s)) = tail.filter(|(o, _)| *o <= new_len) else {
+                return Err(SourceError::Failed(format!(
+                    "internal: segment {} would lose bytes in use",
+                    id.0
+                )));
+            };
+            self.source.resize(id, new_len)?;
+            let delta = old - new_len;
+            self.unadmit(delta);
+            self.remove_free(id, o, s);
+            if let Some(seg) = self.segments.get_mut(&id) {
+                seg.size = new_len;
+                seg.blocks.remove(&o);
+                if new_len > o {
+                    seg.blocks.insert(
+                        o,
+                        BlockInfo {
+                            size: new_len - o,
+                            state: State::Free,
+                        },
+                    );
+                }
+            }
+            if new_len > o {
+                self.insert_free(id, o, new_len - o);
+            }
+            self.stats.reserved_bytes.decrease(delta);
+            self.stats.num_device_free += 1;
+            self.stats.num_segment_shrinks += 1;
+            self.log(TraceAction::SegmentShrink, delta, stream);
+        }
+        Ok(())
+    }
+
+    /// Shrinks every growable segment that has allocated blocks to just past its last one,
+    /// releasing its free tail; returns the bytes released.
+    fn shrink_tails(&mut self) -> u64 {
+        let Some(g) = self.granularity else {
+            return 0;
+        };
+        let cuts: Vec<(SegmentId, u64, u64)> = self
+            .segments
+            .iter()
+            .filter(|(_, s)| s.reserve.is_some())
+            .filter_map(|(id, s)| {
+                let (o, _) = s.free_tail()?;
+                let new_len = round_up(o, g);
+                (o > 0 && new_len < s.size).then_some((*id, new_len, s.size - new_len))
+            })
+            .collect();
+        let mut released = 0;
+        for (id, new_len, delta) in cuts {
+            if self.resize_segment(id, new_len).is_ok() {
+                released += delta;
+            }
+        }
+        released
+    }
+
+    /// Returns whole free segments to the source, except `keep`. With `Some(n)` it stops once
+    /// the released bytes reach `n`, releasing the smallest segments first that would cover
+    /// it.
+    fn release_cached(&mut self, enough: Option<u64>, keep: Option<SegmentId>) -> u64 {
         let mut whole: Vec<(u64, SegmentId)> = self
             .segments
             .iter()
-            .filter(|(_, s)| {
-                s.blocks.len() == 1
-                    && s.blocks
-                        .values()
-                        .all(|b| matches!(b.state, State::Free) && b.size == s.size)
-            })
+            .filter(|(id, s)| Some(**id) != keep && s.is_whole_free())
             .map(|(id, s)| (s.size, *id))
             .collect();
+        if whole.is_empty() {
+            return 0;
+        }
         whole.sort_unstable();
         if let Some(n) = enough {
             // Only release when the free segments can make room for the new one; otherwise
@@ -537,10 +912,14 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let Some(seg) = self.segments.get(&id) else {
             return Ok(());
         };
-        let (size, stream) = (seg.size, seg.stream);
+        let (size, stream, small) = (seg.size, seg.stream, seg.small);
         self.source.free(id)?;
+        self.unadmit(size);
         self.remove_free(id, 0, size);
         self.segments.remove(&id);
+        if self.growable.get(&(small, stream)) == Some(&id) {
+            self.growable.remove(&(small, stream));
+        }
         self.stats.reserved_bytes.decrease(size);
         self.stats.segment.decrease(1);
         self.stats.num_device_free += 1;
@@ -548,10 +927,11 @@ impl<S: SegmentSource> CachingAllocator<S> {
         Ok(())
     }
 
-    /// Returns every whole free segment to the source; returns the bytes released.
+    /// Returns every whole free segment to the source and shrinks the free tails of growable
+    /// segments; returns the bytes released.
     pub fn empty_cache(&mut self) -> u64 {
         self.process_pending();
-        self.release_cached(None)
+        self.release_cached(None, None) + self.shrink_tails()
     }
 
     /// Marks `block` as used by work on `stream` too: when it is freed, it is reused only after
@@ -583,24 +963,24 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// Frees `block`. It becomes reusable at once on its own stream, or, if it was recorded on
     /// other streams, once fences recorded now on each of them complete.
     pub fn free(&mut self, block: &Block) -> Result<(), AllocError> {
-        let uses = match &self.allocated_mut(block)?.state {
-            State::Allocated { uses, .. } => uses.clone(),
-            _ => Vec::new(),
+        let info = self.allocated_mut(block)?;
+        let (requested, uses) = match &mut info.state {
+            State::Allocated { requested, uses } => (*requested, std::mem::take(uses)),
+            _ => (0, Vec::new()),
         };
         let mut fences = Vec::with_capacity(uses.len());
         for s in &uses {
-            fences.push(
-                self.source
-                    .record_fence(*s)
-                    .map_err(|e| AllocError::Source(e.to_string()))?,
-            );
+            match self.source.record_fence(*s) {
+                Ok(f) => fences.push(f),
+                Err(e) => {
+                    // Leave the block allocated, as it was.
+                    if let Ok(info) = self.allocated_mut(block) {
+                        info.state = State::Allocated { requested, uses };
+                    }
+                    return Err(AllocError::Source(e.to_string()));
+                }
+            }
         }
-        let info = self.allocated_mut(block)?;
-        let requested = match info.state {
-            State::Allocated { requested, .. } => requested,
-            _ => 0,
-        };
-        info.state = State::PendingFree { requested };
         self.stats.allocated_bytes.decrease(block.size);
         self.stats.allocation.decrease(1);
         self.stats.requested_bytes.decrease(requested);
@@ -608,6 +988,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if fences.is_empty() {
             self.release_block(block.segment, block.offset);
         } else {
+            if let Ok(info) = self.allocated_mut(block) {
+                info.state = State::PendingFree { requested };
+            }
             self.pending.push(Pending {
                 segment: block.segment,
                 offset: block.offset,
@@ -617,9 +1000,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
         Ok(())
     }
 
-    /// A pending-free block becomes free and merges with its free neighbours.
+    /// An allocated or pending-free block becomes free and merges with its free neighbours.
     fn release_block(&mut self, seg_id: SegmentId, offset: u64) {
-        let Some(seg) = self.segments.get(&seg_id) else {
+        let Some(seg) = self.segments.get_mut(&seg_id) else {
             return;
         };
         let Some(size) = seg.blocks.get(&offset).map(|b| b.size) else {
@@ -636,34 +1019,52 @@ impl<S: SegmentSource> CachingAllocator<S> {
             .get(&(offset + size))
             .filter(|b| matches!(b.state, State::Free))
             .map(|b| (offset + size, b.size));
-        self.stats.active_bytes.decrease(size);
-        self.stats.active.decrease(1);
         let (mut start, mut total) = (offset, size);
         if let Some((po, ps)) = prev {
-            self.remove_free(seg_id, po, ps);
+            seg.blocks.remove(&offset);
             start = po;
             total += ps;
         }
         if let Some((no, ns)) = next {
-            self.remove_free(seg_id, no, ns);
+            seg.blocks.remove(&no);
             total += ns;
         }
-        if let Some(seg) = self.segments.get_mut(&seg_id) {
-            if prev.is_some() {
-                seg.blocks.remove(&offset);
+        match seg.blocks.get_mut(&start) {
+            Some(b) => {
+                b.size = total;
+                b.state = State::Free;
             }
-            if let Some((no, _)) = next {
-                seg.blocks.remove(&no);
+            None => {
+                seg.blocks.insert(
+                    start,
+                    BlockInfo {
+                        size: total,
+                        state: State::Free,
+                    },
+                );
             }
-            seg.blocks.insert(
-                start,
-                BlockInfo {
-                    size: total,
-                    state: State::Free,
-                },
-            );
         }
-        self.insert_free(seg_id, start, total);
+        // The index updates of `remove_free` and `insert_free`, inlined: one segment lookup.
+        let (seg_size, stream) = (seg.size, seg.stream);
+        let set = if seg.small {
+            &mut self.free_small
+        } else {
+            &mut self.free_large
+        };
+        let st = &mut self.stats;
+        st.active_bytes.decrease(size);
+        st.active.decrease(1);
+        for (o, s) in prev.into_iter().chain(next) {
+            if set.remove(&(stream, s, seg_id, o)) && s < seg_size {
+                st.inactive_split_bytes.decrease(s);
+                st.inactive_split.decrease(1);
+            }
+        }
+        set.insert((stream, total, seg_id, start));
+        if total < seg_size {
+            st.inactive_split_bytes.increase(total);
+            st.inactive_split.increase(1);
+        }
     }
 
     fn oom_report(&self, requested: u64, segment_size: u64) -> OomReport {
@@ -690,6 +1091,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         } else {
             1.0 - largest as f64 / free_cached as f64
         };
+        let budget = self.budget().map(Budget::report);
         let mut suggestions = Vec::new();
         if !self.pending.is_empty() {
             suggestions.push(format!(
@@ -703,11 +1105,32 @@ impl<S: SegmentSource> CachingAllocator<S> {
                     .to_string(),
             );
         }
+        if !self.config.expandable_segments && self.source.growth_granularity().is_some() {
+            suggestions.push(
+                "the device can grow segments in place; enable Config::expandable_segments so freed blocks merge across segments"
+                    .to_string(),
+            );
+        }
         if let Some(f) = self.config.memory_fraction {
             if f < 1.0 {
                 suggestions.push(format!(
                     "this allocator may use only {:.0}% of the device; raise Config::memory_fraction",
                     f * 100.0
+                ));
+            }
+        }
+        if let Some(b) = &budget {
+            if b.reserved.saturating_add(segment_size) > b.limit {
+                let others: Vec<&str> = b
+                    .shares
+                    .iter()
+                    .filter(|s| s.reserved > 0)
+                    .map(|s| s.name.as_str())
+                    .collect();
+                suggestions.push(format!(
+                    "the shared budget `{}` is exhausted; empty the caches of the allocators holding it ({}) or raise its limit",
+                    b.name,
+                    others.join(", ")
                 ));
             }
         }
@@ -726,6 +1149,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             largest_free_block: largest,
             fragmentation,
             pending_frees: self.pending.len(),
+            budget,
             suggestions,
         }
     }
@@ -738,6 +1162,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             .map(|(id, s)| SegmentSnapshot {
                 id: *id,
                 size: s.size,
+                reserve: s.reserve,
                 stream: s.stream,
                 small: s.small,
                 blocks: s
@@ -772,8 +1197,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
 
     /// Checks the allocator's invariants: blocks tile each segment (in bounds, no overlap),
     /// no two neighbouring blocks are both free, the free index holds exactly the free blocks,
-    /// `allocated <= active <= reserved`, and every current statistic equals a recomputation.
-    /// Meant for tests; costs a walk over every block.
+    /// `allocated <= active <= reserved`, every current statistic equals a recomputation, a
+    /// growable segment's length is a multiple of the granularity within its reserve, each
+    /// pool's current growable segment is live and its own, and the bytes held from a budget
+    /// equal the reserved bytes. Meant for tests; costs a walk over every block.
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut allocated = (0u64, 0u64);
         let mut active = (0u64, 0u64);
@@ -783,6 +1210,15 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let mut free_keys = 0usize;
         for (id, seg) in &self.segments {
             reserved += seg.size;
+            if let Some(r) = seg.reserve {
+                let g = self.granularity.unwrap_or(1);
+                if seg.size > r || seg.size == 0 || seg.size % g != 0 {
+                    return Err(format!(
+                        "segment {}: growable length {} is not a non-zero multiple of {g} within {r}",
+                        id.0, seg.size
+                    ));
+                }
+            }
             let mut at = 0u64;
             let mut prev_free = false;
             for (o, b) in &seg.blocks {
@@ -840,6 +1276,15 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 ));
             }
         }
+        for ((small, stream), id) in &self.growable {
+            match self.segments.get(id) {
+                Some(s) if s.reserve.is_some() && s.small == *small && s.stream == *stream => {}
+                _ => return Err(format!(
+                    "the growable segment of stream {} is not a live growable segment of its pool",
+                    stream.0
+                )),
+            }
+        }
         if free_keys != self.free_small.len() + self.free_large.len() {
             return Err("the free index holds blocks that are not free".to_string());
         }
@@ -862,6 +1307,14 @@ impl<S: SegmentSource> CachingAllocator<S> {
         for (name, kept, recomputed) in checks {
             if kept != recomputed {
                 return Err(format!("{name}: kept {kept}, recomputed {recomputed}"));
+            }
+        }
+        if let Some(b) = &self.budget {
+            if b.held() != reserved {
+                return Err(format!(
+                    "holds {} bytes of its budget but reserves {reserved}",
+                    b.held()
+                ));
             }
         }
         if !(allocated.0 <= active.0 && active.0 <= reserved) {

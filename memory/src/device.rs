@@ -9,7 +9,9 @@ use xpu_hal::{Allocation, BufferSlice, Device, Error, Event, Result, Stream};
 use crate::allocator::{
     AllocError, Block, CachingAllocator, Fence, SegmentId, SegmentSource, SourceError, StreamId,
 };
+use crate::budget::Budget;
 use crate::policy::Config;
+use crate::replay::{run_replay, ReplayReport, ReplayTarget, Trace};
 use crate::stats::{MemoryStats, Snapshot};
 
 impl Fence for Event {
@@ -47,19 +49,54 @@ impl HalSource {
     }
 }
 
+fn source_error(e: Error) -> SourceError {
+    match e {
+        Error::OutOfMemory { .. } => SourceError::OutOfMemory,
+        e => SourceError::Failed(e.to_string()),
+    }
+}
+
+impl HalSource {
+    fn keep(&mut self, a: Allocation) -> SegmentId {
+        self.next += 1;
+        let id = SegmentId(self.next);
+        self.segments.insert(id, a);
+        id
+    }
+}
+
 impl SegmentSource for HalSource {
     type Fence = Event;
 
     fn allocate(&mut self, size: u64) -> std::result::Result<SegmentId, SourceError> {
-        match self.device.allocate(size) {
-            Ok(a) => {
-                self.next += 1;
-                let id = SegmentId(self.next);
-                self.segments.insert(id, a);
-                Ok(id)
-            }
-            Err(Error::OutOfMemory { .. }) => Err(SourceError::OutOfMemory),
-            Err(e) => Err(SourceError::Failed(e.to_string())),
+        let a = self.device.allocate(size).map_err(source_error)?;
+        Ok(self.keep(a))
+    }
+
+    /// The device's `virtual_memory_granularity` capability.
+    fn growth_granularity(&self) -> Option<u64> {
+        self.device.capabilities().virtual_memory_granularity
+    }
+
+    fn allocate_growable(
+        &mut self,
+        reserve: u64,
+        initial: u64,
+    ) -> std::result::Result<SegmentId, SourceError> {
+        let a = self
+            .device
+            .allocate_growable(reserve, initial)
+            .map_err(source_error)?;
+        Ok(self.keep(a))
+    }
+
+    fn resize(&mut self, segment: SegmentId, new_len: u64) -> std::result::Result<(), SourceError> {
+        match self.segments.get(&segment) {
+            Some(a) => a.resize(new_len).map_err(source_error),
+            None => Err(SourceError::Failed(format!(
+                "segment {} is not live",
+                segment.0
+            ))),
         }
     }
 
@@ -111,6 +148,7 @@ impl DeviceBlock {
 /// A thread-safe caching allocator for one HAL device. Cheap operations take one mutex.
 #[derive(Debug)]
 pub struct DeviceAllocator {
+    device: Device,
     inner: Mutex<CachingAllocator<HalSource>>,
 }
 
@@ -129,11 +167,40 @@ fn to_hal(device: &Device, e: AllocError) -> Error {
 }
 
 impl DeviceAllocator {
-    /// An allocator over `device` under `config`.
+    /// An allocator over `device` under `config`. Expandable segments are used when
+    /// [`Config::expandable_segments`] is set and the device has a
+    /// `virtual_memory_granularity`.
     pub fn new(device: Device, config: Config) -> Self {
         DeviceAllocator {
+            device: device.clone(),
             inner: Mutex::new(CachingAllocator::new(HalSource::new(device), config)),
         }
+    }
+
+    /// An allocator like [`DeviceAllocator::new`] that also draws from `budget`, a limit
+    /// shared with other allocators (of this device or others); the device id names it in
+    /// the budget's reports.
+    pub fn with_budget(device: Device, config: Config, budget: &Budget) -> Self {
+        let name = device.id().to_string();
+        DeviceAllocator {
+            device: device.clone(),
+            inner: Mutex::new(CachingAllocator::with_budget(
+                HalSource::new(device),
+                config,
+                budget,
+                name,
+            )),
+        }
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Whether segments grow in place on this device.
+    pub fn expandable(&self) -> bool {
+        self.lock().expandable()
     }
 
     fn lock(&self) -> MutexGuard<'_, CachingAllocator<HalSource>> {
@@ -152,8 +219,9 @@ impl DeviceAllocator {
     /// Allocates `size` bytes for work on `stream`.
     pub fn allocate(&self, size: u64, stream: StreamId) -> Result<DeviceBlock> {
         let mut a = self.lock();
-        let device = a.source().device.clone();
-        let block = a.allocate(size, stream).map_err(|e| to_hal(&device, e))?;
+        let block = a
+            .allocate(size, stream)
+            .map_err(|e| to_hal(&self.device, e))?;
         let allocation = a
             .source()
             .allocation(block.segment)
@@ -164,20 +232,21 @@ impl DeviceAllocator {
 
     /// Marks `block` as used by work on `stream` as well.
     pub fn record_stream(&self, block: &DeviceBlock, stream: StreamId) -> Result<()> {
-        let mut a = self.lock();
-        let device = a.source().device.clone();
-        a.record_stream(&block.block, stream)
-            .map_err(|e| to_hal(&device, e))
+        self.lock()
+            .record_stream(&block.block, stream)
+            .map_err(|e| to_hal(&self.device, e))
     }
 
     /// Frees `block`; see [`CachingAllocator::free`] for when it is reused.
     pub fn free(&self, block: DeviceBlock) -> Result<()> {
-        let mut a = self.lock();
-        let device = a.source().device.clone();
-        a.free(&block.block).map_err(|e| to_hal(&device, e))
+        let result = self.lock().free(&block.block);
+        // The segment's handle is dropped after the lock is released.
+        drop(block);
+        result.map_err(|e| to_hal(&self.device, e))
     }
 
-    /// Returns whole free segments to the device; returns the bytes released.
+    /// Returns whole free segments to the device and shrinks the free tails of expandable
+    /// segments; returns the bytes released.
     pub fn empty_cache(&self) -> u64 {
         self.lock().empty_cache()
     }
@@ -196,4 +265,52 @@ impl DeviceAllocator {
     pub fn set_memory_fraction(&self, fraction: Option<f64>) {
         self.lock().set_memory_fraction(fraction);
     }
+}
+
+struct DeviceTarget<'a> {
+    alloc: &'a DeviceAllocator,
+    stream: StreamId,
+}
+
+impl ReplayTarget for DeviceTarget<'_> {
+    type Handle = DeviceBlock;
+    type Error = Error;
+    fn alloc(&mut self, size: u64) -> Result<DeviceBlock> {
+        self.alloc.allocate(size, self.stream)
+    }
+    fn free(&mut self, handle: DeviceBlock) -> Result<()> {
+        self.alloc.free(handle)
+    }
+    fn stats(&self) -> MemoryStats {
+        self.alloc.stats()
+    }
+}
+
+/// Replays `trace` `iterations` times on `device` through a fresh [`DeviceAllocator`] under
+/// `config`, on one stream: real device memory, with each allocate and free call timed.
+/// The allocator's cache is emptied at the end.
+pub fn replay_on_device(
+    trace: &Trace,
+    device: &Device,
+    config: Config,
+    iterations: u64,
+) -> Result<ReplayReport> {
+    let alloc = DeviceAllocator::new(device.clone(), config);
+    let stream = device.create_stream()?;
+    let id = alloc.register_stream(&stream);
+    let expandable = alloc.expandable();
+    let mut target = DeviceTarget {
+        alloc: &alloc,
+        stream: id,
+    };
+    let report = run_replay(
+        &mut target,
+        trace,
+        config,
+        iterations,
+        &device.id().to_string(),
+        expandable,
+    );
+    alloc.empty_cache();
+    report
 }

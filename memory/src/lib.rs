@@ -65,19 +65,26 @@
 //! mapping) and budgets shared by several devices.
 
 mod allocator;
+mod budget;
 mod device;
 mod policy;
 mod replay;
 mod stats;
+mod trace;
 
 pub use allocator::{
     AllocError, Block, CachingAllocator, Fence, OomReport, SegmentId, SegmentSource, SourceError,
     StreamId,
 };
-pub use device::{DeviceAllocator, DeviceBlock, HalSource};
+pub use budget::{Budget, BudgetReport, BudgetShare};
+pub use device::{replay_on_device, DeviceAllocator, DeviceBlock, HalSource};
 pub use policy::{Config, Policy, MIB};
-pub use replay::{replay, replay_with, Completed, FakeSource, ReplayReport, Trace, TraceEntry};
+pub use replay::{
+    replay, replay_source, replay_with, reuse_scenario, Completed, FakeSource, ReplayReport, Trace,
+    TraceEntry,
+};
 pub use stats::{
     BlockSnapshot, BlockStateKind, MemoryStats, SegmentSnapshot, Snapshot, Stat, TraceAction,
     TraceEvent,
 };
+pub use trace::TraceFormat;

@@ -16,7 +16,8 @@ pub enum Policy {
     /// This crate's default: PyTorch's size classes and small pool, but large segments sized to
     /// the request (512 B granularity, no 20 MiB buckets), large blocks split whenever 512 B
     /// remain, oversized cached blocks (more than 4× the request, above 32 MiB) not split, and
-    /// whole free segments handed back to the device before a new one is requested.
+    /// whole free segments handed back to the device before a new one is requested, and
+    /// expandable segments where the device can grow memory in place.
     Xpu,
 }
 
@@ -58,6 +59,12 @@ pub struct Config {
     pub release_before_grow: bool,
     /// How many alloc/free events the history ring keeps (0 keeps none).
     pub history: usize,
+    /// Where the source can grow a segment in place
+    /// ([`crate::SegmentSource::growth_granularity`]), keep one growable segment per pool
+    /// and stream and grow it by the shortfall instead of adding segments, so that freed
+    /// blocks merge across what would have been segment boundaries. Ignored where the source
+    /// cannot grow segments.
+    pub expandable_segments: bool,
 }
 
 impl Default for Config {
@@ -81,6 +88,7 @@ impl Config {
             memory_fraction: None,
             release_before_grow: false,
             history: 1024,
+            expandable_segments: false,
         }
     }
 
@@ -92,6 +100,7 @@ impl Config {
             large_split_min: 512,
             max_split: Some((32 * MIB, 4.0)),
             release_before_grow: true,
+            expandable_segments: true,
             ..Config::pytorch()
         }
     }

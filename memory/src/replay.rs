@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::allocator::{
     AllocError, CachingAllocator, Fence, SegmentId, SegmentSource, SourceError, StreamId,
 };
-use crate::policy::{Config, Policy};
+use crate::policy::{Config, Policy, MIB};
 use crate::stats::MemoryStats;
 
 /// One tensor of a trace.
@@ -108,15 +108,23 @@ impl Fence for Completed {
     }
 }
 
-/// A source that hands out numbered segments without backing memory, optionally bounded.
+/// A source that hands out numbered segments without backing memory, optionally bounded, and
+/// optionally able to grow segments in place (modelled on the HAL: a growable segment backs
+/// a prefix `[0, len)` of its reserved range, in multiples of the granularity).
 #[derive(Debug, Clone, Default)]
 pub struct FakeSource {
     /// Capacity in bytes; `None` is unbounded.
     pub capacity: Option<u64>,
-    /// Bytes currently handed out.
+    /// Bytes currently backed.
     pub used: u64,
-    /// Live segments and their sizes.
+    /// Live segments and their backed lengths.
     pub live: std::collections::HashMap<SegmentId, u64>,
+    /// The reserved range of each live growable segment.
+    pub reserves: std::collections::HashMap<SegmentId, u64>,
+    /// `Some(granularity)` makes the source able to grow segments.
+    pub granularity: Option<u64>,
+    /// Calls to allocate, allocate_growable and growing resizes.
+    pub alloc_calls: u64,
     next: u64,
 }
 
@@ -128,20 +136,36 @@ impl FakeSource {
             ..FakeSource::default()
         }
     }
+
+    /// A source like [`FakeSource::new`] that also grows segments in multiples of
+    /// `granularity` bytes.
+    pub fn growable(capacity: Option<u64>, granularity: u64) -> Self {
+        FakeSource {
+            capacity,
+            granularity: Some(granularity.max(1)),
+            ..FakeSource::default()
+        }
+    }
+
+    fn take(&mut self, bytes: u64) -> Result<(), SourceError> {
+        if let Some(cap) = self.capacity {
+            if self.used.saturating_add(bytes) > cap {
+                return Err(SourceError::OutOfMemory);
+            }
+        }
+        self.used += bytes;
+        self.alloc_calls += 1;
+        Ok(())
+    }
 }
 
 impl SegmentSource for FakeSource {
     type Fence = Completed;
 
     fn allocate(&mut self, size: u64) -> Result<SegmentId, SourceError> {
-        if let Some(cap) = self.capacity {
-            if self.used.saturating_add(size) > cap {
-                return Err(SourceError::OutOfMemory);
-            }
-        }
+        self.take(size)?;
         self.next += 1;
         let id = SegmentId(self.next);
-        self.used += size;
         self.live.insert(id, size);
         Ok(id)
     }
@@ -150,6 +174,7 @@ impl SegmentSource for FakeSource {
         match self.live.remove(&segment) {
             Some(size) => {
                 self.used -= size;
+                self.reserves.remove(&segment);
                 Ok(())
             }
             None => Err(SourceError::Failed(format!(
@@ -166,6 +191,52 @@ impl SegmentSource for FakeSource {
     fn capacity(&self) -> Option<u64> {
         self.capacity
     }
+
+    fn growth_granularity(&self) -> Option<u64> {
+        self.granularity
+    }
+
+    fn allocate_growable(&mut self, reserve: u64, initial: u64) -> Result<SegmentId, SourceError> {
+        let Some(g) = self.granularity else {
+            return Err(SourceError::Failed(
+                "this source cannot make growable segments".to_string(),
+            ));
+        };
+        if initial == 0 || initial > reserve || initial % g != 0 || reserve % g != 0 {
+            return Err(SourceError::Failed(format!(
+                "a growable segment needs 0 < initial ({initial}) <= reserve ({reserve}), both multiples of {g}"
+            )));
+        }
+        let id = self.allocate(initial)?;
+        self.reserves.insert(id, reserve);
+        Ok(id)
+    }
+
+    fn resize(&mut self, segment: SegmentId, new_len: u64) -> Result<(), SourceError> {
+        let (Some(g), Some(&reserve), Some(&len)) = (
+            self.granularity,
+            self.reserves.get(&segment),
+            self.live.get(&segment),
+        ) else {
+            return Err(SourceError::Failed(format!(
+                "segment {} is not a live growable segment",
+                segment.0
+            )));
+        };
+        if new_len == 0 || new_len > reserve || new_len % g != 0 {
+            return Err(SourceError::Failed(format!(
+                "segment {} cannot be resized to {new_len}: not a non-zero multiple of {g} within {reserve}",
+                segment.0
+            )));
+        }
+        if new_len > len {
+            self.take(new_len - len)?;
+        } else {
+            self.used -= len - new_len;
+        }
+        self.live.insert(segment, new_len);
+        Ok(())
+    }
 }
 
 /// What one replay measured.
@@ -173,8 +244,14 @@ impl SegmentSource for FakeSource {
 pub struct ReplayReport {
     /// The rules replayed.
     pub config: Config,
-    /// Allocation requests in the trace.
+    /// Where it ran: `fake` for the fake source, else the device id.
+    pub target: String,
+    /// Whether expandable segments were in use (the config asks and the target can grow).
+    pub expandable: bool,
+    /// Allocation requests in one pass of the trace.
     pub requests: u64,
+    /// Times the trace was replayed.
+    pub iterations: u64,
     /// The highest total of live tensor bytes (from the trace alone).
     pub peak_live_bytes: u64,
     /// The highest reserved (segment) bytes during the replay.
@@ -183,16 +260,113 @@ pub struct ReplayReport {
     pub peak_allocated_bytes: u64,
     /// `peak_live_bytes / peak_reserved_bytes`.
     pub utilization: f64,
-    /// Segments requested from the source.
+    /// Calls that obtained memory from the source (segments and growths; see
+    /// [`MemoryStats::num_device_alloc`]).
     pub device_allocs: u64,
-    /// Segments returned to the source.
+    /// Calls that returned memory to the source.
     pub device_frees: u64,
+    /// Of `device_allocs`, those made after the first pass of the trace: 0 when the cache
+    /// serves the repeated trace without asking the device for memory.
+    pub steady_device_allocs: u64,
     /// Median time of one allocate or free call, in nanoseconds.
     pub p50_ns: u64,
     /// 99th percentile of the same.
     pub p99_ns: u64,
     /// The allocator's statistics at the end.
     pub stats: MemoryStats,
+}
+
+/// What [`run_replay`] drives: an allocator behind a uniform allocate/free interface.
+pub(crate) trait ReplayTarget {
+    /// A live block.
+    type Handle;
+    /// The error of a failed call.
+    type Error;
+    fn alloc(&mut self, size: u64) -> Result<Self::Handle, Self::Error>;
+    fn free(&mut self, handle: Self::Handle) -> Result<(), Self::Error>;
+    fn stats(&self) -> MemoryStats;
+}
+
+impl<S: SegmentSource> ReplayTarget for CachingAllocator<S> {
+    type Handle = crate::allocator::Block;
+    type Error = AllocError;
+    fn alloc(&mut self, size: u64) -> Result<Self::Handle, AllocError> {
+        self.allocate(size, StreamId(0))
+    }
+    fn free(&mut self, handle: Self::Handle) -> Result<(), AllocError> {
+        CachingAllocator::free(self, &handle)
+    }
+    fn stats(&self) -> MemoryStats {
+        CachingAllocator::stats(self)
+    }
+}
+
+/// Replays `trace` `iterations` times (at least once) through `target` on one stream, timing
+/// every allocate and free call.
+pub(crate) fn run_replay<T: ReplayTarget>(
+    target: &mut T,
+    trace: &Trace,
+    config: Config,
+    iterations: u64,
+    name: &str,
+    expandable: bool,
+) -> Result<ReplayReport, T::Error> {
+    let iterations = iterations.max(1);
+    let events = trace.events();
+    let mut live: Vec<Option<T::Handle>> = (0..trace.entries.len()).map(|_| None).collect();
+    let mut times: Vec<u64> = Vec::with_capacity(events.len() * iterations as usize);
+    let mut seen = HashSet::new();
+    let mut after_first = 0;
+    for iteration in 0..iterations {
+        for &(i, is_alloc) in &events {
+            if is_alloc {
+                let t = Instant::now();
+                let b = target.alloc(trace.entries[i].bytes)?;
+                times.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+                live[i] = Some(b);
+                seen.insert(i);
+            } else if let Some(b) = live[i].take() {
+                let t = Instant::now();
+                target.free(b)?;
+                times.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+            }
+        }
+        if iteration == 0 {
+            after_first = target.stats().num_device_alloc;
+        }
+    }
+    times.sort_unstable();
+    let pct = |p: f64| -> u64 {
+        if times.is_empty() {
+            return 0;
+        }
+        let idx = ((times.len() - 1) as f64 * p).round() as usize;
+        times[idx.min(times.len() - 1)]
+    };
+    let stats = target.stats();
+    let peak_live = trace.peak_live();
+    let peak_reserved = stats.reserved_bytes.peak;
+    Ok(ReplayReport {
+        config,
+        target: name.to_string(),
+        expandable,
+        requests: seen.len() as u64,
+        iterations,
+        peak_live_bytes: peak_live,
+        peak_reserved_bytes: peak_reserved,
+        peak_allocated_bytes: stats.allocated_bytes.peak,
+        utilization: if peak_reserved == 0 {
+            1.0
+        } else {
+            peak_live as f64 / peak_reserved as f64
+        },
+        device_allocs: stats.num_device_alloc,
+        device_frees: stats.num_device_free,
+        steady_device_allocs: stats.num_device_alloc - after_first,
+        p50_ns: pct(0.5),
+        p99_ns: pct(0.99),
+        stats,
+    })
 }
 
 /// Replays `trace` under `policy` over an unbounded fake source.
@@ -206,50 +380,41 @@ pub fn replay_with(
     config: Config,
     capacity: Option<u64>,
 ) -> Result<ReplayReport, AllocError> {
-    let mut alloc = CachingAllocator::new(FakeSource::new(capacity), config);
-    let stream = StreamId(0);
-    let mut live = vec![None; trace.entries.len()];
-    let mut times = Vec::with_capacity(trace.entries.len() * 2);
-    let mut seen = HashSet::new();
-    for (i, is_alloc) in trace.events() {
-        if is_alloc {
-            let t = Instant::now();
-            let b = alloc.allocate(trace.entries[i].bytes, stream)?;
-            times.push(t.elapsed().as_nanos());
-            live[i] = Some(b);
-            seen.insert(i);
-        } else if let Some(b) = live[i].take() {
-            let t = Instant::now();
-            alloc.free(&b)?;
-            times.push(t.elapsed().as_nanos());
-        }
-    }
-    times.sort_unstable();
-    let pct = |p: f64| -> u64 {
-        if times.is_empty() {
-            return 0;
-        }
-        let idx = ((times.len() - 1) as f64 * p).round() as usize;
-        u64::try_from(times[idx.min(times.len() - 1)]).unwrap_or(u64::MAX)
-    };
-    let stats = alloc.stats();
-    let peak_live = trace.peak_live();
-    let peak_reserved = stats.reserved_bytes.peak;
-    Ok(ReplayReport {
-        config,
-        requests: seen.len() as u64,
-        peak_live_bytes: peak_live,
-        peak_reserved_bytes: peak_reserved,
-        peak_allocated_bytes: stats.allocated_bytes.peak,
-        utilization: if peak_reserved == 0 {
-            1.0
-        } else {
-            peak_live as f64 / peak_reserved as f64
+    replay_source(trace, config, FakeSource::new(capacity), 1)
+}
+
+/// Replays `trace` `iterations` times under `config` over `source` (a [`FakeSource`], maybe
+/// growable, or any other source).
+pub fn replay_source<S: SegmentSource>(
+    trace: &Trace,
+    config: Config,
+    source: S,
+    iterations: u64,
+) -> Result<ReplayReport, AllocError> {
+    let mut alloc = CachingAllocator::new(source, config);
+    let expandable = alloc.expandable();
+    run_replay(&mut alloc, trace, config, iterations, "fake", expandable)
+}
+
+/// The reuse scenario: allocate 8 × 16 MiB, free them all, then allocate 4 × 32 MiB. An
+/// allocator that cannot serve the second half from the first half's memory reserves twice
+/// the 128 MiB that is ever live.
+pub fn reuse_scenario() -> Trace {
+    let mut entries = vec![
+        TraceEntry {
+            start_op: 0,
+            end_op: 0,
+            bytes: 16 * MIB,
+        };
+        8
+    ];
+    entries.extend(std::iter::repeat_n(
+        TraceEntry {
+            start_op: 1,
+            end_op: 1,
+            bytes: 32 * MIB,
         },
-        device_allocs: stats.num_device_alloc,
-        device_frees: stats.num_device_free,
-        p50_ns: pct(0.5),
-        p99_ns: pct(0.99),
-        stats,
-    })
+        4,
+    ));
+    Trace { entries }
 }

@@ -38,7 +38,8 @@ impl Stat {
 /// The allocator's statistics, named as in `torch.cuda.memory_stats()`.
 ///
 /// * `allocated`: bytes (and blocks) handed out and not yet freed, at block granularity.
-/// * `reserved`: bytes (and segments) obtained from the source.
+/// * `reserved`: bytes (and segments) obtained from the source; for an expandable segment,
+///   the bytes currently backed, not its reserved address range.
 /// * `active`: allocated blocks plus blocks freed but still waiting for other streams.
 /// * `inactive_split`: free blocks inside segments that are split (fragmentation).
 /// * `requested`: the bytes callers asked for, before rounding.
@@ -46,7 +47,7 @@ impl Stat {
 pub struct MemoryStats {
     /// Bytes in allocated blocks.
     pub allocated_bytes: Stat,
-    /// Bytes in segments.
+    /// Bytes in segments (the backed length of expandable ones).
     pub reserved_bytes: Stat,
     /// Bytes in active (allocated or pending-free) blocks.
     pub active_bytes: Stat,
@@ -66,10 +67,16 @@ pub struct MemoryStats {
     pub num_alloc_retries: u64,
     /// Requests that failed with out-of-memory.
     pub num_ooms: u64,
-    /// Segments requested from the source.
+    /// Calls that obtained memory from the source: segments requested plus growths of
+    /// expandable segments (each growth is one call, whatever its size).
     pub num_device_alloc: u64,
-    /// Segments returned to the source.
+    /// Calls that returned memory to the source: segments returned plus shrinks of
+    /// expandable segments.
     pub num_device_free: u64,
+    /// Growths of expandable segments (included in `num_device_alloc`).
+    pub num_segment_grows: u64,
+    /// Shrinks of expandable segments (included in `num_device_free`).
+    pub num_segment_shrinks: u64,
 }
 
 impl MemoryStats {
@@ -120,8 +127,10 @@ pub struct BlockSnapshot {
 pub struct SegmentSnapshot {
     /// The source's id for it.
     pub id: SegmentId,
-    /// Its size.
+    /// Its size (for an expandable segment, the bytes backed now).
     pub size: u64,
+    /// The address range reserved for an expandable segment; `None` for a fixed one.
+    pub reserve: Option<u64>,
     /// The stream it serves.
     pub stream: StreamId,
     /// Whether it belongs to the small pool.
@@ -151,6 +160,10 @@ pub enum TraceAction {
     SegmentAlloc,
     /// A segment was returned to the source.
     SegmentFree,
+    /// An expandable segment grew (the size is the growth).
+    SegmentGrow,
+    /// An expandable segment shrank (the size is the bytes released).
+    SegmentShrink,
     /// A request failed with out-of-memory.
     Oom,
 }
