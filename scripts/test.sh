@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Runs every test: the workspace's unit and integration tests, then the conformance
-# suite through the `xpu` command over every device — host, Vulkan where a driver is
-# installed, and the two example plugins built here as a vendor would build them —
-# with JSON and JUnit reports in target/conformance/.
+# Installs the Debian packages the tests need where missing (scripts/deps.sh --test),
+# then runs every test: the workspace's unit and integration tests, then the
+# conformance suite through the `xpu` command over every device — host, Vulkan, and
+# the two example plugins built here as a vendor would build them — with JSON and
+# JUnit reports in target/conformance/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The Debian packages the build and the Vulkan tests need, where missing.
+scripts/deps.sh --test
 cargo test --workspace --locked
 
 plugins=target/plugins

@@ -63,6 +63,30 @@ enum Command {
         #[arg(long, value_name = "BACKENDS")]
         require: Option<String>,
     },
+    /// Show the machine's topology: NUMA nodes, devices, and the link class, latency and
+    /// bandwidth between every pair of devices.
+    Topo {
+        /// Devices to include (default: XPU_DEVICES, else every device).
+        #[arg(long)]
+        devices: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Print the topology in NCCL's XML format (devices with a PCI address only).
+        #[arg(long, conflicts_with = "json")]
+        xml: bool,
+        /// Read the machine from an NCCL XML topology file instead of hwloc (default:
+        /// XPU_TOPO_FILE), for VMs whose PCI tree hides the real one.
+        #[arg(long, value_name = "FILE", env = "XPU_TOPO_FILE")]
+        topo_file: Option<PathBuf>,
+        /// Measure every link and store the figures in the calibration cache
+        /// (XPU_CACHE_DIR, else ~/.cache/xpu).
+        #[arg(long)]
+        calibrate: bool,
+        /// Bytes of the calibration's bandwidth transfer.
+        #[arg(long, default_value_t = 16 << 20, value_name = "BYTES")]
+        calibrate_bytes: u64,
+    },
     /// Measure xpu beside a reference measured in the same run.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -137,6 +161,25 @@ fn run(cli: Cli) -> Result<bool> {
     match cli.command {
         Some(Command::Devices { devices, json }) => {
             cli::devices::run(&registry, &selector(devices, "*")?, json)?;
+            Ok(true)
+        }
+        Some(Command::Topo {
+            devices,
+            json,
+            xml,
+            topo_file,
+            calibrate,
+            calibrate_bytes,
+        }) => {
+            let args = cli::topo::TopoArgs {
+                selector: selector(devices, "*")?,
+                json,
+                xml,
+                topo_file,
+                calibrate,
+                calibrate_bytes,
+            };
+            cli::topo::run(&registry, &args)?;
             Ok(true)
         }
         Some(Command::Conformance {

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod conformance;
 pub mod devices;
 pub mod memory;
+pub mod topo;
 
 /// `1536` → `1.5 KiB`, with binary units.
 pub fn format_bytes(bytes: u64) -> String {

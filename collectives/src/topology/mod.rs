@@ -84,7 +84,7 @@ impl LinkClass {
         match self {
             LinkClass::SameDevice => "LOC",
             LinkClass::DirectLink => "NVL",
-            LinkClass::SharedMemory => "SHM",
+            LinkClass::SharedMemory => "MEM",
             LinkClass::PcieSwitch => "PIX",
             LinkClass::PcieHostBridge => "PHB",
             LinkClass::CrossSocket => "SYS",
