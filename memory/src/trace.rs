@@ -60,8 +60,6 @@ pub enum TraceFormat {
 }
 
 /// What each format expects, for error messages.
-const ALLOCSIM_EXPECTS: &str =
-    "allocsim expects one tensor per line: `start_op end_op bytes` with start_op <= end_op";
 const RMM_EXPECTS: &str = "rmm-csv expects the header `Thread,Time,Action,Pointer,Size,Stream` \
      and rows whose Action is `allocate`, `allocate failure` or `free`, with a hexadecimal \
      Pointer and a decimal Size";
@@ -126,9 +124,7 @@ impl Trace {
     /// Parses `text` in `format`; the error names the line and what the format expects.
     pub fn parse_as(text: &str, format: TraceFormat) -> Result<Trace, String> {
         match format {
-            TraceFormat::Allocsim => {
-                Trace::parse(text).map_err(|e| format!("{e} ({ALLOCSIM_EXPECTS})"))
-            }
+            TraceFormat::Allocsim => Trace::parse(text),
             TraceFormat::RmmCsv => parse_rmm_csv(text),
             TraceFormat::XpuJson => parse_xpu_json(text),
         }
@@ -366,12 +362,12 @@ fn parse_rmm_csv(text: &str) -> Result<Trace, String> {
     Ok(pairing.finish())
 }
 
-/// The xpu-json document.
+/// The xpu-json document; events are checked one by one so that errors can name them.
 #[derive(Deserialize)]
 struct XpuJsonDoc {
     format: String,
     version: u64,
-    events: Vec<XpuJsonEvent>,
+    events: Vec<serde_json::Value>,
 }
 
 /// One xpu-json event.
@@ -381,9 +377,8 @@ enum XpuJsonEvent {
     Alloc {
         id: u64,
         size: u64,
-        #[serde(default)]
-        #[allow(dead_code)]
-        stream: u64,
+        #[serde(default, rename = "stream")]
+        _stream: u64,
     },
     Free {
         id: u64,
@@ -412,8 +407,10 @@ fn parse_xpu_json(text: &str) -> Result<Trace, String> {
         None => format!("event {i}"),
     };
     let mut pairing = Pairing::default();
-    for (i, event) in doc.events.iter().enumerate() {
-        match *event {
+    for (i, value) in doc.events.iter().enumerate() {
+        let event = XpuJsonEvent::deserialize(value)
+            .map_err(|e| format!("{}: {e} ({XPU_JSON_EXPECTS})", place(i)))?;
+        match event {
             XpuJsonEvent::Alloc { id, size, .. } => pairing.alloc(id, size, i).map_err(|at| {
                 format!(
                     "{}: alloc of id {id}, which is still live since {} (an id is allocated \
