@@ -175,6 +175,18 @@ pub trait StreamImpl: Send + Sync {
     /// Copies between two ranges of this device. Guaranteed: equal lengths; disjoint.
     fn copy_device_to_device(&self, src: RawSlice, dst: RawSlice) -> Result<()>;
 
+    /// Copies from memory of another device of this backend to this stream's device.
+    /// Called only when `capabilities.peer_access` is true; the default refuses.
+    ///
+    /// Guaranteed: equal lengths; `src` belongs to another device of this backend (same
+    /// registry), `dst` to this stream's device.
+    fn copy_peer(&self, src: RawSlice, dst: RawSlice) -> Result<()> {
+        let _ = (src, dst);
+        Err(crate::Error::unsupported(
+            "this backend does not copy between its devices directly",
+        ))
+    }
+
     /// Enqueues a builtin operation.
     fn builtin(&self, op: BuiltinOp) -> Result<()>;
 

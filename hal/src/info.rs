@@ -44,7 +44,8 @@ pub struct Capabilities {
     pub dtypes: Vec<DType>,
     /// The largest single allocation in bytes.
     pub max_allocation: u64,
-    /// Whether the device can copy to and from other devices of its backend directly.
+    /// Whether the device can copy from other devices of its backend directly
+    /// ([`crate::Stream::copy_peer`]).
     pub peer_access: bool,
     /// Whether events are backed by timeline semaphores (or an equivalent counter), so
     /// that waits on them cost no host thread.

@@ -126,6 +126,51 @@ impl Stream {
         }
     }
 
+    /// Copies `src`, memory of any device of this stream's backend, into `dst` on this
+    /// stream's device, without staging through the host. Another device's memory needs
+    /// the `peer_access` capability; memory of this device makes it a plain
+    /// [`Stream::copy`].
+    ///
+    /// The copy reads `src` when it runs on this stream: make this stream wait for an event
+    /// recorded after the work that writes `src`, and make the source device's streams wait
+    /// for an event recorded after the copy before they overwrite `src`.
+    pub fn copy_peer<'a, 'b>(
+        &self,
+        src: impl Into<BufferSlice<'a>>,
+        dst: impl Into<BufferSlice<'b>>,
+    ) -> Result<()> {
+        let (src, dst) = (src.into(), dst.into());
+        if src.allocation.device_uid() == self.device().uid() {
+            return self.copy(src, dst);
+        }
+        if src.len != dst.len {
+            return Err(Error::invalid(format!(
+                "the peer copy's source is {} bytes but its destination is {}; give both the same length",
+                src.len, dst.len
+            )));
+        }
+        let here = self.device();
+        if src.allocation.device().backend != here.backend() {
+            return Err(Error::invalid(format!(
+                "the peer copy's source is on {}, another backend than this stream's {}; copy through a host buffer instead",
+                src.allocation.device(),
+                here.id()
+            )));
+        }
+        if !here.capabilities().peer_access {
+            return Err(Error::unsupported(format!(
+                "{} cannot copy from other devices directly (its peer_access capability is false); copy through a host buffer instead",
+                here.id()
+            )));
+        }
+        let s = validate::resolve_range(&src, "the peer copy's source")?;
+        let d = validate::resolve(here, &dst, "the peer copy's destination")?;
+        match (s, d) {
+            (Some(s), Some(d)) => self.imp().copy_peer(s, d),
+            _ => Ok(()),
+        }
+    }
+
     /// Sets every element of `dst` to `value` (the dtype is the value's).
     pub fn fill<'a>(&self, dst: impl Into<BufferSlice<'a>>, value: Scalar) -> Result<()> {
         let dst = dst.into();

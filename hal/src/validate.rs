@@ -22,6 +22,13 @@ pub(crate) fn resolve(
             device.id()
         )));
     }
+    resolve_range(slice, what)
+}
+
+/// Checks that `slice` is live and in bounds (not which device owns it) and resolves it.
+/// `Ok(None)` for an empty slice.
+pub(crate) fn resolve_range(slice: &BufferSlice<'_>, what: &str) -> Result<Option<RawSlice>> {
+    let alloc = slice.allocation;
     let raw = alloc.raw()?;
     let end = slice.offset.checked_add(slice.len);
     match end {

@@ -116,7 +116,7 @@ impl DeviceImpl for HostDevice {
             capabilities: Capabilities {
                 dtypes: DType::ALL.to_vec(),
                 max_allocation: self.accounting.capacity,
-                peer_access: false,
+                peer_access: true,
                 timeline_events: true,
                 event_timing: true,
                 kernel_formats: vec![KernelFormat::HostFunction],

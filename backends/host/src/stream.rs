@@ -85,6 +85,11 @@ impl StreamImpl for HostStream {
         })
     }
 
+    fn copy_peer(&self, src: RawSlice, dst: RawSlice) -> Result<()> {
+        // Every host device's memory is this process's memory: a peer copy is a copy.
+        self.copy_device_to_device(src, dst)
+    }
+
     fn builtin(&self, op: BuiltinOp) -> Result<()> {
         self.work(move || ops::execute(&op))
     }

@@ -3,8 +3,8 @@
 
 use xpu_hal::HostBuffer;
 
-use crate::case::{Case, CaseContext, CaseOutcome};
-use crate::cases::util::{check_bytes, expect_invalid, pattern, upload, MIB};
+use crate::case::{Case, CaseContext, CaseError, CaseOutcome};
+use crate::cases::util::{check_bytes, expect_invalid, expect_unsupported, pattern, upload, MIB};
 
 pub(crate) const CASES: &[Case] = &[
     Case::core(
@@ -46,6 +46,11 @@ pub(crate) const CASES: &[Case] = &[
         "copy.host_out_of_bounds",
         "host ranges past the end of the host buffer are invalid-argument errors",
         host_out_of_bounds,
+    ),
+    Case::core(
+        "copy.peer",
+        "peer copies from another device of the backend land exactly where peer_access is declared, are refused with unsupported where it is not, and are refused across backends",
+        peer,
     ),
 ];
 
@@ -287,4 +292,59 @@ fn host_out_of_bounds(ctx: &CaseContext) -> CaseOutcome {
         &data,
         "an allocation after refused copies",
     )
+}
+
+fn peer(ctx: &CaseContext) -> CaseOutcome {
+    let here = &ctx.device;
+    let stream = here.create_stream()?;
+    // Memory of this very device is a plain copy, whatever the capability.
+    let data = pattern(0x9E, 4099);
+    let a = upload(here, &stream, &data)?;
+    let b = here.allocate(data.len() as u64)?;
+    stream.copy_peer(a.slice(1, 4000), b.slice(3, 4000))?;
+    let got = stream.read(b.slice(3, 4000))?;
+    check_bytes(&got, &data[1..4001], "a peer copy within one device")?;
+
+    let Some(peer) = ctx.peers.iter().find(|p| p.backend() == here.backend()) else {
+        return Err(CaseError::skip(format!(
+            "needs a second device of the {} backend",
+            here.backend()
+        )));
+    };
+    let peer_stream = peer.create_stream()?;
+    let src = upload(peer, &peer_stream, &data)?;
+    let dst = here.allocate(data.len() as u64 + 16)?;
+    let written = peer_stream.record_event()?;
+    stream.wait_event(&written)?;
+    if !here.capabilities().peer_access {
+        return expect_unsupported(
+            stream.copy_peer(&src, dst.slice(0, data.len() as u64)),
+            "a peer copy on a device without peer_access",
+        );
+    }
+    stream.copy_peer(src.slice(0, 4099), dst.slice(7, 4099))?;
+    let got = stream.read(&dst)?;
+    check_bytes(&got[7..7 + 4099], &data, "a peer copy from another device")?;
+    if got[..7].iter().chain(&got[7 + 4099..]).any(|&b| b != 0) {
+        return Err(CaseError::fail(
+            "a peer copy wrote outside its destination range",
+        ));
+    }
+    expect_invalid(
+        stream.copy_peer(src.slice(0, 10), dst.slice(0, 11)),
+        "a peer copy whose lengths differ",
+    )?;
+    expect_invalid(
+        stream.copy_peer(src.slice(4090, 10), dst.slice(0, 10)),
+        "a peer copy past the end of its source",
+    )?;
+    if let Some(other) = ctx.peers.iter().find(|p| p.backend() != here.backend()) {
+        let s = other.create_stream()?;
+        let foreign = upload(other, &s, &data[..64])?;
+        expect_invalid(
+            stream.copy_peer(&foreign, dst.slice(0, 64)),
+            "a peer copy from a device of another backend",
+        )?;
+    }
+    Ok(())
 }
