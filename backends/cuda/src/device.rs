@@ -81,11 +81,19 @@ pub struct DeviceShared {
     pub(crate) arch: (c_int, c_int),
     pub(crate) sm_count: u32,
     pub(crate) total_memory: u64,
+    /// The minimum granularity of virtual memory management (`cuMemCreate` sizes) when
+    /// the driver and the device support it: growable allocations are offered then.
+    pub(crate) vmm_granularity: Option<u64>,
+    /// Whether streams can wait on a host word with `cuStreamWaitValue32`; otherwise
+    /// they spin in a one-thread kernel (see the `stream` module).
+    pub(crate) wait_value: bool,
     /// An error raised where it could not be returned (a `Drop`), reported by the next
     /// synchronize of any stream of this device.
     deferred: Mutex<Option<Error>>,
     /// Builtin kernels loaded so far.
     pub(crate) builtins: Mutex<HashMap<BuiltinKind, Arc<BuiltinKernel>>>,
+    /// The kernel streams spin in to wait for a host word where `wait_value` is false.
+    pub(crate) flag_wait: Mutex<Option<Arc<BuiltinKernel>>>,
     pub(crate) staging: StagingPool,
     info: DeviceInfo,
 }
@@ -145,6 +153,9 @@ impl Drop for DeviceShared {
         if self.bind().is_ok() {
             if let Ok(mut b) = self.builtins.lock() {
                 b.clear();
+            }
+            if let Ok(mut k) = self.flag_wait.lock() {
+                k.take();
             }
         }
         self.staging.clear(self);
@@ -227,7 +238,20 @@ impl CudaDevice {
             // SAFETY: valid out-pointer and device; released in `DeviceShared::drop`.
             || unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, device) },
         )?;
+        let vmm_granularity = vmm_granularity(&driver, &name, device, ordinal, ctx);
+        let wait_value = driver.stream_wait_value
+            && attribute(
+                &name,
+                device,
+                A::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR,
+            )
+            .is_ok_and(|v| v == 1);
         let uuid_text = uuid_string(&uuid.bytes);
+        let kernel_formats = if driver.nvrtc {
+            vec![KernelFormat::Ptx, KernelFormat::CudaC]
+        } else {
+            vec![KernelFormat::Ptx]
+        };
         let dtypes = if driver.nvrtc {
             DType::ALL.to_vec()
         } else {
@@ -250,15 +274,23 @@ impl CudaDevice {
                 peer_access,
                 timeline_events: false,
                 event_timing: true,
-                kernel_formats: vec![KernelFormat::Ptx],
+                kernel_formats,
                 max_streams: u32::MAX,
                 kernel_arg_alignment: 1,
-                virtual_memory_granularity: None,
+                virtual_memory_granularity: vmm_granularity,
             },
             extra: vec![
                 format!("compute_capability={major}.{minor}"),
                 format!("sm_count={sms}"),
                 format!("nvrtc={}", driver.nvrtc),
+                format!(
+                    "foreign_event_wait={}",
+                    if wait_value {
+                        "stream-wait-value"
+                    } else {
+                        "spin-kernel"
+                    }
+                ),
             ],
         };
         Ok(CudaDevice {
@@ -271,8 +303,11 @@ impl CudaDevice {
                 arch: (major, minor),
                 sm_count: sms.max(1) as u32,
                 total_memory: total as u64,
+                vmm_granularity,
+                wait_value,
                 deferred: Mutex::new(None),
                 builtins: Mutex::new(HashMap::new()),
+                flag_wait: Mutex::new(None),
                 staging: StagingPool::default(),
                 info,
             }),
@@ -293,6 +328,45 @@ impl CudaDevice {
     pub fn compute_capability(&self) -> (i32, i32) {
         self.shared.arch
     }
+}
+
+/// The VMM granularity of device `ordinal`, or `None` when the driver lacks the VMM
+/// symbols, the device does not report `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`
+/// (named `VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED` in the bindings), or the query fails.
+/// Never an error: without it the device simply offers no growable allocations.
+fn vmm_granularity(
+    driver: &Driver,
+    name: &str,
+    device: CUdevice,
+    ordinal: c_int,
+    ctx: CUcontext,
+) -> Option<u64> {
+    if !driver.vmm {
+        return None;
+    }
+    let supported = attribute(
+        name,
+        device,
+        CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED,
+    )
+    .ok()?;
+    if supported != 1 {
+        return None;
+    }
+    // SAFETY: `ctx` is the primary context the caller has just retained.
+    guarded("cuCtxSetCurrent", || unsafe { sys::cuCtxSetCurrent(ctx) }).ok()?;
+    let prop = crate::memory::vmm_properties(ordinal);
+    let mut granularity = 0usize;
+    // SAFETY: valid out-pointer and properties; the VMM symbols exist (`driver.vmm`).
+    guarded("cuMemGetAllocationGranularity", || unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut granularity,
+            &prop,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+    })
+    .ok()?;
+    u64::try_from(granularity).ok().filter(|g| *g > 0)
 }
 
 fn uuid_string(bytes: &[c_char; 16]) -> String {
@@ -321,6 +395,14 @@ impl DeviceImpl for CudaDevice {
 
     fn allocate(&self, size: u64) -> Result<Arc<dyn RawAllocation>> {
         Ok(Arc::new(CudaBuffer::new(&self.shared, size)?))
+    }
+
+    fn allocate_growable(&self, reserve: u64, initial: u64) -> Result<Arc<dyn RawAllocation>> {
+        Ok(Arc::new(CudaBuffer::growable(
+            &self.shared,
+            reserve,
+            initial,
+        )?))
     }
 
     fn create_stream(&self) -> Result<Box<dyn StreamImpl>> {

@@ -38,6 +38,7 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemAlloc_v2",
     "cuMemFree_v2",
     "cuMemHostAlloc",
+    "cuMemHostGetDevicePointer_v2",
     "cuMemFreeHost",
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
@@ -57,6 +58,26 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuModuleGetFunction",
     "cuModuleUnload",
 ];
+
+/// Driver symbols of the virtual memory management API, which growable allocations
+/// use. Looked up like [`REQUIRED_SYMBOLS`], but their absence only leaves the
+/// `virtual_memory_granularity` capability `None`.
+pub const VMM_SYMBOLS: &[&str] = &[
+    "cuCtxSynchronize",
+    "cuMemGetAllocationGranularity",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
+];
+
+/// Driver symbols of the stream memory operation that waits for another backend's
+/// event (a stream waiting on a pinned host word). Without them the stream waits in a
+/// spinning one-thread kernel instead.
+pub const WAIT_VALUE_SYMBOLS: &[&str] = &["cuStreamWaitValue32_v2"];
 
 /// Why a driver call failed.
 #[derive(Debug, Clone)]
@@ -201,6 +222,13 @@ pub struct Driver {
     pub nvrtc: bool,
     /// Whether NCCL (`libnccl.so`) is loadable (reported; collectives use it).
     pub nccl: bool,
+    /// Whether the driver exports every symbol of [`VMM_SYMBOLS`] (a device must also
+    /// report virtual memory management support for growable allocations).
+    pub vmm: bool,
+    /// Whether the driver exports every symbol of [`WAIT_VALUE_SYMBOLS`] (a device must
+    /// also report `CAN_USE_STREAM_WAIT_VALUE_NOR` for streams to wait for other
+    /// backends' events with `cuStreamWaitValue32` rather than a spinning kernel).
+    pub stream_wait_value: bool,
 }
 
 /// `major.minor` of a driver version number.
@@ -216,9 +244,9 @@ fn probe(f: unsafe fn() -> bool) -> bool {
     catch_unwind(|| unsafe { f() }).unwrap_or(false)
 }
 
-/// Checks that the library cudarc will load exports every symbol in
-/// [`REQUIRED_SYMBOLS`]. Returns the missing ones.
-fn missing_symbols() -> Result<Vec<&'static str>, String> {
+/// Which of `lists` the library cudarc will load lacks symbols of: for each list, the
+/// symbols it does not export.
+fn missing_symbols(lists: &[&[&'static str]]) -> Result<Vec<Vec<&'static str>>, String> {
     let mut last = String::from("no candidate library name");
     for name in ["cuda", "nvcuda"]
         .iter()
@@ -228,12 +256,16 @@ fn missing_symbols() -> Result<Vec<&'static str>, String> {
         // the same library, in the same search order, that cudarc loads.
         match unsafe { libloading::Library::new(&name) } {
             Ok(lib) => {
-                let missing = REQUIRED_SYMBOLS
+                let missing = lists
                     .iter()
-                    .copied()
-                    .filter(|s| {
-                        // SAFETY: the symbol is only looked up, never called or read.
-                        unsafe { lib.get::<*const ()>(s.as_bytes()) }.is_err()
+                    .map(|list| {
+                        list.iter()
+                            .copied()
+                            .filter(|s| {
+                                // SAFETY: the symbol is only looked up, never called or read.
+                                unsafe { lib.get::<*const ()>(s.as_bytes()) }.is_err()
+                            })
+                            .collect()
                     })
                     .collect();
                 return Ok(missing);
@@ -254,8 +286,11 @@ impl Driver {
                     .to_string(),
             );
         }
-        let missing = missing_symbols()
+        let missing = missing_symbols(&[REQUIRED_SYMBOLS, VMM_SYMBOLS, WAIT_VALUE_SYMBOLS])
             .map_err(|e| format!("libcuda could not be opened for a symbol check ({e})"))?;
+        let [missing, missing_vmm, missing_wait] = missing.as_slice() else {
+            return Err("the symbol check returned an unexpected answer".to_string());
+        };
         if !missing.is_empty() {
             return Err(format!(
                 "the CUDA driver library lacks {} (it is too old or not a CUDA driver); install an NVIDIA driver for CUDA 12.6 or newer",
@@ -289,6 +324,8 @@ impl Driver {
         Ok(Driver {
             version,
             device_count: count,
+            vmm: missing_vmm.is_empty(),
+            stream_wait_value: missing_wait.is_empty(),
             nvrtc: probe(cudarc::nvrtc::sys::is_culib_present),
             nccl: probe(cudarc::nccl::sys::is_culib_present),
         })

@@ -1,5 +1,7 @@
-//! User kernels in PTX, loaded with `cuModuleLoadData`. Parameters follow the ABI in
-//! the crate docs: buffers as 64-bit device pointers, scalars by value in their width.
+//! User kernels in PTX, loaded with `cuModuleLoadData`, or in CUDA C, compiled to PTX by
+//! NVRTC first (cached per source and compute capability for the process). Parameters
+//! follow the ABI in the crate docs: buffers as 64-bit device pointers, scalars by value
+//! in their width.
 
 use std::any::Any;
 use std::ffi::c_void;
@@ -15,7 +17,7 @@ use crate::driver::cu;
 use crate::stream::{buffer_of, Held, StreamShared};
 use crate::NAME;
 
-/// A loaded PTX kernel.
+/// A loaded PTX (or compiled CUDA C) kernel.
 pub struct CudaKernel {
     dev: Arc<DeviceShared>,
     module: CUmodule,
@@ -54,22 +56,28 @@ impl Drop for CudaKernel {
 
 impl CudaKernel {
     pub(crate) fn load(dev: &Arc<DeviceShared>, desc: &KernelDesc) -> Result<Self> {
-        let KernelSource::Ptx(text) = &desc.source else {
-            return Err(Error::unsupported(format!(
-                "kernel `{}` is {}, but {} loads only PTX",
-                desc.name,
-                desc.source.format(),
-                dev.name
-            )));
+        let ptx = match &desc.source {
+            KernelSource::Ptx(text) => {
+                if text.as_bytes().contains(&0) {
+                    return Err(Error::invalid(format!(
+                        "the PTX of kernel `{}` contains a NUL byte",
+                        desc.name
+                    )));
+                }
+                let mut ptx = text.as_bytes().to_vec();
+                ptx.push(0);
+                Arc::new(ptx)
+            }
+            KernelSource::CudaC(source) => compile_cuda_c(dev, &desc.name, source)?,
+            other => {
+                return Err(Error::unsupported(format!(
+                    "kernel `{}` is {}, but {} loads only PTX and CUDA C",
+                    desc.name,
+                    other.format(),
+                    dev.name
+                )))
+            }
         };
-        if text.as_bytes().contains(&0) {
-            return Err(Error::invalid(format!(
-                "the PTX of kernel `{}` contains a NUL byte",
-                desc.name
-            )));
-        }
-        let mut ptx = text.as_bytes().to_vec();
-        ptx.push(0);
         let (module, function) = crate::builtins::load_module(dev, &ptx, &desc.entry_point)?;
         Ok(CudaKernel {
             dev: dev.clone(),
@@ -77,6 +85,28 @@ impl CudaKernel {
             function,
         })
     }
+}
+
+/// NUL-terminated PTX for the CUDA C kernel `name`, compiled by NVRTC for the device's
+/// compute capability.
+fn compile_cuda_c(dev: &DeviceShared, name: &str, source: &str) -> Result<Arc<Vec<u8>>> {
+    if !dev.driver.nvrtc {
+        return Err(Error::unsupported(format!(
+            "CUDA C kernel `{name}` needs NVRTC (libnvrtc.so) on {}, which was not found; install the CUDA toolkit's NVRTC or pass PTX",
+            dev.name
+        )));
+    }
+    if source.as_bytes().contains(&0) {
+        return Err(Error::invalid(format!(
+            "the CUDA C source of kernel `{name}` contains a NUL byte"
+        )));
+    }
+    let arch = dev.arch.0 * 10 + dev.arch.1;
+    crate::nvrtc::compile(source, arch, crate::nvrtc::Flavor::User).map_err(|e| {
+        Error::invalid(format!(
+            "NVRTC could not compile CUDA C kernel `{name}` for sm_{arch}: {e}"
+        ))
+    })
 }
 
 /// A scalar's little-endian bits in the low bytes of a `u64` slot (the driver reads

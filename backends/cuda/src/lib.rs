@@ -7,7 +7,7 @@
 //! **Required driver:** one that supports CUDA 12.6 (`cuDriverGetVersion` ≥ 12060,
 //! NVIDIA driver 560 or newer). Builtin operations additionally need NVRTC
 //! (`libnvrtc.so`, from the CUDA toolkit or the `nvidia-cuda-nvrtc` package); without
-//! it a device lists no builtin dtypes and only PTX kernels run.
+//! it a device lists no builtin dtypes and only PTX kernels run (no CUDA C).
 //!
 //! ## Loading without panics
 //!
@@ -38,22 +38,42 @@
 //! - `memory` — one `cuMemAlloc` per allocation; slices are device pointer + byte
 //!   offset. Pinned host memory (`cuMemHostAlloc`) stages host copies. Errors of
 //!   `cuMemFree` in `Drop` are recorded on the device and reported by the next
-//!   synchronize of any of its streams, never panicked or lost.
+//!   synchronize of any of its streams, never panicked or lost. Growable allocations
+//!   (`Device::allocate_growable`) use the virtual memory management API: an address
+//!   range from `cuMemAddressReserve`, backed by one `cuMemCreate` handle per granule
+//!   (mapped with `cuMemMap`, made accessible with `cuMemSetAccess`), so that a shrink
+//!   can unmap and release exactly the tail — after `cuCtxSynchronize`, so that work
+//!   already enqueued on the released range cannot fault. The capability
+//!   `virtual_memory_granularity` is the device's minimum VMM granularity, offered only
+//!   when the driver exports the [`driver::VMM_SYMBOLS`] and the device reports
+//!   `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`; otherwise `None`.
 //! - [`CudaStream`] — a non-blocking `CUstream`. Work goes straight to the stream;
 //!   host-side steps (copying between a `HostBuffer` and pinned staging memory, waiting
 //!   for another backend's event) are `cuLaunchHostFunc` callbacks, so stream order
 //!   holds across the host and the device. Callbacks never call CUDA and never drop
 //!   CUDA objects. A completion thread per stream synchronises checkpoint events in
-//!   order, completes xpu events, and releases what the work held.
+//!   order, completes xpu events, and releases what the work held. Callbacks never
+//!   block.
 //! - [`CudaEvent`] — a timing-enabled `CUevent` recorded on the stream, plus the
 //!   stream position whose outcome it reports. Waits on events of the same backend are
-//!   native (`cuStreamWaitEvent`, which accepts events of other devices' contexts);
-//!   waits on other backends' events are host callbacks that call the foreign
-//!   `Event::wait`.
+//!   native (`cuStreamWaitEvent`, which accepts events of other devices' contexts).
+//!   Waits on other backends' events never block inside a host callback (the driver
+//!   runs a context's callbacks on one thread, so a blocked one can deadlock against
+//!   CUDA work the foreign event depends on). Where the device supports
+//!   `cuStreamWaitValue32` (`CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR`), the
+//!   stream waits on the device for a pinned host word that a per-stream helper thread
+//!   advances once the foreign event is done; elsewhere the stream runs a one-thread
+//!   kernel that spins on the word. Neither blocks a host thread the caller needs.
+//!   `DeviceInfo::extra` says which (`foreign_event_wait=stream-wait-value` or
+//!   `spin-kernel`); the `stream` module has the details.
 //! - `builtins` — every builtin operation as generated CUDA C (one kernel per
 //!   operation and dtype), compiled by NVRTC on first use, once per (source, GPU
 //!   architecture) in the process, and loaded once per device.
-//! - `kernel` — user kernels in PTX (`cuModuleLoadData`).
+//! - `kernel` — user kernels in PTX (`cuModuleLoadData`) or in CUDA C
+//!   (`KernelFormat::CudaC`, compiled to PTX by NVRTC for the device's compute
+//!   capability with NVRTC's default options, cached per (source, architecture) for the
+//!   process; offered when NVRTC is present). A compile error is an `InvalidArgument`
+//!   error carrying NVRTC's log.
 //!
 //! ## Errors of asynchronous work
 //!
@@ -63,18 +83,21 @@
 //! recorded after it. CUDA's sticky errors poison the whole context; they are reported
 //! as `DeviceLost` and every later call fails the same way.
 //!
-//! ## Kernel ABI (PTX)
+//! ## Kernel ABI (PTX and CUDA C)
+//!
+//! A CUDA C entry point must be declared `extern "C" __global__` so that its name is
+//! the entry point's, unmangled.
 //!
 //! Parameters are passed in declaration order: a buffer as a 64-bit device pointer to
 //! the first byte of its slice (null for an empty slice), a scalar by value in its own
 //! width (`u8` one byte, `f16`/`bf16` as their 16 bits, `f32`/`i32` four bytes,
 //! `f64`/`i64` eight). `LaunchDims` is the grid and block.
 //!
-//! ## Not implemented
+//! ## Limits
 //!
-//! Virtual memory management (`cuMemAddressReserve`/`cuMemCreate`/`cuMemMap`) is not
-//! offered; allocations are plain `cuMemAlloc`. CUDA C source for user kernels needs a
-//! kernel format the HAL does not have yet (only PTX is accepted).
+//! Growable allocations are accessible from their own device only (no peer mappings).
+//! A shrink waits for the whole context, not only for the work that uses the
+//! allocation.
 
 pub mod builtins;
 mod device;

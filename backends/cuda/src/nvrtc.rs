@@ -1,4 +1,7 @@
 //! CUDA C → PTX with NVRTC, cached per (source hash, GPU architecture) for the process.
+//! Two flavours of source go through it: the builtin operations (compiled with the
+//! options that make their arithmetic match the host reference) and user kernels of
+//! format `cuda-c` (compiled with NVRTC's defaults); the flavour is part of the hash.
 //! Only called when the probe found `libnvrtc.so` (`Driver::nvrtc`); every call is
 //! guarded against cudarc panics like the driver's.
 
@@ -62,15 +65,52 @@ fn pick_arch(arch: c_int) -> c_int {
         .unwrap_or(arch)
 }
 
+/// What a source is, which decides how it is compiled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Flavor {
+    /// A builtin operation: no fused multiply-add, no flush to zero, IEEE division and
+    /// square root, as on the host.
+    Builtin,
+    /// A user kernel (`KernelSource::CudaC`): NVRTC's default options.
+    User,
+}
+
+impl Flavor {
+    fn options(self, arch: c_int) -> Vec<String> {
+        let mut options = vec![format!("--gpu-architecture=compute_{arch}")];
+        if self == Flavor::Builtin {
+            options.extend(
+                [
+                    // Separate roundings for a*b and +c, as on the host.
+                    "--fmad=false",
+                    "--ftz=false",
+                    "--prec-div=true",
+                    "--prec-sqrt=true",
+                ]
+                .map(String::from),
+            );
+        }
+        options
+    }
+
+    fn file_name(self) -> &'static std::ffi::CStr {
+        match self {
+            Flavor::Builtin => c"xpu_builtins.cu",
+            Flavor::User => c"xpu_kernel.cu",
+        }
+    }
+}
+
 /// NUL-terminated PTX for `source` on architecture `arch` (10 × major + minor).
-pub(crate) fn compile(source: &str, arch: c_int) -> Result<Arc<Vec<u8>>, String> {
+pub(crate) fn compile(source: &str, arch: c_int, flavor: Flavor) -> Result<Arc<Vec<u8>>, String> {
     let mut h = DefaultHasher::new();
+    flavor.hash(&mut h);
     source.hash(&mut h);
     let key = (h.finish(), arch);
     if let Some(ptx) = lock(cache()).get(&key) {
         return Ok(ptx.clone());
     }
-    let ptx = Arc::new(compile_uncached(source, pick_arch(arch))?);
+    let ptx = Arc::new(compile_uncached(source, pick_arch(arch), flavor)?);
     lock(cache()).insert(key, ptx.clone());
     Ok(ptx)
 }
@@ -86,9 +126,9 @@ impl Drop for Program {
     }
 }
 
-fn compile_uncached(source: &str, arch: c_int) -> Result<Vec<u8>, String> {
+fn compile_uncached(source: &str, arch: c_int, flavor: Flavor) -> Result<Vec<u8>, String> {
     let src = CString::new(source).map_err(|e| format!("the source contains NUL: {e}"))?;
-    let name = c"xpu_builtins.cu";
+    let name = flavor.file_name();
     let mut prog: nvrtcProgram = std::ptr::null_mut();
     // SAFETY: valid NUL-terminated strings that outlive the call; no headers.
     call("nvrtcCreateProgram", || unsafe {
@@ -102,17 +142,11 @@ fn compile_uncached(source: &str, arch: c_int) -> Result<Vec<u8>, String> {
         )
     })?;
     let prog = Program(prog);
-    let options: Vec<CString> = [
-        format!("--gpu-architecture=compute_{arch}"),
-        // Separate roundings for a*b and +c, as on the host.
-        "--fmad=false".to_string(),
-        "--ftz=false".to_string(),
-        "--prec-div=true".to_string(),
-        "--prec-sqrt=true".to_string(),
-    ]
-    .into_iter()
-    .filter_map(|o| CString::new(o).ok())
-    .collect();
+    let options: Vec<CString> = flavor
+        .options(arch)
+        .into_iter()
+        .filter_map(|o| CString::new(o).ok())
+        .collect();
     let ptrs: Vec<*const c_char> = options.iter().map(|o| o.as_ptr()).collect();
     let p = prog.0;
     // SAFETY: a live program; the option strings outlive the call.
@@ -160,4 +194,17 @@ fn log(p: nvrtcProgram) -> String {
     String::from_utf8_lossy(&buf)
         .trim_end_matches('\0')
         .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtins_keep_host_rounding_and_user_kernels_get_the_defaults() {
+        let builtin = Flavor::Builtin.options(90);
+        assert_eq!(builtin[0], "--gpu-architecture=compute_90");
+        assert!(builtin.iter().any(|o| o == "--fmad=false"));
+        assert_eq!(Flavor::User.options(80), ["--gpu-architecture=compute_80"]);
+    }
 }

@@ -13,19 +13,47 @@
 //! # Host steps
 //! Host work that must happen in stream order (filling a staging buffer from a
 //! `HostBuffer` that earlier work may still write, draining a staging buffer into a
-//! `HostBuffer`, waiting for another backend's event) is a `cuLaunchHostFunc`
-//! callback. Callbacks never call CUDA and never own CUDA objects (they hold raw
-//! staging pointers; the leases stay in the pending list), so nothing they drop calls
-//! the driver. Their errors go to a slot that the completion thread folds into the
-//! stream's error at the next checkpoint.
+//! `HostBuffer`) is a `cuLaunchHostFunc` callback. Callbacks never call CUDA, never own
+//! CUDA objects (they hold raw staging pointers; the leases stay in the pending list),
+//! and never block, so nothing they drop calls the driver and the driver's callback
+//! thread is never held up. Their errors go to a slot that the completion thread folds
+//! into the stream's error at the next checkpoint.
+//!
+//! # Waiting for another backend's event
+//! A wait for a foreign event must not start later work before `Event::wait` would
+//! return, but it must not block inside a host callback either: the driver runs the
+//! callbacks of a context on one thread, so a callback blocked on a foreign event that
+//! itself depends on other CUDA work (a host stream waiting on a CUDA event whose
+//! completion needs another callback) would deadlock. Nor may it block the enqueuing
+//! thread, which may be the very thread that lets the foreign event complete later
+//! (it opens a gate a host kernel waits on, say). So the wait happens on the device:
+//!
+//! - Each stream that waits for a foreign event gets a pinned, device-mapped host word
+//!   (`cuMemHostAlloc` with `DEVICEMAP`) and a helper thread. Every wait takes the next
+//!   *ticket* `n` of the stream and enqueues a device-side wait for `word >= n` (a
+//!   cyclic 32-bit comparison); the event goes to the helper thread, which waits for
+//!   the stream's foreign events one after another, in order, and after each stores its
+//!   ticket into the word. The word therefore only ever moves forward, and reaching `n`
+//!   means every wait up to `n` is satisfied. The word is held by the pending list like
+//!   any resource, so it lives until the device has passed the wait.
+//! - The device-side wait is `cuStreamWaitValue32(word >= n)` where the device reports
+//!   `CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR` and the driver exports
+//!   `cuStreamWaitValue32_v2`; elsewhere it is a one-thread kernel (hand-written PTX,
+//!   see `builtins::flag_wait_kernel`) that spins on the word with volatile loads. The
+//!   spinning kernel occupies one block slot of the GPU while it waits.
+//!
+//! A failed foreign event is recorded with its ticket, and the completion
+//! thread reports it at the first checkpoint after the wait, exactly where a failing
+//! operation in the stream would be reported.
 
 use std::any::Any;
-use std::ffi::c_void;
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::ffi::{c_uint, c_void};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::{channel, Receiver, SendError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cudarc::driver::sys::{self, CUevent, CUstream};
+use cudarc::driver::sys::{self, CUdeviceptr, CUevent, CUstream};
 use xpu_hal::backend::{BuiltinOp, EventImpl, StreamImpl, StreamProgress};
 use xpu_hal::{
     downcast_raw, Error, Event, HostSlice, KernelDesc, KernelImpl, LaunchDims, RawKernelArg,
@@ -100,6 +128,8 @@ struct Checkpoint {
     held: Vec<Held>,
     marks: Vec<Arc<Mark>>,
     waited: Vec<CudaEvent>,
+    /// The last foreign-wait ticket enqueued before the checkpoint.
+    foreign_upto: u64,
 }
 
 struct SubmitState {
@@ -109,6 +139,137 @@ struct SubmitState {
     /// Operations since the last checkpoint.
     ops: u32,
     tx: Option<Sender<Checkpoint>>,
+    /// The last foreign-wait ticket handed out (0: none yet).
+    foreign_ticket: u64,
+    /// The device-side foreign-wait bridge, started by the first such wait.
+    foreign: Option<ForeignWaiter>,
+}
+
+/// A pinned, device-mapped host word that a stream waits on (`cuStreamWaitValue32`)
+/// and a helper thread writes. Freed (`cuMemFreeHost`) by whoever drops it last, never
+/// inside a callback.
+pub(crate) struct FlagWord {
+    dev: Arc<DeviceShared>,
+    host: *mut u32,
+    device: CUdeviceptr,
+}
+
+// SAFETY: the word is plain pinned host memory owned by this value; the host only
+// touches it atomically (`set`), and the device only reads it.
+unsafe impl Send for FlagWord {}
+// SAFETY: as above.
+unsafe impl Sync for FlagWord {}
+
+impl FlagWord {
+    fn new(dev: &Arc<DeviceShared>) -> Result<Self> {
+        dev.bind()?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        let size = std::mem::size_of::<u32>();
+        cu(
+            &dev.name,
+            "allocating the word for waits on other backends' events",
+            "cuMemHostAlloc",
+            // SAFETY: context current; valid out-pointer.
+            || unsafe { sys::cuMemHostAlloc(&mut p, size, flags) },
+        )?;
+        // From here on, dropping `word` frees the memory.
+        let mut word = FlagWord {
+            dev: dev.clone(),
+            host: p.cast::<u32>(),
+            device: 0,
+        };
+        word.set(0);
+        let mut device: CUdeviceptr = 0;
+        cu(
+            &dev.name,
+            "mapping the word for waits on other backends' events",
+            "cuMemHostGetDevicePointer_v2",
+            // SAFETY: `p` is pinned memory from cuMemHostAlloc with DEVICEMAP; valid
+            // out-pointer; flags must be 0.
+            || unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, p, 0) },
+        )?;
+        word.device = device;
+        Ok(word)
+    }
+
+    /// Stores `value` for the device to see.
+    fn set(&self, value: u32) {
+        // SAFETY: `host` is a live, page-aligned (so 4-aligned) word of pinned memory
+        // for the lifetime of `self`, which the host only accesses through atomics.
+        let word = unsafe { AtomicU32::from_ptr(self.host) };
+        word.store(value, Ordering::Release);
+    }
+}
+
+impl Drop for FlagWord {
+    fn drop(&mut self) {
+        let p = self.host.cast::<c_void>();
+        let result = self.dev.bind().and_then(|()| {
+            // SAFETY: from cuMemHostAlloc, freed once; the device no longer reads it
+            // (every wait on it is behind a checkpoint that holds this word until the
+            // device has passed it) and the helper thread has stopped writing it.
+            cu(
+                &self.dev.name,
+                "freeing the word for waits on other backends' events",
+                "cuMemFreeHost",
+                || unsafe { sys::cuMemFreeHost(p) },
+            )
+        });
+        if let Err(e) = result {
+            self.dev.record_error(e);
+        }
+    }
+}
+
+/// The device-side foreign-wait bridge of one stream: its word and the channel to its
+/// helper thread. Dropping it lets the thread finish the waits queued and exit.
+struct ForeignWaiter {
+    flag: Arc<FlagWord>,
+    tx: Sender<(u64, Event)>,
+}
+
+/// Failures of foreign events, by ticket, until the completion thread reports them.
+#[derive(Default)]
+struct ForeignErrors(Mutex<Vec<(u64, Error)>>);
+
+impl ForeignErrors {
+    fn push(&self, ticket: u64, e: Error) {
+        lock(&self.0).push((ticket, e));
+    }
+
+    /// The failures of tickets up to `upto`, removed.
+    fn take_upto(&self, upto: u64) -> Vec<Error> {
+        let mut all = lock(&self.0);
+        let (due, later): (Vec<_>, Vec<_>) = all.drain(..).partition(|(t, _)| *t <= upto);
+        *all = later;
+        due.into_iter().map(|(_, e)| e).collect()
+    }
+}
+
+/// Waits for a foreign event; a failure (or a panic) is recorded with `ticket`.
+fn wait_foreign(event: &Event, ticket: u64, errors: &ForeignErrors) {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| event.wait()));
+    let failure = match outcome {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => Error::aborted(format!("an event this stream waited for failed: {e}")),
+        Err(p) => Error::aborted(format!(
+            "waiting for another backend's event panicked: {}",
+            panic_message(&*p)
+        )),
+    };
+    errors.push(ticket, failure);
+}
+
+/// The helper thread of a [`ForeignWaiter`]: waits for the events in ticket order and
+/// publishes each ticket once its event is done (or failed).
+fn run_foreign_waits(flag: Arc<FlagWord>, errors: Arc<ForeignErrors>, rx: Receiver<(u64, Event)>) {
+    for (ticket, event) in rx {
+        wait_foreign(&event, ticket, &errors);
+        drop(event);
+        // Cyclic 32-bit comparison on the device: the truncation is intended.
+        flag.set(ticket as u32);
+    }
 }
 
 /// Errors of host callbacks, until the completion thread takes them.
@@ -135,6 +296,7 @@ pub(crate) struct StreamShared {
     submit: Mutex<SubmitState>,
     pub(crate) progress: StreamProgress,
     host_errors: Arc<ErrorSlot>,
+    foreign_errors: Arc<ForeignErrors>,
 }
 
 // SAFETY: a CUstream may be used from any thread (the driver API is thread-safe); the
@@ -262,6 +424,7 @@ impl StreamShared {
             held: std::mem::take(&mut st.held),
             marks: mark.into_iter().cloned().collect(),
             waited: std::mem::take(&mut st.waited),
+            foreign_upto: st.foreign_ticket,
         };
         match &st.tx {
             Some(tx) => tx.send(item).map_err(|_| Error::DeviceLost {
@@ -288,6 +451,100 @@ impl StreamShared {
         Ok(self.checkpoint(&mut st, None)?.0)
     }
 
+    /// Starts the device-side foreign-wait bridge of this stream.
+    fn start_foreign_waiter(&self) -> Result<ForeignWaiter> {
+        let flag = Arc::new(FlagWord::new(&self.dev)?);
+        let (tx, rx) = channel();
+        let (word, errors) = (flag.clone(), self.foreign_errors.clone());
+        std::thread::Builder::new()
+            .name(format!("xpu-{}-foreign", self.dev.name))
+            .spawn(move || run_foreign_waits(word, errors, rx))
+            .map_err(|e| {
+                Error::backend_message(
+                    NAME,
+                    format!(
+                        "could not start the thread that waits for other backends' events: {e}"
+                    ),
+                )
+            })?;
+        Ok(ForeignWaiter { flag, tx })
+    }
+
+    /// Makes the stream wait on the device for a foreign event: `cuStreamWaitValue32` on
+    /// the stream's word (or the spin kernel where the device lacks it), which the
+    /// helper thread advances once the event is done.
+    fn wait_foreign_on_device(&self, event: Event) -> Result<()> {
+        let mut st = lock(&self.submit);
+        let (flag, tx) = match &st.foreign {
+            Some(w) => (w.flag.clone(), w.tx.clone()),
+            None => {
+                let w = self.start_foreign_waiter()?;
+                let pair = (w.flag.clone(), w.tx.clone());
+                st.foreign = Some(w);
+                pair
+            }
+        };
+        let ticket = st.foreign_ticket + 1;
+        self.dev.bind()?;
+        let (s, addr) = (self.stream, flag.device);
+        // The truncation of the ticket is the intended cyclic comparison.
+        let value = ticket as u32;
+        if self.dev.wait_value {
+            let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as c_uint;
+            cu(
+                &self.dev.name,
+                "waiting for another backend's event",
+                "cuStreamWaitValue32_v2",
+                // SAFETY: our stream; `addr` is the device address of a live pinned
+                // word, held below until the device has passed this wait.
+                || unsafe { sys::cuStreamWaitValue32_v2(s, addr, value, geq) },
+            )?;
+        } else {
+            let kernel = crate::builtins::flag_wait_kernel(&self.dev)?;
+            let function = kernel.function();
+            let (mut addr, mut value) = (addr, value);
+            let mut params: [*mut c_void; 2] = [
+                (&mut addr as *mut CUdeviceptr).cast(),
+                (&mut value as *mut u32).cast(),
+            ];
+            cu(
+                &self.dev.name,
+                "waiting for another backend's event",
+                "cuLaunchKernel",
+                // SAFETY: the kernel's signature is (u64, u32), matched by `params`,
+                // which outlive the call (the driver copies them); `addr` is the device
+                // address of a live pinned word, held below until the kernel has
+                // finished; the module lives as long as the device.
+                || unsafe {
+                    sys::cuLaunchKernel(
+                        function,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        0,
+                        s,
+                        params.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    )
+                },
+            )?;
+        }
+        st.foreign_ticket = ticket;
+        st.held.push(flag.clone());
+        st.ops += 1;
+        // Sent under the submission lock, so the helper sees tickets in order.
+        if let Err(SendError((ticket, event))) = tx.send((ticket, event)) {
+            // The helper thread is gone (it never exits while the stream lives, so this
+            // is defensive): do its job here rather than leave the stream waiting.
+            wait_foreign(&event, ticket, &self.foreign_errors);
+            flag.set(ticket as u32);
+        }
+        Ok(())
+    }
+
     fn run_completion(self: Arc<Self>, rx: Receiver<Checkpoint>) {
         if let Err(e) = self.dev.bind() {
             self.set_error(e);
@@ -304,6 +561,9 @@ impl StreamShared {
                 self.set_error(err);
             }
             if let Some(err) = self.host_errors.take() {
+                self.set_error(err);
+            }
+            for err in self.foreign_errors.take_upto(cp.foreign_upto) {
                 self.set_error(err);
             }
             for w in &cp.waited {
@@ -371,9 +631,12 @@ impl CudaStream {
                 waited: Vec::new(),
                 ops: 0,
                 tx: Some(tx),
+                foreign_ticket: 0,
+                foreign: None,
             }),
             progress: StreamProgress::new(),
             host_errors: Arc::new(ErrorSlot::default()),
+            foreign_errors: Arc::new(ForeignErrors::default()),
         });
         let worker = shared.clone();
         std::thread::Builder::new()
@@ -400,8 +663,10 @@ impl Drop for CudaStream {
                 self.shared.dev.record_error(e);
             }
         }
-        // Closing the channel lets the completion thread finish and exit.
+        // Closing the channels lets the completion thread and the foreign-wait helper
+        // finish what is queued and exit.
         st.tx = None;
+        st.foreign = None;
     }
 }
 
@@ -564,11 +829,7 @@ impl StreamImpl for CudaStream {
     }
 
     fn wait_foreign_event(&self, event: Event) -> Result<()> {
-        self.shared.host_step(Box::new(move || {
-            event
-                .wait()
-                .map_err(|e| Error::aborted(format!("an event this stream waited for failed: {e}")))
-        }))
+        self.shared.wait_foreign_on_device(event)
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -582,5 +843,23 @@ impl StreamImpl for CudaStream {
         let done = self.shared.completed() >= pos;
         self.shared.take_error()?;
         Ok(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn foreign_failures_are_reported_at_the_first_checkpoint_after_their_wait() {
+        let errors = ForeignErrors::default();
+        errors.push(2, Error::aborted("second"));
+        errors.push(5, Error::aborted("fifth"));
+        assert!(errors.take_upto(1).is_empty());
+        let due = errors.take_upto(4);
+        assert_eq!(due.len(), 1);
+        assert!(due[0].to_string().contains("second"));
+        assert!(errors.take_upto(4).is_empty(), "reported once");
+        assert_eq!(errors.take_upto(9).len(), 1);
     }
 }

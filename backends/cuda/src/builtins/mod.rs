@@ -122,12 +122,13 @@ fn kernel(dev: &Arc<DeviceShared>, kind: BuiltinKind) -> Result<Arc<BuiltinKerne
         )));
     }
     let arch = dev.arch.0 * 10 + dev.arch.1;
-    let ptx = crate::nvrtc::compile(&source::source(kind), arch).map_err(|e| {
-        Error::backend_message(
-            NAME,
-            format!("NVRTC could not compile the builtin kernel {kind:?} for sm_{arch}: {e}"),
-        )
-    })?;
+    let ptx = crate::nvrtc::compile(&source::source(kind), arch, crate::nvrtc::Flavor::Builtin)
+        .map_err(|e| {
+            Error::backend_message(
+                NAME,
+                format!("NVRTC could not compile the builtin kernel {kind:?} for sm_{arch}: {e}"),
+            )
+        })?;
     let (module, function) = load_module(dev, &ptx, &source::entry(kind))?;
     let k = Arc::new(BuiltinKernel { module, function });
     cache.insert(kind, k.clone());
@@ -244,4 +245,68 @@ pub(crate) fn dispatch(stream: &Arc<StreamShared>, op: BuiltinOp) -> Result<()> 
             },
         )
     })
+}
+
+/// The entry point of [`FLAG_WAIT_PTX`].
+const FLAG_WAIT_ENTRY: &str = "xpu_wait_flag";
+
+/// The kernel a stream runs to wait for a host word where the device cannot
+/// `cuStreamWaitValue32`: one thread spins on `*flag` (a device-mapped host word, read
+/// with volatile loads, which are system-scope) until `(int)(*flag - value) >= 0`, the
+/// same cyclic comparison as `CU_STREAM_WAIT_VALUE_GEQ`. Hand-written PTX, so it needs
+/// no NVRTC. Parameters: the word's device address (u64), the value (u32).
+const FLAG_WAIT_PTX: &str = "\
+.version 7.0
+.target sm_50
+.address_size 64
+
+.visible .entry xpu_wait_flag(
+    .param .u64 xpu_wait_flag_param_0,
+    .param .u32 xpu_wait_flag_param_1
+)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<2>;
+
+    ld.param.u64 %rd1, [xpu_wait_flag_param_0];
+    ld.param.u32 %r1, [xpu_wait_flag_param_1];
+$L_wait:
+    ld.volatile.u32 %r2, [%rd1];
+    sub.s32 %r3, %r2, %r1;
+    setp.lt.s32 %p1, %r3, 0;
+    @%p1 bra $L_wait;
+    ret;
+}
+\0";
+
+/// The flag-wait kernel of [`FLAG_WAIT_PTX`], loaded once per device.
+pub(crate) fn flag_wait_kernel(dev: &Arc<DeviceShared>) -> Result<Arc<BuiltinKernel>> {
+    let mut slot = lock(&dev.flag_wait);
+    if let Some(k) = &*slot {
+        return Ok(k.clone());
+    }
+    let (module, function) = load_module(dev, FLAG_WAIT_PTX.as_bytes(), FLAG_WAIT_ENTRY)?;
+    let k = Arc::new(BuiltinKernel { module, function });
+    *slot = Some(k.clone());
+    Ok(k)
+}
+
+impl BuiltinKernel {
+    /// The kernel's function handle.
+    pub(crate) fn function(&self) -> CUfunction {
+        self.function
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flag_wait_ptx_is_one_nul_terminated_entry() {
+        assert_eq!(FLAG_WAIT_PTX.bytes().filter(|b| *b == 0).count(), 1);
+        assert!(FLAG_WAIT_PTX.ends_with('\0'));
+        assert!(FLAG_WAIT_PTX.contains(&format!(".visible .entry {FLAG_WAIT_ENTRY}(")));
+    }
 }
