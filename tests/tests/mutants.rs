@@ -86,6 +86,10 @@ impl DeviceImpl for FaultyDevice {
         self.inner.allocate(size)
     }
 
+    fn allocate_growable(&self, reserve: u64, initial: u64) -> Result<Arc<dyn RawAllocation>> {
+        self.inner.allocate_growable(reserve, initial)
+    }
+
     fn create_stream(&self) -> Result<Box<dyn StreamImpl>> {
         Ok(Box::new(FaultyStream {
             inner: self.inner.create_stream()?,
@@ -130,6 +134,10 @@ impl StreamImpl for FaultyStream {
             dst.len -= 1;
         }
         self.inner.copy_device_to_device(src, dst)
+    }
+
+    fn copy_peer(&self, src: RawSlice, dst: RawSlice) -> Result<()> {
+        self.inner.copy_peer(src, dst)
     }
 
     fn builtin(&self, op: BuiltinOp) -> Result<()> {
@@ -387,7 +395,10 @@ fn short_device_copies_are_caught() {
 
 #[test]
 fn frozen_memory_info_is_caught() {
-    assert_caught(Fault::FrozenMemoryInfo, &["memory.accounting"]);
+    assert_caught(
+        Fault::FrozenMemoryInfo,
+        &["memory.accounting", "memory.growable_accounting"],
+    );
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Allocation and release: sizes, zero size, double free, use after free, running out
-//! of memory, accounting, and freeing memory that queued work still uses.
+//! of memory, accounting, freeing memory that queued work still uses, and growable
+//! allocations (`Device::allocate_growable` / `Allocation::resize`).
 
 use std::time::Duration;
 
@@ -7,7 +8,8 @@ use xpu_hal::{BinaryOp, DType, Error, HostBuffer, MemoryInfo};
 
 use crate::case::{Case, CaseContext, CaseError, CaseOutcome};
 use crate::cases::util::{
-    check_bytes, ensure, expect_invalid, expect_oom, pattern, try_hold, upload, Rng, MIB,
+    check_bytes, encode, ensure, expect_invalid, expect_oom, expect_unsupported, pattern, try_hold,
+    upload, Rng, MIB,
 };
 use crate::reference::from_i64;
 
@@ -51,6 +53,41 @@ pub(crate) const CASES: &[Case] = &[
         "memory.no_aliasing",
         "many live allocations of odd sizes hold distinct data",
         no_aliasing,
+    ),
+    Case::core(
+        "memory.growable_capability",
+        "without virtual memory allocate_growable is unsupported; with it sizes round up to the granularity and plain allocations do not resize",
+        growable_capability,
+    ),
+    Case::core(
+        "memory.growable_keeps_contents",
+        "growing an allocation in place keeps the bytes it already held, and the grown range holds data",
+        growable_keeps_contents,
+    ),
+    Case::core(
+        "memory.growable_ops",
+        "copies and fills work on the grown range of a growable allocation",
+        growable_ops,
+    ),
+    Case::core(
+        "memory.growable_shrink",
+        "shrinking keeps the bytes below the new size, refuses operations beyond it, and the allocation grows again",
+        growable_shrink,
+    ),
+    Case::core(
+        "memory.growable_refused_sizes",
+        "resizing to a size that is not a multiple of the granularity, to 0 or above the reservation is an invalid-argument error that changes nothing",
+        growable_refused_sizes,
+    ),
+    Case::core(
+        "memory.growable_accounting",
+        "free memory drops by what a growable allocation grows and comes back when it shrinks and when it is freed",
+        growable_accounting,
+    ),
+    Case::core(
+        "memory.growable_resize_after_free",
+        "resizing a freed growable allocation is an invalid-argument error",
+        growable_resize_after_free,
     ),
 ];
 
@@ -330,5 +367,265 @@ fn no_aliasing(ctx: &CaseContext) -> CaseOutcome {
             &format!("allocation {i} of 48 ({} bytes)", a.size()),
         )?;
     }
+    Ok(())
+}
+
+/// The device's growable-allocation granularity, or a skip: the device has no virtual
+/// memory, or the cases' allocations of up to `granules` granules do not fit.
+fn granularity_or_skip(ctx: &CaseContext, granules: u64) -> Result<u64, CaseError> {
+    let Some(g) = ctx.device.capabilities().virtual_memory_granularity else {
+        return Err(CaseError::skip(
+            "device has no virtual memory (virtual_memory_granularity is None); memory.growable_capability checks that it refuses",
+        ));
+    };
+    let max = ctx.device.capabilities().max_allocation;
+    match g.checked_mul(granules) {
+        Some(need) if g > 0 && need <= max => Ok(g),
+        _ => Err(CaseError::skip(format!(
+            "the case needs {granules} granules of {g} bytes in one allocation, and the largest allocation is {max} bytes"
+        ))),
+    }
+}
+
+/// `len` bytes as a host-side length.
+fn host_len(len: u64) -> Result<usize, CaseError> {
+    usize::try_from(len)
+        .map_err(|_| CaseError::skip(format!("{len} bytes do not fit in host memory")))
+}
+
+fn growable_capability(ctx: &CaseContext) -> CaseOutcome {
+    let Some(g) = ctx.device.capabilities().virtual_memory_granularity else {
+        return expect_unsupported(
+            ctx.device.allocate_growable(MIB, 4096),
+            "allocate_growable on a device whose virtual_memory_granularity is None",
+        );
+    };
+    ensure(g > 0, || {
+        "virtual_memory_granularity is Some(0); a granularity is at least one byte".to_string()
+    })?;
+    let g = granularity_or_skip(ctx, 4)?;
+    let a = ctx.device.allocate_growable(3 * g + 1, 1)?;
+    ensure(a.is_growable(), || {
+        "an allocation from allocate_growable does not report is_growable".to_string()
+    })?;
+    ensure(a.size() == g && a.reserved() == 4 * g, || {
+        format!(
+            "allocate_growable({}, 1) with a granularity of {g} gave size {} and reserved {} (expected {g} and {})",
+            3 * g + 1,
+            a.size(),
+            a.reserved(),
+            4 * g
+        )
+    })?;
+    expect_invalid(
+        ctx.device.allocate_growable(4 * g, 0),
+        "allocate_growable with nothing backed at first",
+    )?;
+    expect_invalid(
+        ctx.device.allocate_growable(g, 2 * g),
+        "allocate_growable backing more than it reserves",
+    )?;
+    let plain = ctx.device.allocate(g)?;
+    ensure(!plain.is_growable() && plain.reserved() == g, || {
+        format!(
+            "a plain allocation of {g} bytes reports is_growable {} and reserved {}",
+            plain.is_growable(),
+            plain.reserved()
+        )
+    })?;
+    expect_invalid(plain.resize(2 * g), "resizing a plain allocation")
+}
+
+fn growable_keeps_contents(ctx: &CaseContext) -> CaseOutcome {
+    let g = granularity_or_skip(ctx, 4)?;
+    let stream = ctx.device.create_stream()?;
+    let a = ctx.device.allocate_growable(4 * g, g)?;
+    let first = pattern(31, host_len(g)?);
+    stream.write(&a, &first)?;
+    a.resize(3 * g)?;
+    ensure(a.size() == 3 * g, || {
+        format!("after resize({}) the size is {}", 3 * g, a.size())
+    })?;
+    check_bytes(
+        &stream.read(a.slice(0, g))?,
+        &first,
+        "the first granule after growing from 1 to 3 granules",
+    )?;
+    let grown = pattern(32, host_len(2 * g)?);
+    stream.write(a.slice(g, 2 * g), &grown)?;
+    a.resize(4 * g)?;
+    let all = stream.read(a.slice(0, 3 * g))?;
+    check_bytes(
+        &all[..first.len()],
+        &first,
+        "the first granule after growing twice",
+    )?;
+    check_bytes(
+        &all[first.len()..],
+        &grown,
+        "granules 2 and 3, written after the first grow, after the second",
+    )
+}
+
+fn growable_ops(ctx: &CaseContext) -> CaseOutcome {
+    let g = granularity_or_skip(ctx, 4)?;
+    let len = host_len(g)?;
+    let stream = ctx.device.create_stream()?;
+    let a = ctx.device.allocate_growable(4 * g, g)?;
+    a.resize(3 * g)?;
+    // A device copy into the grown range, and one within it.
+    let data = pattern(41, len);
+    let src = upload(&ctx.device, &stream, &data)?;
+    stream.copy(&src, a.slice(2 * g, g))?;
+    stream.copy(a.slice(2 * g, g), a.slice(g, g))?;
+    check_bytes(
+        &stream.read(a.slice(g, 2 * g))?,
+        &[data.clone(), data].concat(),
+        "granules 2 and 3 after a copy into granule 3 and from there into granule 2",
+    )?;
+    // A fill of the grown range, where the device has a dtype to fill with.
+    if let Ok(dtype) = ctx.pick_dtype(&DType::ALL) {
+        let value = from_i64(dtype, 7);
+        stream.fill(a.slice(g, 2 * g), value)?;
+        let count = host_len(2 * g)? / dtype.size();
+        check_bytes(
+            &stream.read(a.slice(g, 2 * g))?,
+            &encode(&vec![value; count]),
+            &format!("granules 2 and 3 after a {dtype} fill"),
+        )?;
+    }
+    Ok(())
+}
+
+fn growable_shrink(ctx: &CaseContext) -> CaseOutcome {
+    let g = granularity_or_skip(ctx, 4)?;
+    let stream = ctx.device.create_stream()?;
+    let a = ctx.device.allocate_growable(4 * g, 4 * g)?;
+    let data = pattern(51, host_len(4 * g)?);
+    stream.write(&a, &data)?;
+    a.resize(g)?;
+    ensure(a.size() == g && a.reserved() == 4 * g, || {
+        format!(
+            "after shrinking to {g} bytes the size is {} and the reservation {}",
+            a.size(),
+            a.reserved()
+        )
+    })?;
+    let head = &data[..host_len(g)?];
+    check_bytes(
+        &stream.read(&a)?,
+        head,
+        "the first granule after shrinking from 4 granules to 1",
+    )?;
+    expect_invalid(
+        stream.read(a.slice(0, 2 * g)),
+        "a read reaching past the size after a shrink",
+    )?;
+    let src = upload(&ctx.device, &stream, head)?;
+    expect_invalid(
+        stream.copy(&src, a.slice(2 * g, g)),
+        "a copy into the released range",
+    )?;
+    if let Ok(dtype) = ctx.pick_dtype(&DType::ALL) {
+        expect_invalid(
+            stream.fill(a.slice(g, g), from_i64(dtype, 1)),
+            "a fill of the released range",
+        )?;
+    }
+    // Nothing was enqueued by the refused calls, and the allocation grows again.
+    a.resize(2 * g)?;
+    let second = pattern(52, host_len(g)?);
+    stream.write(a.slice(g, g), &second)?;
+    check_bytes(
+        &stream.read(&a)?,
+        &[head, &second[..]].concat(),
+        "two granules after shrinking to one and growing back",
+    )
+}
+
+fn growable_refused_sizes(ctx: &CaseContext) -> CaseOutcome {
+    let g = granularity_or_skip(ctx, 4)?;
+    let stream = ctx.device.create_stream()?;
+    let a = ctx.device.allocate_growable(4 * g, 2 * g)?;
+    let data = pattern(61, host_len(2 * g)?);
+    stream.write(&a, &data)?;
+    let mut refused = vec![
+        (0, "0 bytes".to_string()),
+        (5 * g, "more than the reservation".to_string()),
+    ];
+    if g > 1 {
+        refused.push((2 * g + g / 2, "a size between two granules".to_string()));
+        refused.push((3 * g - 1, "one byte less than three granules".to_string()));
+    }
+    for (size, what) in refused {
+        expect_invalid(a.resize(size), &format!("resize({size}), {what}"))?;
+        ensure(a.size() == 2 * g, || {
+            format!(
+                "after the refused resize({size}) the size is {} (expected {})",
+                a.size(),
+                2 * g
+            )
+        })?;
+    }
+    check_bytes(
+        &stream.read(&a)?,
+        &data,
+        "a growable allocation after refused resizes",
+    )
+}
+
+fn growable_accounting(ctx: &CaseContext) -> CaseOutcome {
+    let g = granularity_or_skip(ctx, 8)?;
+    // The host backend accounts exactly; other devices may charge more (page tables,
+    // rounding of the driver's figures), so only a lower bound is checked there.
+    let exact = ctx.device.backend() == "host";
+    let grow_by = 3 * g;
+    let mut last = String::new();
+    for _ in 0..ACCOUNTING_ATTEMPTS {
+        let a = ctx.device.allocate_growable(8 * g, g)?;
+        let before = info_or_skip(ctx)?;
+        a.resize(g + grow_by)?;
+        let during = info_or_skip(ctx)?;
+        a.resize(g)?;
+        let after = info_or_skip(ctx)?;
+        a.free()?;
+        let freed = info_or_skip(ctx)?;
+        let drop_by = before.free.saturating_sub(during.free);
+        let back_by = after.free.saturating_sub(during.free);
+        let freed_by = freed.free.saturating_sub(after.free);
+        let ok = if exact {
+            drop_by == grow_by && back_by == grow_by && freed_by == g
+        } else {
+            drop_by >= grow_by && back_by >= grow_by && freed_by >= g
+        };
+        if ok {
+            return Ok(());
+        }
+        last = format!(
+            "growing by {grow_by} bytes moved free memory from {} to {}, shrinking back moved it to {}, and freeing the remaining {g} bytes moved it to {} (expected a drop and a rise of {}{grow_by}, then a rise of {}{g})",
+            before.free,
+            during.free,
+            after.free,
+            freed.free,
+            if exact { "exactly " } else { "at least " },
+            if exact { "exactly " } else { "at least " },
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Err(CaseError::fail(format!(
+        "{last} in each of {ACCOUNTING_ATTEMPTS} attempts"
+    )))
+}
+
+fn growable_resize_after_free(ctx: &CaseContext) -> CaseOutcome {
+    let g = granularity_or_skip(ctx, 2)?;
+    let a = ctx.device.allocate_growable(2 * g, g)?;
+    let clone = a.clone();
+    a.free()?;
+    expect_invalid(a.resize(2 * g), "growing a freed allocation")?;
+    expect_invalid(clone.resize(g), "resizing a clone of a freed allocation")?;
+    // The device still makes growable allocations afterwards.
+    let b = ctx.device.allocate_growable(2 * g, g)?;
+    b.resize(2 * g)?;
     Ok(())
 }

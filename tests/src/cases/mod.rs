@@ -3,7 +3,7 @@
 //! | module   | checks |
 //! |----------|--------|
 //! | `device` | properties, memory info, stream creation |
-//! | `memory` | allocation sizes, zero size, double free, use after free, out of memory, accounting, freeing in flight |
+//! | `memory` | allocation sizes, zero size, double free, use after free, out of memory, accounting, freeing in flight, growable allocations (grow, shrink, refused sizes, accounting) |
 //! | `copy`   | host↔device and device↔device copies at odd offsets and sizes; refused copies |
 //! | `fill`   | fill for every dtype; unsupported dtypes |
 //! | `ops`    | binary, accumulate and scale against the host reference; wrapping, NaN, rounding; refused operands |
