@@ -31,6 +31,8 @@ struct CapabilitiesJson {
     kernel_formats: Vec<&'static str>,
     max_streams: u32,
     kernel_arg_alignment: u64,
+    /// Bytes per granule of growable allocations; `null` without virtual memory.
+    virtual_memory_granularity: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -69,6 +71,7 @@ fn device_json(d: &Device) -> DeviceJson {
             kernel_formats: caps.kernel_formats.iter().map(|f| f.name()).collect(),
             max_streams: caps.max_streams,
             kernel_arg_alignment: caps.kernel_arg_alignment,
+            virtual_memory_granularity: caps.virtual_memory_granularity,
         },
     }
 }
@@ -117,7 +120,7 @@ pub fn run(registry: &Registry, selector: &DeviceSelector, json: bool) -> Result
 }
 
 fn print_table(devices: &[Device]) {
-    let rows: Vec<[String; 6]> = devices
+    let rows: Vec<[String; 7]> = devices
         .iter()
         .map(|d| {
             let caps = d.capabilities();
@@ -136,10 +139,14 @@ fn print_table(devices: &[Device]) {
                     .map(|f| f.name())
                     .collect::<Vec<_>>()
                     .join(","),
+                caps.virtual_memory_granularity
+                    .map_or_else(|| "-".to_string(), format_bytes),
             ]
         })
         .collect();
-    let header = ["DEVICE", "KIND", "NAME", "MEMORY", "DTYPES", "KERNELS"];
+    let header = [
+        "DEVICE", "KIND", "NAME", "MEMORY", "DTYPES", "KERNELS", "GROWABLE",
+    ];
     let mut widths = header.map(str::len);
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {

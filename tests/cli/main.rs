@@ -58,6 +58,9 @@ fn devices_json_lists_the_four_host_devices() {
         assert_eq!(d["backend"], "host");
         assert!(d["memory_bytes"].as_u64().unwrap() > 0);
         assert!(!d["name"].as_str().unwrap().is_empty());
+        // Host devices grow allocations in pages.
+        let granularity = d["capabilities"]["virtual_memory_granularity"].as_u64();
+        assert!(granularity.is_some_and(|g| g.is_power_of_two()), "{d}");
     }
     let backends = v["backends"].as_array().unwrap();
     assert!(backends
@@ -75,6 +78,7 @@ fn devices_table_honours_the_selector_and_the_environment() {
         "{out}"
     );
     assert!(out.contains("backends:"), "{out}");
+    assert!(out.contains("GROWABLE"), "{out}");
 
     let (code, out, _) =
         run(xpu(&["devices", "--json", "--devices", "host:*"]).env("XPU_HOST_DEVICES", "2"));
