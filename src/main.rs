@@ -114,15 +114,33 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Replays an allocation trace through the caching allocator, beside a baseline
-    /// that follows PyTorch's default rules, and prints utilization and latency.
+    /// Replays an allocation trace through the caching allocator on real devices, beside
+    /// a baseline that follows PyTorch's default rules, and prints reserved memory,
+    /// utilization, device calls and latency.
     Memory {
-        /// The trace: one tensor per line, `start_op end_op bytes` (the allocsim format).
+        /// The trace file.
         #[arg(long, value_name = "FILE")]
-        trace: PathBuf,
+        trace: Option<PathBuf>,
+        /// The trace's format: `allocsim` (`start_op end_op bytes` per tensor),
+        /// `rmm-csv` (an RMM allocation log) or `xpu-json` (default: detected).
+        #[arg(long)]
+        format: Option<String>,
+        /// Devices to replay on, e.g. `host:0` or `cuda:*` (default: host:0).
+        #[arg(long)]
+        devices: Option<String>,
         /// Which policy to replay: `xpu`, `pytorch`, or `both` side by side.
         #[arg(long, default_value = "both")]
         policy: String,
+        /// Replay the trace this many times with the cache kept, and report the device
+        /// allocation calls made after the first pass.
+        #[arg(long, default_value_t = 1)]
+        iterations: u64,
+        /// Also run the reuse scenario: 8 × 16 MiB allocated and freed, then 4 × 32 MiB.
+        #[arg(long)]
+        scenario: bool,
+        /// Replay over a fake source (no device memory) instead of devices.
+        #[arg(long)]
+        fake: bool,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -217,10 +235,35 @@ fn run(cli: Cli) -> Result<bool> {
         }
         Some(Command::Bench(BenchCommand::Memory {
             trace,
+            format,
+            devices,
             policy,
+            iterations,
+            scenario,
+            fake,
             json,
         })) => {
-            cli::memory::replay(&trace, &policy, json)?;
+            let selected = if fake {
+                Vec::new()
+            } else {
+                let sel = match devices {
+                    Some(text) => DeviceSelector::parse(&text)?,
+                    None => DeviceSelector::parse("host:0")?,
+                };
+                registry.devices(&sel)?
+            };
+            cli::memory::run(
+                &selected,
+                &cli::memory::Options {
+                    trace,
+                    format,
+                    policy,
+                    iterations,
+                    scenario,
+                    fake,
+                    json,
+                },
+            )?;
             Ok(true)
         }
         None => {

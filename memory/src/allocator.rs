@@ -303,6 +303,8 @@ pub struct CachingAllocator<S: SegmentSource> {
     stats: MemoryStats,
     history: VecDeque<TraceEvent>,
     epoch: Instant,
+    /// The most bytes ever reserved at once (unlike the peak statistic, never reset).
+    high_water: u64,
     /// Declared after `source` so that, when the allocator is dropped, the budget gets its
     /// bytes back only after the source has let go of the segments.
     budget: Option<BudgetMember>,
@@ -341,6 +343,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             stats: MemoryStats::default(),
             history: VecDeque::new(),
             epoch: Instant::now(),
+            high_water: 0,
             budget: None,
         }
     }
@@ -621,7 +624,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             return self.obtain_expandable(rounded, small, stream, g);
         }
         let seg_size = self.config.segment_size(rounded);
-        if self.config.release_before_grow {
+        if self.releases_before(seg_size) {
             self.release_cached(Some(seg_size), None);
         }
         let id = self.new_segment(seg_size, small, stream)?;
@@ -655,7 +658,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             let new_len = round_up(tail_off.saturating_add(rounded), step);
             if new_len <= seg.reserve.unwrap_or(seg.size) {
                 let delta = new_len - seg.size;
-                if self.config.release_before_grow {
+                if self.releases_before(delta) {
                     self.release_cached(Some(delta), Some(id));
                 }
                 self.resize_segment(id, new_len)?;
@@ -663,7 +666,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             }
         }
         let initial = round_up(self.config.segment_size(rounded), g);
-        if self.config.release_before_grow {
+        if self.releases_before(initial) {
             self.release_cached(Some(initial), None);
         }
         let reserve = round_up(self.expandable_reserve().max(initial), g);
@@ -678,6 +681,16 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.add_segment(id, initial, Some(reserve), small, stream);
         self.growable.insert((small, stream), id);
         Ok((id, 0, initial))
+    }
+
+    /// Whether to hand whole free segments back before obtaining `bytes` more: under
+    /// [`Config::release_before_grow`], when the new bytes would raise the reserved
+    /// high-water mark. Below the mark the memory was needed before and likely will be
+    /// again (a training step repeats), so it is kept: a repeated trace then settles to no
+    /// device calls instead of releasing and re-obtaining the same segments every pass.
+    fn releases_before(&self, bytes: u64) -> bool {
+        self.config.release_before_grow
+            && self.stats.reserved_bytes.current.saturating_add(bytes) > self.high_water
     }
 
     /// The address range a new growable segment reserves: what this allocator could ever
@@ -762,6 +775,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         );
         self.insert_free(id, 0, seg_size);
         self.stats.reserved_bytes.increase(seg_size);
+        self.high_water = self.high_water.max(self.stats.reserved_bytes.current);
         self.stats.segment.increase(1);
         self.stats.num_device_alloc += 1;
         self.log(TraceAction::SegmentAlloc, seg_size, stream);
@@ -804,6 +818,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             }
             self.insert_free(id, start, new_len - start);
             self.stats.reserved_bytes.increase(delta);
+            self.high_water = self.high_water.max(self.stats.reserved_bytes.current);
             self.stats.num_device_alloc += 1;
             self.stats.num_segment_grows += 1;
             self.log(TraceAction::SegmentGrow, delta, stream);
@@ -1279,10 +1294,12 @@ impl<S: SegmentSource> CachingAllocator<S> {
         for ((small, stream), id) in &self.growable {
             match self.segments.get(id) {
                 Some(s) if s.reserve.is_some() && s.small == *small && s.stream == *stream => {}
-                _ => return Err(format!(
+                _ => {
+                    return Err(format!(
                     "the growable segment of stream {} is not a live growable segment of its pool",
                     stream.0
-                )),
+                ))
+                }
             }
         }
         if free_keys != self.free_small.len() + self.free_large.len() {

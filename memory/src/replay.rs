@@ -268,6 +268,8 @@ pub struct ReplayReport {
     /// Of `device_allocs`, those made after the first pass of the trace: 0 when the cache
     /// serves the repeated trace without asking the device for memory.
     pub steady_device_allocs: u64,
+    /// Device allocation calls made during each pass of the trace, in order.
+    pub device_allocs_per_iteration: Vec<u64>,
     /// Median time of one allocate or free call, in nanoseconds.
     pub p50_ns: u64,
     /// 99th percentile of the same.
@@ -317,7 +319,9 @@ pub(crate) fn run_replay<T: ReplayTarget>(
     let mut times: Vec<u64> = Vec::with_capacity(events.len() * iterations as usize);
     let mut seen = HashSet::new();
     let mut after_first = 0;
+    let mut per_iteration = Vec::with_capacity(iterations as usize);
     for iteration in 0..iterations {
+        let before = target.stats().num_device_alloc;
         for &(i, is_alloc) in &events {
             if is_alloc {
                 let t = Instant::now();
@@ -331,8 +335,10 @@ pub(crate) fn run_replay<T: ReplayTarget>(
                 times.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
             }
         }
+        let now = target.stats().num_device_alloc;
+        per_iteration.push(now - before);
         if iteration == 0 {
-            after_first = target.stats().num_device_alloc;
+            after_first = now;
         }
     }
     times.sort_unstable();
@@ -363,6 +369,7 @@ pub(crate) fn run_replay<T: ReplayTarget>(
         device_allocs: stats.num_device_alloc,
         device_frees: stats.num_device_free,
         steady_device_allocs: stats.num_device_alloc - after_first,
+        device_allocs_per_iteration: per_iteration,
         p50_ns: pct(0.5),
         p99_ns: pct(0.99),
         stats,

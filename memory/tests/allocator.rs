@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use xpu_memory::{
-    AllocError, Block, BlockStateKind, CachingAllocator, Config, FakeSource, Fence, SegmentId,
-    SegmentSource, SourceError, StreamId, MIB,
+    AllocError, Block, BlockStateKind, Budget, CachingAllocator, Config, FakeSource, Fence,
+    SegmentId, SegmentSource, SourceError, StreamId, MIB,
 };
 
 /// A fence completed by hand.
@@ -50,12 +50,36 @@ impl SegmentSource for TestSource {
     fn capacity(&self) -> Option<u64> {
         self.inner.capacity
     }
+    fn growth_granularity(&self) -> Option<u64> {
+        self.inner.granularity
+    }
+    fn allocate_growable(&mut self, reserve: u64, initial: u64) -> Result<SegmentId, SourceError> {
+        if self.fail_next > 0 {
+            self.fail_next -= 1;
+            return Err(SourceError::OutOfMemory);
+        }
+        self.inner.allocate_growable(reserve, initial)
+    }
+    fn resize(&mut self, segment: SegmentId, new_len: u64) -> Result<(), SourceError> {
+        let growing = self.inner.live.get(&segment).is_some_and(|l| new_len > *l);
+        if growing && self.fail_next > 0 {
+            self.fail_next -= 1;
+            return Err(SourceError::OutOfMemory);
+        }
+        self.inner.resize(segment, new_len)
+    }
 }
 
 impl TestSource {
     fn bounded(cap: u64) -> Self {
         TestSource {
             inner: FakeSource::new(Some(cap)),
+            ..Default::default()
+        }
+    }
+    fn growable(cap: u64, granularity: u64) -> Self {
+        TestSource {
+            inner: FakeSource::growable(Some(cap), granularity),
             ..Default::default()
         }
     }
@@ -103,6 +127,27 @@ fn check_model(a: &CachingAllocator<TestSource>, live: &[Block]) {
             assert!(w[0].1 <= w[1].0, "live blocks overlap: {w:?}");
         }
     }
+    // Every segment the allocator holds is live in the source with the same backed length,
+    // and expandable segments exactly when the source made them growable.
+    let snap = a.snapshot();
+    assert_eq!(snap.segments.len(), sizes.len());
+    for seg in &snap.segments {
+        assert_eq!(sizes.get(&seg.id), Some(&seg.size), "segment {:?}", seg.id);
+        assert_eq!(
+            a.source().inner.reserves.get(&seg.id).copied(),
+            seg.reserve,
+            "segment {:?}",
+            seg.id
+        );
+        if !a.expandable() {
+            assert!(seg.reserve.is_none());
+        }
+    }
+    if let Some(b) = a.budget() {
+        let r = b.report();
+        assert_eq!(r.reserved, r.shares.iter().map(|s| s.reserved).sum::<u64>());
+        assert!(r.reserved <= r.limit);
+    }
     let s = a.stats();
     assert!(s.allocated_bytes.current <= s.active_bytes.current);
     assert!(s.active_bytes.current <= s.reserved_bytes.current);
@@ -113,9 +158,50 @@ fn check_model(a: &CachingAllocator<TestSource>, live: &[Block]) {
 }
 
 fn random_run(seed: u64, config: Config) {
+    random_run_on(seed, config, TestSource::bounded(512 * MIB), None);
+}
+
+/// Totals over several runs, to prove the runs reach the paths under test.
+#[derive(Default, Debug)]
+struct Reached {
+    grows: u64,
+    shrinks: u64,
+    retries: u64,
+    ooms: u64,
+}
+
+impl Reached {
+    fn add(&mut self, s: xpu_memory::MemoryStats) {
+        self.grows += s.num_segment_grows;
+        self.shrinks += s.num_segment_shrinks;
+        self.retries += s.num_alloc_retries;
+        self.ooms += s.num_ooms;
+    }
+}
+
+/// Random allocate / free / fence / empty_cache steps against the model, checked after every
+/// step. With a budget, a second allocator (driven by the same steps) shares it.
+fn random_run_on(
+    seed: u64,
+    config: Config,
+    source: TestSource,
+    budget: Option<Budget>,
+) -> xpu_memory::MemoryStats {
     let mut rng = XorShift(seed);
-    let mut a = CachingAllocator::new(TestSource::bounded(512 * MIB), config);
+    let (mut a, mut other) = match &budget {
+        Some(b) => (
+            CachingAllocator::with_budget(source, config, b, "a"),
+            Some(CachingAllocator::with_budget(
+                TestSource::growable(512 * MIB, 64 * 1024),
+                config,
+                b,
+                "b",
+            )),
+        ),
+        None => (CachingAllocator::new(source, config), None),
+    };
     let mut live: Vec<Block> = Vec::new();
+    let mut other_live: Vec<Block> = Vec::new();
     for step in 0..1500 {
         let op = rng.below(10);
         if op < 5 || live.is_empty() {
@@ -126,29 +212,55 @@ fn random_run(seed: u64, config: Config) {
                 _ => rng.below(40 * MIB),
             };
             let stream = StreamId(rng.below(2));
-            match a.allocate(size, stream) {
+            let (alloc, blocks) = match other.as_mut() {
+                Some(o) if rng.below(3) == 0 => (o, &mut other_live),
+                _ => (&mut a, &mut live),
+            };
+            match alloc.allocate(size, stream) {
                 Ok(b) => {
                     assert_eq!(b.requested, size);
                     if rng.below(4) == 0 {
-                        a.record_stream(&b, StreamId(2)).unwrap();
+                        alloc.record_stream(&b, StreamId(2)).unwrap();
                     }
-                    live.push(b);
+                    blocks.push(b);
                 }
-                Err(AllocError::OutOfMemory(_)) => {}
+                Err(AllocError::OutOfMemory(r)) => {
+                    if budget.is_some() {
+                        assert!(r.budget.is_some(), "the report names the budget");
+                    }
+                }
                 Err(e) => panic!("step {step}: {e}"),
             }
         } else if op < 9 {
-            let i = rng.below(live.len() as u64) as usize;
-            let b = live.swap_remove(i);
-            a.free(&b).unwrap();
-            assert!(a.free(&b).is_err(), "double free accepted");
+            let (alloc, blocks) = match other.as_mut() {
+                Some(o) if !other_live.is_empty() && rng.below(3) == 0 => (o, &mut other_live),
+                _ => (&mut a, &mut live),
+            };
+            let i = rng.below(blocks.len() as u64) as usize;
+            let b = blocks.swap_remove(i);
+            alloc.free(&b).unwrap();
+            assert!(alloc.free(&b).is_err(), "double free accepted");
         } else if rng.below(2) == 0 {
             a.source().complete(StreamId(2));
             a.process_pending();
         } else {
             a.empty_cache();
+            if let Some(o) = other.as_mut() {
+                o.source().complete(StreamId(2));
+                o.empty_cache();
+            }
         }
         check_model(&a, &live);
+        if let Some(o) = &other {
+            check_model(o, &other_live);
+        }
+        if let Some(b) = &budget {
+            let held = a.stats().reserved_bytes.current
+                + other
+                    .as_ref()
+                    .map_or(0, |o| o.stats().reserved_bytes.current);
+            assert_eq!(b.reserved(), held, "step {step}: budget use");
+        }
     }
     for b in live.drain(..) {
         a.free(&b).unwrap();
@@ -158,6 +270,16 @@ fn random_run(seed: u64, config: Config) {
     check_model(&a, &live);
     assert_eq!(a.stats().reserved_bytes.current, 0);
     assert_eq!(a.source().inner.used, 0);
+    drop(other);
+    if let Some(b) = &budget {
+        assert_eq!(
+            b.reserved(),
+            0,
+            "dropping an allocator gives its share back"
+        );
+        assert!(b.report().shares.iter().all(|s| s.name == "a"));
+    }
+    a.stats()
 }
 
 #[test]
@@ -172,6 +294,58 @@ fn randomized_against_model_pytorch() {
     for seed in 1..=8 {
         random_run(seed * 0x85EB_CA6B, Config::pytorch());
     }
+}
+
+#[test]
+fn randomized_against_model_expandable() {
+    let mut reached = Reached::default();
+    for (seed, granularity) in (1..=8u64).zip([4096, 64 * 1024, 2 * MIB, 512].into_iter().cycle()) {
+        let cfg = Config::xpu();
+        assert!(cfg.expandable_segments);
+        let mut src = TestSource::growable(512 * MIB, granularity);
+        // Growth and new segments sometimes fail, exercising the retry path.
+        src.fail_next = (seed % 3) as usize;
+        reached.add(random_run_on(seed * 0x2545_F491, cfg, src, None));
+    }
+    eprintln!("{reached:?}");
+    assert!(reached.grows > 0 && reached.shrinks > 0 && reached.retries > 0 && reached.ooms > 0);
+}
+
+#[test]
+fn randomized_against_model_expandable_pytorch_rules() {
+    for seed in 1..=4u64 {
+        let cfg = Config {
+            expandable_segments: true,
+            ..Config::pytorch()
+        };
+        random_run_on(
+            seed * 0x27D4_EB2D,
+            cfg,
+            TestSource::growable(512 * MIB, 2 * MIB),
+            None,
+        );
+    }
+}
+
+#[test]
+fn randomized_against_model_shared_budget() {
+    let mut reached = Reached::default();
+    for seed in 1..=6u64 {
+        let budget = Budget::new("pair", 256 * MIB);
+        let src = if seed % 2 == 0 {
+            TestSource::growable(512 * MIB, 2 * MIB)
+        } else {
+            TestSource::bounded(512 * MIB)
+        };
+        reached.add(random_run_on(
+            seed * 0x1656_67B1,
+            Config::xpu(),
+            src,
+            Some(budget),
+        ));
+    }
+    eprintln!("{reached:?}");
+    assert!(reached.grows > 0 && reached.ooms > 0);
 }
 
 #[test]
@@ -348,4 +522,204 @@ fn split_limit_keeps_big_blocks_whole() {
         stats_before.reserved_bytes.current
     );
     assert!(a.history().count() > 0);
+}
+
+#[test]
+fn threads_share_a_budget_across_allocators() {
+    let budget = Budget::new("all hosts", 96 * MIB);
+    let handles: Vec<_> = (0..4u64)
+        .map(|t| {
+            let budget = budget.clone();
+            std::thread::spawn(move || {
+                let src = if t % 2 == 0 {
+                    TestSource::growable(1 << 34, 64 * 1024)
+                } else {
+                    TestSource::bounded(1 << 34)
+                };
+                let a = Arc::new(Mutex::new(CachingAllocator::with_budget(
+                    src,
+                    Config::xpu(),
+                    &budget,
+                    format!("alloc{t}"),
+                )));
+                // Two threads per allocator.
+                let workers: Vec<_> = (0..2u64)
+                    .map(|w| {
+                        let a = a.clone();
+                        let budget = budget.clone();
+                        std::thread::spawn(move || {
+                            let mut rng = XorShift(t * 17 + w + 1);
+                            let mut live = Vec::new();
+                            for _ in 0..1500 {
+                                if rng.below(2) == 0 || live.is_empty() {
+                                    let r =
+                                        a.lock().unwrap().allocate(rng.below(6 * MIB), StreamId(w));
+                                    match r {
+                                        Ok(b) => live.push(b),
+                                        Err(AllocError::OutOfMemory(rep)) => {
+                                            let b =
+                                                rep.budget.expect("the report names the budget");
+                                            assert_eq!(b.name, "all hosts");
+                                            assert_eq!(b.limit, 96 * MIB);
+                                        }
+                                        Err(e) => panic!("{e}"),
+                                    }
+                                } else {
+                                    let i = rng.below(live.len() as u64) as usize;
+                                    a.lock().unwrap().free(&live.swap_remove(i)).unwrap();
+                                }
+                                assert!(budget.reserved() <= budget.limit());
+                            }
+                            live
+                        })
+                    })
+                    .collect();
+                let mut live = Vec::new();
+                for w in workers {
+                    live.extend(w.join().unwrap());
+                }
+                let mut a = a.lock().unwrap();
+                check_model(&a, &live);
+                for b in &live {
+                    a.free(b).unwrap();
+                }
+                a.empty_cache();
+                assert_eq!(a.stats().reserved_bytes.current, 0);
+                a.check_invariants().unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(budget.reserved(), 0);
+    assert!(budget.report().shares.is_empty());
+}
+
+#[test]
+fn expandable_segment_grows_in_place_and_merges() {
+    let mut a = CachingAllocator::new(TestSource::growable(1 << 30, 2 * MIB), Config::xpu());
+    assert!(a.expandable());
+    let s = StreamId(0);
+    let first: Vec<Block> = (0..8).map(|_| a.allocate(16 * MIB, s).unwrap()).collect();
+    assert!(
+        first.iter().all(|b| b.segment == first[0].segment),
+        "one growing segment"
+    );
+    let st = a.stats();
+    assert_eq!(st.reserved_bytes.current, 128 * MIB);
+    assert_eq!(st.segment.current, 1);
+    assert_eq!(st.num_segment_grows, 7);
+    assert_eq!(st.num_device_alloc, 8, "a new segment and seven growths");
+    for b in &first {
+        a.free(b).unwrap();
+    }
+    // The freed blocks merged into one: 4 × 32 MiB fit without the device.
+    let snap = a.snapshot();
+    assert_eq!(snap.segments[0].blocks.len(), 1);
+    let second: Vec<Block> = (0..4).map(|_| a.allocate(32 * MIB, s).unwrap()).collect();
+    let st = a.stats();
+    assert_eq!(st.reserved_bytes.peak, 128 * MIB);
+    assert_eq!(st.num_device_alloc, 8);
+    a.check_invariants().unwrap();
+    // Free the last block: empty_cache shrinks the free tail, keeping the rest.
+    a.free(&second[3]).unwrap();
+    assert_eq!(a.empty_cache(), 32 * MIB);
+    assert_eq!(a.stats().reserved_bytes.current, 96 * MIB);
+    assert_eq!(a.source().inner.used, 96 * MIB);
+    assert_eq!(a.stats().num_segment_shrinks, 1);
+    a.check_invariants().unwrap();
+    for b in &second[..3] {
+        a.free(b).unwrap();
+    }
+    assert_eq!(a.empty_cache(), 96 * MIB);
+    assert_eq!(a.source().inner.used, 0);
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn expandable_small_pool_grows_by_small_segments() {
+    let mut a = CachingAllocator::new(TestSource::growable(1 << 30, 4096), Config::xpu());
+    let s = StreamId(0);
+    let blocks: Vec<Block> = (0..5).map(|_| a.allocate(MIB, s).unwrap()).collect();
+    assert!(blocks.iter().all(|b| b.segment == blocks[0].segment));
+    // 5 MiB of small blocks: a 2 MiB segment grown twice by 2 MiB.
+    assert_eq!(a.stats().reserved_bytes.current, 6 * MIB);
+    assert_eq!(a.stats().num_segment_grows, 2);
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn expandable_off_is_suggested_only_where_supported() {
+    let cfg = Config {
+        expandable_segments: false,
+        ..Config::xpu()
+    };
+    let mut a = CachingAllocator::new(TestSource::growable(64 * MIB, 2 * MIB), cfg);
+    assert!(!a.expandable());
+    let _b = a.allocate(40 * MIB, StreamId(0)).unwrap();
+    let err = a.allocate(40 * MIB, StreamId(0)).unwrap_err().to_string();
+    assert!(err.contains("expandable_segments"), "{err}");
+    let mut a = CachingAllocator::new(TestSource::growable(64 * MIB, 2 * MIB), Config::xpu());
+    let _b = a.allocate(40 * MIB, StreamId(0)).unwrap();
+    let err = a.allocate(40 * MIB, StreamId(0)).unwrap_err().to_string();
+    assert!(!err.contains("expandable_segments"), "{err}");
+    let mut a = CachingAllocator::new(TestSource::bounded(64 * MIB), cfg);
+    let _b = a.allocate(40 * MIB, StreamId(0)).unwrap();
+    let err = a.allocate(40 * MIB, StreamId(0)).unwrap_err().to_string();
+    assert!(!err.contains("expandable_segments"), "{err}");
+}
+
+#[test]
+fn budget_spans_allocators_and_names_them_when_exhausted() {
+    let budget = Budget::new("gpu+pinned", 64 * MIB);
+    let mut gpu = CachingAllocator::with_budget(
+        TestSource::growable(1 << 30, 2 * MIB),
+        Config::xpu(),
+        &budget,
+        "cuda:0",
+    );
+    let mut pinned = CachingAllocator::with_budget(
+        TestSource::bounded(1 << 30),
+        Config::xpu(),
+        &budget,
+        "host:0",
+    );
+    let g = gpu.allocate(40 * MIB, StreamId(0)).unwrap();
+    let p = pinned.allocate(20 * MIB, StreamId(0)).unwrap();
+    assert_eq!(budget.reserved(), 60 * MIB);
+    // Each source has room; the shared budget does not.
+    let err = pinned.allocate(8 * MIB, StreamId(0)).unwrap_err();
+    let AllocError::OutOfMemory(r) = &err else {
+        panic!("{err}")
+    };
+    let b = r.budget.as_ref().unwrap();
+    assert_eq!((b.limit, b.reserved), (64 * MIB, 60 * MIB));
+    let names: Vec<&str> = b.shares.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["cuda:0", "host:0"]);
+    let msg = err.to_string();
+    assert!(
+        msg.contains("gpu+pinned") && msg.contains("cuda:0") && msg.contains("host:0"),
+        "{msg}"
+    );
+    assert!(msg.contains("raise its limit"), "{msg}");
+    assert_eq!(pinned.stats().num_alloc_retries, 1);
+    // The retry frees the allocator's own cache first: with its 20 MiB block cached, 24 MiB fit.
+    pinned.free(&p).unwrap();
+    assert_eq!(budget.reserved(), 60 * MIB, "cached memory stays reserved");
+    let q = pinned.allocate(24 * MIB, StreamId(0)).unwrap();
+    assert_eq!(pinned.stats().reserved_bytes.current, 24 * MIB);
+    assert_eq!(budget.reserved(), 64 * MIB);
+    // Expandable growth is budgeted too.
+    gpu.free(&g).unwrap();
+    assert!(gpu.allocate(48 * MIB, StreamId(0)).is_err());
+    pinned.free(&q).unwrap();
+    pinned.empty_cache();
+    let g2 = gpu.allocate(48 * MIB, StreamId(0)).unwrap();
+    assert_eq!(budget.reserved(), 48 * MIB);
+    gpu.free(&g2).unwrap();
+    gpu.check_invariants().unwrap();
+    pinned.check_invariants().unwrap();
+    drop(gpu);
+    assert_eq!(budget.reserved(), 0);
 }

@@ -1,41 +1,76 @@
-//! `xpu bench memory`: an allocation trace replayed through the caching allocator,
-//! beside a baseline with PyTorch's default rules, in the same run.
+//! `xpu bench memory`: an allocation trace replayed through the caching allocator on real
+//! devices (or the fake source), beside a baseline with PyTorch's default rules, in the same
+//! run; and the reuse scenario (8 × 16 MiB freed, then 4 × 32 MiB).
 
-use std::path::Path;
+use std::path::PathBuf;
 
 use serde::Serialize;
-use xpu::{Error, Result};
-use xpu_memory::{replay as replay_trace, Policy, ReplayReport, Trace};
+use xpu::{Device, Error, Result};
+use xpu_memory::{
+    replay_on_device, replay_source, reuse_scenario, FakeSource, Policy, ReplayReport, Trace,
+    TraceFormat,
+};
+
+/// What `xpu bench memory` was asked to do.
+pub struct Options {
+    /// The trace file, if any.
+    pub trace: Option<PathBuf>,
+    /// Its format name (`None`: detect).
+    pub format: Option<String>,
+    /// `xpu`, `pytorch` or `both`.
+    pub policy: String,
+    /// Passes over the trace.
+    pub iterations: u64,
+    /// Also run the reuse scenario.
+    pub scenario: bool,
+    /// Replay over the fake source instead of devices.
+    pub fake: bool,
+    /// Print JSON.
+    pub json: bool,
+}
 
 /// The figures of one replay, with the key names the JSON output promises.
 #[derive(Serialize)]
 struct Figures {
+    workload: String,
+    target: String,
     policy: &'static str,
+    expandable: bool,
     requests: u64,
+    iterations: u64,
     peak_live_bytes: u64,
     peak_reserved_bytes: u64,
     utilization: f64,
     device_alloc_calls: u64,
+    steady_device_alloc_calls: u64,
+    device_alloc_calls_per_iteration: Vec<u64>,
     alloc_free_p50_ns: u64,
     alloc_free_p99_ns: u64,
 }
 
-fn figures(policy: &'static str, r: &ReplayReport) -> Figures {
+fn figures(workload: &str, policy: &'static str, r: ReplayReport) -> Figures {
     Figures {
+        workload: workload.to_string(),
+        target: r.target,
         policy,
+        expandable: r.expandable,
         requests: r.requests,
+        iterations: r.iterations,
         peak_live_bytes: r.peak_live_bytes,
         peak_reserved_bytes: r.peak_reserved_bytes,
         utilization: r.utilization,
         device_alloc_calls: r.device_allocs,
+        steady_device_alloc_calls: r.steady_device_allocs,
+        device_alloc_calls_per_iteration: r.device_allocs_per_iteration,
         alloc_free_p50_ns: r.p50_ns,
         alloc_free_p99_ns: r.p99_ns,
     }
 }
 
-/// Replays `trace` under `policy` (`xpu`, `pytorch` or `both`) and prints the figures.
-pub fn replay(trace: &Path, policy: &str, json: bool) -> Result<()> {
-    let policies: Vec<(&'static str, Policy)> = match policy {
+/// Replays the trace and/or the scenario under each policy on each device and prints the
+/// figures, each policy's row beside the other's.
+pub fn run(devices: &[Device], opts: &Options) -> Result<()> {
+    let policies: Vec<(&'static str, Policy)> = match opts.policy.as_str() {
         "xpu" => vec![("xpu", Policy::Xpu)],
         "pytorch" => vec![("pytorch", Policy::PyTorch)],
         "both" => vec![("xpu", Policy::Xpu), ("pytorch", Policy::PyTorch)],
@@ -45,15 +80,54 @@ pub fn replay(trace: &Path, policy: &str, json: bool) -> Result<()> {
             )))
         }
     };
-    let parsed = Trace::load(trace)
-        .map_err(|e| Error::invalid(format!("cannot read the trace {}: {e}", trace.display())))?;
-    let mut out = Vec::new();
-    for (name, p) in policies {
-        let report = replay_trace(&parsed, p)
-            .map_err(|e| Error::backend_message("xpu-memory", e.to_string()))?;
-        out.push(figures(name, &report));
+    let format = match &opts.format {
+        None => None,
+        Some(name) => Some(TraceFormat::from_name(name).ok_or_else(|| {
+            Error::invalid(format!(
+                "--format `{name}` is unknown; use allocsim, rmm-csv or xpu-json"
+            ))
+        })?),
+    };
+    let mut workloads: Vec<(String, Trace)> = Vec::new();
+    if let Some(path) = &opts.trace {
+        let trace = Trace::load_as(path, format).map_err(|e| {
+            Error::invalid(format!("cannot read the trace {}: {e}", path.display()))
+        })?;
+        workloads.push((path.display().to_string(), trace));
     }
-    if json {
+    if opts.scenario {
+        workloads.push(("8x16MiB-then-4x32MiB".to_string(), reuse_scenario()));
+    }
+    if workloads.is_empty() {
+        return Err(Error::invalid(
+            "nothing to replay; give --trace FILE, --scenario, or both",
+        ));
+    }
+    if !opts.fake && devices.is_empty() {
+        return Err(Error::invalid(
+            "--devices selects no device; try --devices host:0",
+        ));
+    }
+    let mut out = Vec::new();
+    for (name, trace) in &workloads {
+        for (pname, policy) in &policies {
+            if opts.fake {
+                let r = replay_source(
+                    trace,
+                    policy.config(),
+                    FakeSource::new(None),
+                    opts.iterations,
+                )
+                .map_err(|e| Error::backend_message("xpu-memory", e.to_string()))?;
+                out.push(figures(name, pname, r));
+            }
+            for device in devices.iter().filter(|_| !opts.fake) {
+                let r = replay_on_device(trace, device, policy.config(), opts.iterations)?;
+                out.push(figures(name, pname, r));
+            }
+        }
+    }
+    if opts.json {
         let text = if out.len() == 1 {
             serde_json::to_string_pretty(&out[0])
         } else {
@@ -63,34 +137,46 @@ pub fn replay(trace: &Path, policy: &str, json: bool) -> Result<()> {
         println!("{text}");
         return Ok(());
     }
-    println!(
-        "trace {} ({} requests)",
-        trace.display(),
-        parsed.entries.len()
-    );
-    println!(
-        "{:<8} {:>16} {:>18} {:>11} {:>12} {:>10} {:>10}",
-        "policy",
-        "peak live B",
-        "peak reserved B",
-        "utilization",
-        "device allocs",
-        "p50 ns",
-        "p99 ns"
-    );
-    for f in &out {
+    for (name, trace) in &workloads {
         println!(
-            "{:<8} {:>16} {:>18} {:>11.3} {:>12} {:>10} {:>10}",
-            f.policy,
-            f.peak_live_bytes,
-            f.peak_reserved_bytes,
-            f.utilization,
-            f.device_alloc_calls,
-            f.alloc_free_p50_ns,
-            f.alloc_free_p99_ns
+            "{name}: {} requests, {} pass(es)",
+            trace.entries.len(),
+            opts.iterations.max(1)
         );
+        println!(
+            "{:<10} {:<8} {:>4} {:>14} {:>16} {:>11} {:>13} {:>14} {:>8} {:>8}",
+            "target",
+            "policy",
+            "exp",
+            "peak live B",
+            "peak reserved B",
+            "utilization",
+            "device allocs",
+            "after 1st pass",
+            "p50 ns",
+            "p99 ns"
+        );
+        for f in out.iter().filter(|f| &f.workload == name) {
+            println!(
+                "{:<10} {:<8} {:>4} {:>14} {:>16} {:>11.3} {:>13} {:>14} {:>8} {:>8}",
+                f.target,
+                f.policy,
+                if f.expandable { "yes" } else { "no" },
+                f.peak_live_bytes,
+                f.peak_reserved_bytes,
+                f.utilization,
+                f.device_alloc_calls,
+                f.steady_device_alloc_calls,
+                f.alloc_free_p50_ns,
+                f.alloc_free_p99_ns
+            );
+        }
+        println!();
     }
-    println!();
-    println!("utilization = peak live / peak reserved (1.0: no memory held beyond the tensors)");
+    println!(
+        "utilization = peak live / peak reserved (1.0: no memory held beyond the tensors); \
+         exp = expandable segments; after 1st pass = device allocation calls after the first \
+         pass (--iterations); p50/p99 = one allocate or free call through the allocator"
+    );
     Ok(())
 }
