@@ -1,0 +1,206 @@
+//! The CUDA backend on a GPU: CUDA C kernels, growable allocations, and waits on
+//! another backend's events that must neither block the driver's callback thread nor
+//! the thread that enqueues them. Without a CUDA device every test returns early (and
+//! fails when `XPU_REQUIRE` names `cuda`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::mpsc::channel;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use xpu_cuda::CudaBackend;
+use xpu_hal::backend::Backend;
+use xpu_hal::{
+    Access, Device, DeviceSelector, HostBuffer, KernelArg, KernelDesc, KernelParam, KernelSource,
+    LaunchDims, Registry, Scalar,
+};
+use xpu_host::{HostBackend, HostConfig};
+
+/// How long a step may take before the test calls it a deadlock (a hang detector, not
+/// a performance bound).
+const DEADLOCK: Duration = Duration::from_secs(120);
+
+fn required() -> bool {
+    std::env::var("XPU_REQUIRE").is_ok_and(|v| v.split(',').any(|p| p.trim() == "cuda"))
+}
+
+/// `cuda:0` and `host:0` of one registry, or `None` without a CUDA device.
+fn devices() -> Option<(Device, Device)> {
+    if let Err(e) = CudaBackend::new().enumerate() {
+        assert!(!required(), "CUDA is required here: {e}");
+        eprintln!("skipped: {e}");
+        return None;
+    }
+    let mut r = Registry::new();
+    r.register(Arc::new(CudaBackend::new())).unwrap();
+    r.register(Arc::new(HostBackend::new(HostConfig {
+        devices: 1,
+        capacity: 64 << 20,
+    })))
+    .unwrap();
+    let cuda = r
+        .devices(&DeviceSelector::parse("cuda:0").unwrap())
+        .unwrap()
+        .remove(0);
+    let host = r
+        .devices(&DeviceSelector::parse("host:0").unwrap())
+        .unwrap()
+        .remove(0);
+    Some((cuda, host))
+}
+
+#[test]
+fn cuda_c_kernels_compile_and_run() {
+    let Some((cuda, _)) = devices() else { return };
+    let caps = cuda.capabilities();
+    if !caps.supports_kernel_format(xpu_hal::KernelFormat::CudaC) {
+        eprintln!("skipped: no NVRTC, so no CUDA C kernels");
+        return;
+    }
+    let source = r#"
+        extern "C" __global__ void add(unsigned char* p, long long n, long long k) {
+            long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+            if (i < n) p[i] = (unsigned char)(p[i] + k);
+        }
+    "#;
+    let kernel = cuda
+        .load_kernel(KernelDesc {
+            name: "add".into(),
+            entry_point: "add".into(),
+            source: KernelSource::CudaC(source.into()),
+            params: vec![
+                KernelParam::Buffer(Access::ReadWrite),
+                KernelParam::Scalar(xpu_hal::DType::I64),
+                KernelParam::Scalar(xpu_hal::DType::I64),
+            ],
+        })
+        .unwrap();
+    let s = cuda.create_stream().unwrap();
+    let data: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
+    let a = cuda.allocate(1000).unwrap();
+    s.write(&a, &data).unwrap();
+    s.launch(
+        &kernel,
+        LaunchDims::linear(4, 256),
+        &[
+            KernelArg::Buffer(a.whole()),
+            KernelArg::Scalar(Scalar::I64(1000)),
+            KernelArg::Scalar(Scalar::I64(3)),
+        ],
+    )
+    .unwrap();
+    let want: Vec<u8> = data.iter().map(|b| b.wrapping_add(3)).collect();
+    assert_eq!(s.read(&a).unwrap(), want);
+    // A compile error is an invalid argument with NVRTC's log.
+    let bad = cuda.load_kernel(KernelDesc {
+        name: "bad".into(),
+        entry_point: "bad".into(),
+        source: KernelSource::CudaC("extern \"C\" __global__ void bad() { nope; }".into()),
+        params: vec![],
+    });
+    assert!(
+        matches!(bad, Err(xpu_hal::Error::InvalidArgument { .. })),
+        "{bad:?}"
+    );
+}
+
+#[test]
+fn growable_allocations_grow_and_shrink_in_place() {
+    let Some((cuda, _)) = devices() else { return };
+    let Some(g) = cuda.capabilities().virtual_memory_granularity else {
+        eprintln!("skipped: no virtual memory management on this device");
+        return;
+    };
+    let s = cuda.create_stream().unwrap();
+    let a = cuda.allocate_growable(8 * g, g).unwrap();
+    let first: Vec<u8> = (0..g).map(|i| (i % 251) as u8).collect();
+    s.write(&a, &first).unwrap();
+    a.resize(4 * g).unwrap();
+    s.fill(a.slice(g, 3 * g), Scalar::U8(7)).unwrap();
+    let all = s.read(&a).unwrap();
+    assert_eq!(&all[..g as usize], &first[..]);
+    assert!(all[g as usize..].iter().all(|b| *b == 7));
+    // Queued work on the tail finishes before the tail is unmapped.
+    s.fill(a.slice(g, 3 * g), Scalar::U8(9)).unwrap();
+    a.resize(g).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(s.read(&a).unwrap(), first);
+    a.resize(2 * g).unwrap();
+    s.fill(a.slice(g, g), Scalar::U8(1)).unwrap();
+    s.synchronize().unwrap();
+    drop(a);
+    s.synchronize().unwrap();
+}
+
+/// A gate a host kernel blocks on until the test opens it.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+
+    fn wait(&self) {
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.cv.wait(open).unwrap();
+        }
+    }
+}
+
+#[test]
+fn foreign_waits_block_neither_the_caller_nor_other_streams_host_steps() {
+    let Some((cuda, host)) = devices() else {
+        return;
+    };
+    let gate = Arc::new(Gate::default());
+    let g = gate.clone();
+    let hold = host
+        .load_kernel(KernelDesc {
+            name: "hold".into(),
+            entry_point: String::new(),
+            source: KernelSource::host_fn(move |_| {
+                g.wait();
+                Ok(())
+            }),
+            params: vec![],
+        })
+        .unwrap();
+    let hs = host.create_stream().unwrap();
+    hs.launch(&hold, LaunchDims::linear(1, 1), &[]).unwrap();
+    let held = hs.record_event().unwrap();
+
+    // The wait returns at once: the gate is opened by this very thread, later.
+    let a = cuda.create_stream().unwrap();
+    let buf = cuda.allocate(4096).unwrap();
+    a.wait_event(&held).unwrap();
+    let after = HostBuffer::from_bytes(&[0xAB; 4096]).unwrap();
+    a.copy_from_host(&after, 0, &buf).unwrap();
+
+    // Another stream's host steps (a device-to-host copy drains through a callback)
+    // complete while the first stream waits.
+    let b = cuda.create_stream().unwrap();
+    let other = cuda.allocate(4096).unwrap();
+    b.write(&other, &[5; 4096]).unwrap();
+    let (tx, rx) = channel();
+    let reader = std::thread::spawn(move || {
+        let got = b.read(&other);
+        let _ = tx.send(got.map(|v| v == vec![5; 4096]));
+    });
+    let outcome = rx.recv_timeout(DEADLOCK);
+    gate.open();
+    reader.join().unwrap();
+    assert!(
+        matches!(outcome, Ok(Ok(true))),
+        "a stream's host steps did not run while another stream waited for a host event: {outcome:?}"
+    );
+    // Stream order held: the copy ran after the foreign event.
+    assert_eq!(a.read(&buf).unwrap(), vec![0xAB; 4096]);
+    hs.synchronize().unwrap();
+}
