@@ -141,6 +141,10 @@ enum BenchCommand {
         /// Replay over a fake source (no device memory) instead of devices.
         #[arg(long)]
         fake: bool,
+        /// Also time a cached allocate + free through the pool beside the device's own
+        /// allocate + drop of the same size (4 KiB, 1 MiB, 16 MiB).
+        #[arg(long)]
+        latency: bool,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -241,6 +245,7 @@ fn run(cli: Cli) -> Result<bool> {
             iterations,
             scenario,
             fake,
+            latency,
             json,
         })) => {
             let selected = if fake {
@@ -261,6 +266,7 @@ fn run(cli: Cli) -> Result<bool> {
                     iterations,
                     scenario,
                     fake,
+                    latency,
                     json,
                 },
             )?;

@@ -202,8 +202,17 @@ impl std::error::Error for AllocError {}
 #[derive(Debug)]
 enum State {
     Free,
-    Allocated { requested: u64, uses: Vec<StreamId> },
-    PendingFree { requested: u64 },
+    Allocated {
+        requested: u64,
+        uses: Vec<StreamId>,
+    },
+    PendingFree {
+        requested: u64,
+    },
+    /// Freed on its own stream and not yet merged with its neighbours: the next request of
+    /// the same stream and size takes it back without touching the free index. Counted as
+    /// free in every statistic; at most one block is parked at a time.
+    Parked,
 }
 
 #[derive(Debug)]
@@ -249,7 +258,7 @@ type FreeKey = (StreamId, u64, SegmentId, u64);
 /// A multiplicative hasher for the small integer keys of the allocator's maps: segment ids
 /// are not attacker-chosen, and SipHash would dominate the cost of a cached allocation.
 #[derive(Default, Clone, Copy)]
-struct IdHasher(u64);
+pub(crate) struct IdHasher(u64);
 
 impl IdHasher {
     const K: u64 = 0x517c_c1b7_2722_0a95;
@@ -279,7 +288,17 @@ impl Hasher for IdHasher {
     }
 }
 
-type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// The parked block (see `State::Parked`).
+#[derive(Debug, Clone, Copy)]
+struct Parked {
+    segment: SegmentId,
+    offset: u64,
+    size: u64,
+    stream: StreamId,
+    small: bool,
+}
 
 struct Pending<F> {
     segment: SegmentId,
@@ -300,6 +319,7 @@ pub struct CachingAllocator<S: SegmentSource> {
     free_small: BTreeSet<FreeKey>,
     free_large: BTreeSet<FreeKey>,
     pending: Vec<Pending<S::Fence>>,
+    parked: Option<Parked>,
     stats: MemoryStats,
     history: VecDeque<TraceEvent>,
     epoch: Instant,
@@ -340,6 +360,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             free_small: BTreeSet::new(),
             free_large: BTreeSet::new(),
             pending: Vec::new(),
+            parked: None,
             stats: MemoryStats::default(),
             history: VecDeque::new(),
             epoch: Instant::now(),
@@ -481,7 +502,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             }
         });
         for (seg, off) in done {
-            self.release_block(seg, off);
+            self.release_block(seg, off, true);
         }
     }
 
@@ -495,6 +516,18 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.process_pending();
         let rounded = self.config.round_size(size);
         let small = self.config.is_small(rounded);
+        if let Some(p) = self.parked {
+            if p.stream == stream
+                && p.small == small
+                && p.size >= rounded
+                && !self.config.should_split(p.size, rounded, small)
+            {
+                if let Some(block) = self.take_parked(p, size) {
+                    return Ok(block);
+                }
+            }
+            self.flush_parked();
+        }
         let (seg_id, offset, block_size) = match self.find_free(small, stream, rounded) {
             Some(k) => k,
             None => self.grow(size, rounded, small, stream)?,
@@ -558,6 +591,62 @@ impl<S: SegmentSource> CachingAllocator<S> {
             requested: size,
             stream,
         })
+    }
+
+    /// Merges the block parked by the last free (see [`BlockStateKind::Parked`]) into the
+    /// free index and its free neighbours. Allocations that miss it and
+    /// [`CachingAllocator::empty_cache`] do this anyway; call it before inspecting a
+    /// [`CachingAllocator::snapshot`] for fully coalesced blocks.
+    pub fn coalesce(&mut self) {
+        self.flush_parked();
+    }
+
+    /// Hands the parked block out again for a request of `size` bytes.
+    fn take_parked(&mut self, p: Parked, size: u64) -> Option<Block> {
+        let seg = self.segments.get_mut(&p.segment)?;
+        let seg_size = seg.size;
+        let info = seg.blocks.get_mut(&p.offset)?;
+        if !matches!(info.state, State::Parked) {
+            return None;
+        }
+        info.state = State::Allocated {
+            requested: size,
+            uses: Vec::new(),
+        };
+        self.parked = None;
+        let st = &mut self.stats;
+        if p.size < seg_size {
+            st.inactive_split_bytes.decrease(p.size);
+            st.inactive_split.decrease(1);
+        }
+        st.allocated_bytes.increase(p.size);
+        st.allocation.increase(1);
+        st.active_bytes.increase(p.size);
+        st.active.increase(1);
+        st.requested_bytes.increase(size);
+        self.log(TraceAction::Alloc, p.size, p.stream);
+        Some(Block {
+            segment: p.segment,
+            offset: p.offset,
+            size: p.size,
+            requested: size,
+            stream: p.stream,
+        })
+    }
+
+    /// Merges the parked block, if any, into the free index like any freed block.
+    fn flush_parked(&mut self) {
+        let Some(p) = self.parked.take() else {
+            return;
+        };
+        let Some(seg) = self.segments.get(&p.segment) else {
+            return;
+        };
+        if p.size < seg.size {
+            self.stats.inactive_split_bytes.decrease(p.size);
+            self.stats.inactive_split.decrease(1);
+        }
+        self.release_block(p.segment, p.offset, false);
     }
 
     fn find_free(
@@ -945,6 +1034,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// Returns every whole free segment to the source and shrinks the free tails of growable
     /// segments; returns the bytes released.
     pub fn empty_cache(&mut self) -> u64 {
+        self.flush_parked();
         self.process_pending();
         self.release_cached(None, None) + self.shrink_tails()
     }
@@ -1001,7 +1091,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         self.stats.requested_bytes.decrease(requested);
         self.log(TraceAction::Free, block.size, block.stream);
         if fences.is_empty() {
-            self.release_block(block.segment, block.offset);
+            self.park(block);
         } else {
             if let Ok(info) = self.allocated_mut(block) {
                 info.state = State::PendingFree { requested };
@@ -1015,8 +1105,36 @@ impl<S: SegmentSource> CachingAllocator<S> {
         Ok(())
     }
 
-    /// An allocated or pending-free block becomes free and merges with its free neighbours.
-    fn release_block(&mut self, seg_id: SegmentId, offset: u64) {
+    /// Parks a block freed on its own stream, merging the block parked before it.
+    fn park(&mut self, block: &Block) {
+        self.flush_parked();
+        let Some(seg) = self.segments.get_mut(&block.segment) else {
+            return;
+        };
+        let (seg_size, small) = (seg.size, seg.small);
+        let Some(info) = seg.blocks.get_mut(&block.offset) else {
+            return;
+        };
+        info.state = State::Parked;
+        let st = &mut self.stats;
+        st.active_bytes.decrease(block.size);
+        st.active.decrease(1);
+        if block.size < seg_size {
+            st.inactive_split_bytes.increase(block.size);
+            st.inactive_split.increase(1);
+        }
+        self.parked = Some(Parked {
+            segment: block.segment,
+            offset: block.offset,
+            size: block.size,
+            stream: block.stream,
+            small,
+        });
+    }
+
+    /// A block becomes free and merges with its free neighbours. `active` says whether it
+    /// still counts as active (an allocated or pending-free block; a parked one does not).
+    fn release_block(&mut self, seg_id: SegmentId, offset: u64, active: bool) {
         let Some(seg) = self.segments.get_mut(&seg_id) else {
             return;
         };
@@ -1067,8 +1185,10 @@ impl<S: SegmentSource> CachingAllocator<S> {
             &mut self.free_large
         };
         let st = &mut self.stats;
-        st.active_bytes.decrease(size);
-        st.active.decrease(1);
+        if active {
+            st.active_bytes.decrease(size);
+            st.active.decrease(1);
+        }
         for (o, s) in prev.into_iter().chain(next) {
             if set.remove(&(stream, s, seg_id, o)) && s < seg_size {
                 st.inactive_split_bytes.decrease(s);
@@ -1186,6 +1306,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
                     .map(|(o, b)| {
                         let (state, requested) = match b.state {
                             State::Free => (BlockStateKind::Free, 0),
+                            State::Parked => (BlockStateKind::Parked, 0),
                             State::Allocated { requested, .. } => {
                                 (BlockStateKind::Allocated, requested)
                             }
@@ -1223,6 +1344,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         let mut requested = 0u64;
         let mut reserved = 0u64;
         let mut free_keys = 0usize;
+        let mut parked = 0usize;
         for (id, seg) in &self.segments {
             reserved += seg.size;
             if let Some(r) = seg.reserve {
@@ -1281,6 +1403,26 @@ impl<S: SegmentSource> CachingAllocator<S> {
                         active.0 += b.size;
                         active.1 += 1;
                     }
+                    State::Parked => {
+                        parked += 1;
+                        let p = self.parked.filter(|p| {
+                            p.segment == *id
+                                && p.offset == *o
+                                && p.size == b.size
+                                && p.stream == seg.stream
+                                && p.small == seg.small
+                        });
+                        if p.is_none() {
+                            return Err(format!(
+                                "segment {}: parked block at {o} is not the one recorded",
+                                id.0
+                            ));
+                        }
+                        if b.size < seg.size {
+                            split.0 += b.size;
+                            split.1 += 1;
+                        }
+                    }
                 }
                 prev_free = free;
             }
@@ -1301,6 +1443,12 @@ impl<S: SegmentSource> CachingAllocator<S> {
                 ))
                 }
             }
+        }
+        if parked != usize::from(self.parked.is_some()) {
+            return Err(format!(
+                "{parked} parked block(s), {} recorded",
+                usize::from(self.parked.is_some())
+            ));
         }
         if free_keys != self.free_small.len() + self.free_large.len() {
             return Err("the free index holds blocks that are not free".to_string());

@@ -77,7 +77,10 @@ pub use allocator::{
     StreamId,
 };
 pub use budget::{Budget, BudgetReport, BudgetShare};
-pub use device::{replay_on_device, DeviceAllocator, DeviceBlock, HalSource};
+pub use device::{
+    measure_cached_latency, replay_on_device, CachedLatency, DeviceAllocator, DeviceBlock,
+    HalSource,
+};
 pub use policy::{Config, Policy, MIB};
 pub use replay::{
     replay, replay_source, replay_with, reuse_scenario, Completed, FakeSource, ReplayReport, Trace,

@@ -107,6 +107,11 @@ pub enum BlockStateKind {
     Allocated,
     /// Freed by its owner, waiting for other streams to pass their fences.
     PendingFree,
+    /// Free, freed last on its own stream and kept aside unmerged: the next request of the
+    /// same stream and size takes it back at once. It merges with its free neighbours at the
+    /// next allocation that needs the free index, at `empty_cache` and at `coalesce`.
+    /// Counted as a free block in every statistic.
+    Parked,
 }
 
 /// One block of a segment in a [`Snapshot`].

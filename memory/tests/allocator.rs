@@ -390,6 +390,39 @@ fn threads_share_one_allocator() {
 }
 
 #[test]
+fn a_freed_block_is_parked_for_the_next_request_of_its_size() {
+    let mut a = CachingAllocator::new(TestSource::bounded(64 * MIB), Config::xpu());
+    let s = StreamId(0);
+    let keep = a.allocate(4096, s).unwrap();
+    let b = a.allocate(4096, s).unwrap();
+    a.free(&b).unwrap();
+    let snap = a.snapshot();
+    let kinds: Vec<BlockStateKind> = snap.segments[0].blocks.iter().map(|b| b.state).collect();
+    assert_eq!(
+        kinds,
+        [
+            BlockStateKind::Allocated,
+            BlockStateKind::Parked,
+            BlockStateKind::Free
+        ]
+    );
+    a.check_invariants().unwrap();
+    // Same stream and size: the parked block comes back.
+    let c = a.allocate(4000, s).unwrap();
+    assert_eq!((c.segment, c.offset, c.size), (b.segment, b.offset, b.size));
+    assert!(
+        a.free(&b).is_ok(),
+        "c is b's block again; freeing it once is fine"
+    );
+    assert!(a.free(&c).is_err(), "and only once");
+    // Another size merges it first.
+    let d = a.allocate(8192, s).unwrap();
+    assert_eq!(d.offset, keep.offset + keep.size);
+    a.check_invariants().unwrap();
+    assert_eq!(a.snapshot().segments[0].blocks.len(), 3);
+}
+
+#[test]
 fn same_stream_reuse_is_immediate() {
     let mut a = CachingAllocator::new(TestSource::bounded(64 * MIB), Config::xpu());
     let s = StreamId(0);
@@ -423,6 +456,8 @@ fn cross_stream_use_waits_for_fence() {
     a.check_invariants().unwrap();
     a.source().complete(s1);
     a.free(&c).unwrap();
+    // The last free is parked for an immediate reuse; merge it to see best fit at work.
+    a.coalesce();
     let d = a.allocate(4096, s0).unwrap();
     assert_eq!(a.pending_frees(), 0);
     assert_eq!((d.segment, d.offset), (b.segment, b.offset));
@@ -443,6 +478,7 @@ fn coalescing_restores_whole_segment() {
         a.free(&blocks[i]).unwrap();
         a.check_invariants().unwrap();
     }
+    a.coalesce();
     let snap = a.snapshot();
     assert_eq!(snap.segments.len(), 1);
     assert_eq!(snap.segments[0].blocks.len(), 1);
@@ -615,6 +651,7 @@ fn expandable_segment_grows_in_place_and_merges() {
         a.free(b).unwrap();
     }
     // The freed blocks merged into one: 4 × 32 MiB fit without the device.
+    a.coalesce();
     let snap = a.snapshot();
     assert_eq!(snap.segments[0].blocks.len(), 1);
     let second: Vec<Block> = (0..4).map(|_| a.allocate(32 * MIB, s).unwrap()).collect();

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use serde::Serialize;
 use xpu::{Device, Error, Result};
 use xpu_memory::{
-    replay_on_device, replay_source, reuse_scenario, FakeSource, Policy, ReplayReport, Trace,
-    TraceFormat,
+    measure_cached_latency, replay_on_device, replay_source, reuse_scenario, FakeSource, Policy,
+    ReplayReport, Trace, TraceFormat,
 };
 
 /// What `xpu bench memory` was asked to do.
@@ -25,6 +25,8 @@ pub struct Options {
     pub scenario: bool,
     /// Replay over the fake source instead of devices.
     pub fake: bool,
+    /// Also time cached allocate + free pairs beside the device's allocate + drop.
+    pub latency: bool,
     /// Print JSON.
     pub json: bool,
 }
@@ -98,9 +100,9 @@ pub fn run(devices: &[Device], opts: &Options) -> Result<()> {
     if opts.scenario {
         workloads.push(("8x16MiB-then-4x32MiB".to_string(), reuse_scenario()));
     }
-    if workloads.is_empty() {
+    if workloads.is_empty() && !opts.latency {
         return Err(Error::invalid(
-            "nothing to replay; give --trace FILE, --scenario, or both",
+            "nothing to measure; give --trace FILE, --scenario, --latency, or several",
         ));
     }
     if !opts.fake && devices.is_empty() {
@@ -127,8 +129,27 @@ pub fn run(devices: &[Device], opts: &Options) -> Result<()> {
             }
         }
     }
+    let mut latency = Vec::new();
+    if opts.latency {
+        for device in devices {
+            for size in [4096, 1 << 20, 16 << 20] {
+                latency.push(measure_cached_latency(
+                    device,
+                    Policy::Xpu.config(),
+                    size,
+                    201,
+                    512,
+                )?);
+            }
+        }
+    }
     if opts.json {
-        let text = if out.len() == 1 {
+        let text = if !latency.is_empty() {
+            serde_json::to_string_pretty(&serde_json::json!({
+                "replays": out,
+                "cached_latency": latency,
+            }))
+        } else if out.len() == 1 {
             serde_json::to_string_pretty(&out[0])
         } else {
             serde_json::to_string_pretty(&out)
@@ -136,6 +157,25 @@ pub fn run(devices: &[Device], opts: &Options) -> Result<()> {
         .map_err(|e| Error::backend("xpu", e))?;
         println!("{text}");
         return Ok(());
+    }
+    if !latency.is_empty() {
+        println!("cached allocate + free, median of 201 batches of 512 pairs");
+        println!(
+            "{:<10} {:>10} {:>4} {:>14} {:>24} {:>13}",
+            "target", "size B", "exp", "pool p50 ns", "device alloc+drop p50 ns", "device allocs"
+        );
+        for l in &latency {
+            println!(
+                "{:<10} {:>10} {:>4} {:>14.1} {:>24.1} {:>13}",
+                l.device,
+                l.size,
+                if l.expandable { "yes" } else { "no" },
+                l.pool_p50_ns,
+                l.device_p50_ns,
+                l.pool_device_allocs
+            );
+        }
+        println!();
     }
     for (name, trace) in &workloads {
         println!(
