@@ -2,14 +2,14 @@
 //! them, a best-fit index of free blocks per pool and stream, and the deferred frees that wait
 //! on fences.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
 use crate::budget::{Budget, BudgetMember, BudgetReport};
+use crate::clock::Clock;
 use crate::policy::{round_up, Config};
 use crate::stats::{
     BlockSnapshot, BlockStateKind, MemoryStats, SegmentSnapshot, Snapshot, TraceAction, TraceEvent,
@@ -321,8 +321,10 @@ pub struct CachingAllocator<S: SegmentSource> {
     pending: Vec<Pending<S::Fence>>,
     parked: Option<Parked>,
     stats: MemoryStats,
-    history: VecDeque<TraceEvent>,
-    epoch: Instant,
+    /// The event ring: `history_next` is where the next event goes once it is full.
+    history: Vec<TraceEvent>,
+    history_next: usize,
+    clock: Clock,
     /// The most bytes ever reserved at once (unlike the peak statistic, never reset).
     high_water: u64,
     /// Declared after `source` so that, when the allocator is dropped, the budget gets its
@@ -362,8 +364,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
             pending: Vec::new(),
             parked: None,
             stats: MemoryStats::default(),
-            history: VecDeque::new(),
-            epoch: Instant::now(),
+            history: Vec::new(),
+            history_next: 0,
+            clock: Clock::new(),
             high_water: 0,
             budget: None,
         }
@@ -424,8 +427,16 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     /// The bounded alloc/free history, oldest first.
-    pub fn history(&self) -> impl Iterator<Item = &TraceEvent> {
-        self.history.iter()
+    pub fn history(&self) -> impl Iterator<Item = TraceEvent> + '_ {
+        let scale = self.clock.scale();
+        let (newer, older) = self
+            .history
+            .split_at(self.history_next.min(self.history.len()));
+        older.iter().chain(newer).map(move |e| TraceEvent {
+            // Recorded as raw clock ticks; see `log`.
+            timestamp_ns: scale(e.timestamp_ns),
+            ..*e
+        })
     }
 
     /// Number of blocks freed but still waiting for fences.
@@ -440,19 +451,28 @@ impl<S: SegmentSource> CachingAllocator<S> {
     }
 
     fn log(&mut self, action: TraceAction, size: u64, stream: StreamId) {
-        if self.config.history == 0 {
+        let cap = self.config.history;
+        if cap == 0 {
             return;
         }
-        if self.history.len() >= self.config.history {
-            self.history.pop_front();
-        }
-        let timestamp_ns = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.history.push_back(TraceEvent {
+        let event = TraceEvent {
             action,
             size,
             stream,
-            timestamp_ns,
-        });
+            // Raw ticks; `history` converts them to nanoseconds.
+            timestamp_ns: self.clock.ticks(),
+        };
+        if self.history.len() < cap {
+            self.history.push(event);
+        } else {
+            if self.history_next >= self.history.len() {
+                self.history_next = 0;
+            }
+            if let Some(slot) = self.history.get_mut(self.history_next) {
+                *slot = event;
+            }
+            self.history_next += 1;
+        }
     }
 
     fn free_set(&mut self, small: bool) -> &mut BTreeSet<FreeKey> {
@@ -1068,6 +1088,9 @@ impl<S: SegmentSource> CachingAllocator<S> {
     /// Frees `block`. It becomes reusable at once on its own stream, or, if it was recorded on
     /// other streams, once fences recorded now on each of them complete.
     pub fn free(&mut self, block: &Block) -> Result<(), AllocError> {
+        if self.parked.is_none() && self.park_fast(block) {
+            return Ok(());
+        }
         let info = self.allocated_mut(block)?;
         let (requested, uses) = match &mut info.state {
             State::Allocated { requested, uses } => (*requested, std::mem::take(uses)),
@@ -1103,6 +1126,45 @@ impl<S: SegmentSource> CachingAllocator<S> {
             });
         }
         Ok(())
+    }
+
+    /// The common free, in one lookup: an allocated block used on its own stream only, with
+    /// nothing parked yet, is parked. Returns `false` (having changed nothing) otherwise.
+    #[inline]
+    fn park_fast(&mut self, block: &Block) -> bool {
+        let Some(seg) = self.segments.get_mut(&block.segment) else {
+            return false;
+        };
+        let (seg_size, small) = (seg.size, seg.small);
+        let Some(info) = seg.blocks.get_mut(&block.offset) else {
+            return false;
+        };
+        let requested = match &info.state {
+            State::Allocated { requested, uses } if uses.is_empty() && info.size == block.size => {
+                *requested
+            }
+            _ => return false,
+        };
+        info.state = State::Parked;
+        let st = &mut self.stats;
+        st.allocated_bytes.decrease(block.size);
+        st.allocation.decrease(1);
+        st.requested_bytes.decrease(requested);
+        st.active_bytes.decrease(block.size);
+        st.active.decrease(1);
+        if block.size < seg_size {
+            st.inactive_split_bytes.increase(block.size);
+            st.inactive_split.increase(1);
+        }
+        self.parked = Some(Parked {
+            segment: block.segment,
+            offset: block.offset,
+            size: block.size,
+            stream: block.stream,
+            small,
+        });
+        self.log(TraceAction::Free, block.size, block.stream);
+        true
     }
 
     /// Parks a block freed on its own stream, merging the block parked before it.

@@ -66,6 +66,7 @@
 
 mod allocator;
 mod budget;
+mod clock;
 mod device;
 mod policy;
 mod replay;

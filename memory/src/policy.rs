@@ -57,7 +57,9 @@ pub struct Config {
     /// Before asking the source for a new segment, hand back whole free segments first,
     /// keeping the reserved footprint close to what is live.
     pub release_before_grow: bool,
-    /// How many alloc/free events the history ring keeps (0 keeps none).
+    /// How many alloc/free events the history ring keeps (0, the default, keeps none).
+    /// Recording costs two clock reads and two ring writes per allocate + free pair, about
+    /// a third of a cached pair, so it is opt-in, as PyTorch's memory history is.
     pub history: usize,
     /// Where the source can grow a segment in place
     /// ([`crate::SegmentSource::growth_granularity`]), keep one growable segment per pool
@@ -87,7 +89,7 @@ impl Config {
             max_split: None,
             memory_fraction: None,
             release_before_grow: false,
-            history: 1024,
+            history: 0,
             expandable_segments: false,
         }
     }

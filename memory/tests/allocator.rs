@@ -545,7 +545,11 @@ fn memory_fraction_limits_reservation() {
 
 #[test]
 fn split_limit_keeps_big_blocks_whole() {
-    let mut a = CachingAllocator::new(TestSource::bounded(1 << 30), Config::xpu());
+    let cfg = Config {
+        history: 4,
+        ..Config::xpu()
+    };
+    let mut a = CachingAllocator::new(TestSource::bounded(1 << 30), cfg);
     let s = StreamId(0);
     let big = a.allocate(200 * MIB, s).unwrap();
     a.free(&big).unwrap();
@@ -557,7 +561,12 @@ fn split_limit_keeps_big_blocks_whole() {
         a.stats().reserved_bytes.peak,
         stats_before.reserved_bytes.current
     );
-    assert!(a.history().count() > 0);
+    // The ring keeps the latest 4 events, oldest first, with rising timestamps.
+    let h: Vec<_> = a.history().collect();
+    assert_eq!(h.len(), 4);
+    assert!(h.windows(2).all(|w| w[0].timestamp_ns <= w[1].timestamp_ns));
+    assert_eq!(h[3].action, xpu_memory::TraceAction::Alloc);
+    assert_eq!(h[3].size, 2 * MIB);
 }
 
 #[test]
