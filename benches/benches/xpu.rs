@@ -10,12 +10,16 @@
 //! - `cuda_copy`, `cuda_add`, `cuda_launch`: a device-to-device copy, a large
 //!   elementwise add and many tiny adds on `cuda:0` through the HAL vs the same work
 //!   issued directly with cudarc; skipped without a CUDA driver and device.
+//! - `memory_cached`: allocate + free of a cached size (4 KiB, 1 MiB, 16 MiB) through the
+//!   caching allocator (`xpu_memory::DeviceAllocator`) vs the raw HAL `Device::allocate` +
+//!   drop of the same size, on a host device.
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 mod copy;
 mod cuda;
 mod dispatch;
+mod memory;
 mod vulkan;
 
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -31,6 +35,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = dispatch::bench, copy::bench, vulkan::bench, cuda::bench
+    targets = dispatch::bench, copy::bench, memory::bench, vulkan::bench, cuda::bench
 }
 criterion_main!(benches);
