@@ -11,6 +11,7 @@
 //! | `stream` | ordering of builtin operations, kernels and copies without synchronize, many operations, several threads, foreign memory |
 //! | `kernel` | launches with buffer and scalar arguments (host function or WGSL), argument alignment, refused launches, unsupported formats, failing and panicking kernels |
 //! | `event`  | cross-stream and cross-device waits, queries, timeouts, timing, errors |
+//! | `pool`   | the caching allocator on the device: reuse with data intact, cross-stream fences, empty_cache, expandable growth |
 
 use crate::case::{Case, Profile};
 
@@ -22,6 +23,7 @@ mod fill;
 mod kernel;
 mod memory;
 mod ops;
+mod pool;
 mod stream;
 pub(crate) mod util;
 
@@ -35,6 +37,7 @@ const MODULES: &[&[Case]] = &[
     stream::CASES,
     kernel::CASES,
     event::CASES,
+    pool::CASES,
 ];
 
 /// Every built-in case of every profile, in a stable order.
