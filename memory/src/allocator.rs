@@ -1411,7 +1411,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
             reserved += seg.size;
             if let Some(r) = seg.reserve {
                 let g = self.granularity.unwrap_or(1);
-                if seg.size > r || seg.size == 0 || seg.size % g != 0 {
+                if seg.size > r || seg.size == 0 || !seg.size.is_multiple_of(g) {
                     return Err(format!(
                         "segment {}: growable length {} is not a non-zero multiple of {g} within {r}",
                         id.0, seg.size

@@ -37,32 +37,63 @@
 //! block stays *pending* until all complete. The fence is an abstract trait so that tests can
 //! complete fences by hand.
 //!
+//! ## Expandable segments
+//!
+//! Where the source can grow memory in place ([`SegmentSource::growth_granularity`]; on the
+//! HAL, a device with a `virtual_memory_granularity`) and [`Config::expandable_segments`] is
+//! set (the default of [`Policy::Xpu`]), each pool and stream has one growable segment: a
+//! reserved address range backed as a prefix `[0, len)`. A request that finds no cached
+//! block grows it by the shortfall beyond its free tail block (rounded to the granularity;
+//! the small pool grows in small-segment steps), so what would have been separate segments
+//! are one, and freed blocks merge across their old boundaries. [`CachingAllocator::empty_cache`]
+//! shrinks a free tail. Reserved bytes count the backed length; each growth counts as one
+//! device allocation call and each shrink as one device free ([`MemoryStats`]).
+//!
+//! ## Budgets
+//!
+//! A [`Budget`] is one limit shared by several allocators (every host device, or a GPU and
+//! its pinned staging memory): each segment and each growth is taken from it first, and
+//! releases give it back. A request past the budget fails like a full device: the
+//! allocator frees its own cache and retries, and the report names the budget, its use and
+//! each allocator's share.
+//!
 //! ## Running out
 //!
-//! When the source is out of memory, the allocator returns every whole free segment, turns
-//! completed pending frees into free blocks, and retries once. If that fails too the error
-//! ([`AllocError::OutOfMemory`]) carries an [`OomReport`]: the request, capacity, free,
-//! allocated, reserved-but-unallocated, largest free block and fragmentation, and only the
-//! remedies not already in effect. [`Config::memory_fraction`] caps what one allocator may
-//! reserve, so that several can share a device.
+//! When the source (or the budget) is out of memory, the allocator returns every whole free
+//! segment, shrinks free tails, turns completed pending frees into free blocks, and retries
+//! once. If that fails too the error ([`AllocError::OutOfMemory`]) carries an [`OomReport`]:
+//! the request, capacity, free, allocated, reserved-but-unallocated, largest free block,
+//! fragmentation, the shared budget if any, and only the remedies not already in effect
+//! (expandable segments are suggested only where the source supports them and they are
+//! off). [`Config::memory_fraction`] caps what one allocator may reserve, so that several can
+//! share a device.
+//!
+//! ## The hot path
+//!
+//! A block freed on its own stream is *parked* ([`BlockStateKind::Parked`]): the next request
+//! of the same stream and size takes it straight back, with no change to the free index; any
+//! other request merges it first. With the history ring off (the default), a cached
+//! allocate + free through [`DeviceAllocator`] is one uncontended lock, two hash lookups and
+//! two B-tree lookups.
 //!
 //! ## Accounting
 //!
 //! [`MemoryStats`] uses PyTorch's names (allocated, reserved, active, inactive-split and
 //! requested bytes and counts, each with current, peak, allocated and freed totals; retries,
-//! OOMs, device allocations and frees) so figures compare directly. [`Snapshot`] lists every
-//! segment and block and serializes as JSON; a bounded ring keeps the latest alloc/free events.
+//! OOMs, device allocations and frees, segment growths and shrinks) so figures compare
+//! directly. [`Snapshot`] lists every segment and block and serializes as JSON; an opt-in
+//! bounded ring ([`Config::history`]) keeps the latest alloc/free events.
 //!
 //! ## Policies
 //!
 //! [`Policy::PyTorch`] reproduces PyTorch's default size rules as a baseline. [`Policy::Xpu`],
 //! the default, sizes large segments to the request instead of to 2 MiB or 20 MiB buckets,
-//! splits large blocks finely, and hands whole free segments back before growing; it trades
-//! more device calls for a smaller footprint. [`replay`] runs a trace under either and reports
-//! utilization (peak live bytes over peak reserved bytes), device calls and latency.
-//!
-//! Not provided: expandable segments (growing a segment in place through virtual memory
-//! mapping) and budgets shared by several devices.
+//! splits large blocks finely, uses expandable segments where it can, and hands whole free
+//! segments back before growing past the most it has ever reserved; it trades more device
+//! calls for a smaller footprint. [`replay`] runs a trace under either over a fake source,
+//! [`replay_on_device`] through a [`DeviceAllocator`] on a real device, both reporting
+//! utilization (peak live bytes over peak reserved bytes), device calls (also per pass of a
+//! repeated trace) and latency.
 
 mod allocator;
 mod budget;

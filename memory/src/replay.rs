@@ -202,7 +202,11 @@ impl SegmentSource for FakeSource {
                 "this source cannot make growable segments".to_string(),
             ));
         };
-        if initial == 0 || initial > reserve || initial % g != 0 || reserve % g != 0 {
+        if initial == 0
+            || initial > reserve
+            || !initial.is_multiple_of(g)
+            || !reserve.is_multiple_of(g)
+        {
             return Err(SourceError::Failed(format!(
                 "a growable segment needs 0 < initial ({initial}) <= reserve ({reserve}), both multiples of {g}"
             )));
@@ -223,7 +227,7 @@ impl SegmentSource for FakeSource {
                 segment.0
             )));
         };
-        if new_len == 0 || new_len > reserve || new_len % g != 0 {
+        if new_len == 0 || new_len > reserve || !new_len.is_multiple_of(g) {
             return Err(SourceError::Failed(format!(
                 "segment {} cannot be resized to {new_len}: not a non-zero multiple of {g} within {reserve}",
                 segment.0

@@ -173,7 +173,7 @@ fn expandable_segments_on_devices_that_grow() {
     }
     let snap = alloc.snapshot();
     assert_eq!(snap.segments.len(), 1);
-    assert!(snap.segments[0].size % g == 0);
+    assert!(snap.segments[0].size.is_multiple_of(g));
     assert!(alloc.stats().num_segment_grows >= 3);
     let mut blocks = blocks;
     let last = blocks.pop().unwrap();
