@@ -710,15 +710,25 @@ impl<S: SegmentSource> CachingAllocator<S> {
         match result {
             Ok(found) => Ok(found),
             Err(SourceError::Failed(m)) => Err(AllocError::Source(m)),
-            Err(SourceError::OutOfMemory) => {
-                self.stats.num_ooms += 1;
-                self.log(TraceAction::Oom, requested, stream);
-                let seg_size = self.config.segment_size(rounded);
-                Err(AllocError::OutOfMemory(Box::new(
-                    self.oom_report(requested, seg_size),
-                )))
+            Err(SourceError::OutOfMemory) if !small => {
+                // Last resort: a cached block the split limit passed over beats failing.
+                let lo = (stream, rounded, SegmentId(0), 0);
+                let hi = (stream, u64::MAX, SegmentId(u64::MAX), u64::MAX);
+                match self.free_large.range(lo..=hi).next() {
+                    Some(&(_, size, seg, off)) => Ok((seg, off, size)),
+                    None => Err(self.out_of_memory(requested, rounded, stream)),
+                }
             }
+            Err(SourceError::OutOfMemory) => Err(self.out_of_memory(requested, rounded, stream)),
         }
+    }
+
+    /// Counts and reports a request that nothing could serve.
+    fn out_of_memory(&mut self, requested: u64, rounded: u64, stream: StreamId) -> AllocError {
+        self.stats.num_ooms += 1;
+        self.log(TraceAction::Oom, requested, stream);
+        let seg_size = self.config.segment_size(rounded);
+        AllocError::OutOfMemory(Box::new(self.oom_report(requested, seg_size)))
     }
 
     /// A free block of at least `rounded` bytes from new memory: the pool's expandable

@@ -769,3 +769,20 @@ fn budget_spans_allocators_and_names_them_when_exhausted() {
     drop(gpu);
     assert_eq!(budget.reserved(), 0);
 }
+
+#[test]
+fn split_limit_yields_before_out_of_memory() {
+    let mut a = CachingAllocator::new(TestSource::growable(220 * MIB, 2 * MIB), Config::xpu());
+    let s = StreamId(0);
+    let big = a.allocate(200 * MIB, s).unwrap();
+    let pin = a.allocate(10 * MIB, s).unwrap();
+    a.free(&big).unwrap();
+    // 200 MiB cached is "too large to split" for 40 MiB, and the device has no room to grow:
+    // the cached block is split rather than the request failing.
+    let c = a.allocate(40 * MIB, s).unwrap();
+    assert_eq!((c.segment, c.offset), (big.segment, big.offset));
+    assert_eq!(a.stats().num_ooms, 0);
+    a.check_invariants().unwrap();
+    a.free(&c).unwrap();
+    a.free(&pin).unwrap();
+}
