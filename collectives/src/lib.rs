@@ -12,6 +12,11 @@
 //! into a [`LinkClass`] with a latency and a bandwidth, first estimated from the class and
 //! then measured by [`topology::calibrate`]. Algorithms are chosen from these figures.
 
+pub mod check;
+pub mod comm;
 pub mod topology;
 
+pub use comm::algorithms::Algorithm;
+pub use comm::op::{Collective, OpDesc, ReduceOp};
+pub use comm::{CommOptions, Communicator, Rank};
 pub use topology::{Link, LinkClass, TopoDevice, Topology};

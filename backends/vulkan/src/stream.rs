@@ -36,7 +36,7 @@ use xpu_hal::{
 use crate::device::DeviceShared;
 use crate::error::VkResultExt;
 use crate::event::{Mark, VulkanEvent};
-use crate::memory::VulkanBuffer;
+use crate::memory::{Placement, VulkanBuffer};
 use crate::staging::{Staging, StagingPool};
 
 /// Operations recorded before a batch is submitted without being asked.
@@ -98,8 +98,12 @@ pub(crate) struct StreamShared {
     pub(crate) gpu_sem: vk::Semaphore,
     host_sem: vk::Semaphore,
     pool: vk::CommandPool,
-    /// Timestamp queries for events, used as a ring of [`TIMESTAMP_SLOTS`].
-    timestamps: Option<vk::QueryPool>,
+    /// Timestamp queries for events, used as a ring of [`TIMESTAMP_SLOTS`], and the
+    /// mapped buffer each batch copies its results into. The completion thread reads the
+    /// buffer, never the pool: `vkGetQueryPoolResults` may wait for the whole queue on
+    /// some drivers (lavapipe), which would block that thread behind later batches that
+    /// wait for a host step only it can run.
+    timestamps: Option<(vk::QueryPool, VulkanBuffer)>,
     recycled: Mutex<Vec<vk::CommandBuffer>>,
     submit: Mutex<SubmitState>,
     pub(crate) progress: StreamProgress,
@@ -238,7 +242,8 @@ impl StreamShared {
     /// writes them) and a submission that completes `mark`.
     fn record_mark(&self, mark: &Arc<Mark>) -> Result<(u64, u64)> {
         let mut st = lock(&self.submit);
-        if let Some(pool) = self.timestamps {
+        if let Some((pool, readback)) = &self.timestamps {
+            let pool = *pool;
             let slot = st.next_slot;
             st.next_slot = (slot + 1) % TIMESTAMP_SLOTS;
             let rec = self.open(&mut st)?;
@@ -251,6 +256,18 @@ impl StreamShared {
                     pool,
                     slot,
                 );
+                // The result lands in the mapped buffer with this batch; the batch's
+                // closing barrier makes it visible to the host.
+                self.dev.device.cmd_copy_query_pool_results(
+                    rec.cmd,
+                    pool,
+                    slot,
+                    1,
+                    readback.buffer,
+                    u64::from(slot) * 8,
+                    8,
+                    vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+                );
             }
             let _ = mark.slot.set(slot);
         }
@@ -259,24 +276,21 @@ impl StreamShared {
     }
 
     fn read_timestamp(&self, mark: &Mark) {
-        let (Some(pool), Some(&slot), Some(period)) =
-            (self.timestamps, mark.slot.get(), self.dev.timestamp_period)
+        let (Some((_, readback)), Some(&slot), Some(period)) =
+            (&self.timestamps, mark.slot.get(), self.dev.timestamp_period)
         else {
             return;
         };
-        let mut ticks = [0u64; 1];
-        // SAFETY: the batch that writes the slot has completed; 64-bit results.
-        let ok = unsafe {
-            self.dev.device.get_query_pool_results(
-                pool,
-                slot,
-                &mut ticks,
-                vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
-            )
+        let Some(base) = readback.mapped() else {
+            return;
         };
-        if ok.is_ok() {
-            let _ = mark.device_ns.set((ticks[0] as f64 * period) as u64);
-        }
+        // SAFETY: the buffer holds TIMESTAMP_SLOTS u64s and stays mapped while the stream
+        // lives; the batch that copied this slot's result has completed, and its closing
+        // barrier made the write visible to the host. The slot is rewritten only by a
+        // batch recorded TIMESTAMP_SLOTS events later.
+        let ticks =
+            unsafe { std::ptr::read_volatile(base.as_ptr().add(slot as usize * 8).cast::<u64>()) };
+        let _ = mark.device_ns.set((ticks as f64 * period) as u64);
     }
 
     /// Submits the open batch (if any, or if `force_marks` is non-empty, an empty one
@@ -483,8 +497,8 @@ impl Drop for StreamShared {
         // SAFETY: the completion thread has finished every batch (it holds an Arc to
         // this value until it exits), so nothing uses these objects any more.
         unsafe {
-            if let Some(q) = self.timestamps {
-                self.dev.device.destroy_query_pool(q, None);
+            if let Some((q, _)) = &self.timestamps {
+                self.dev.device.destroy_query_pool(*q, None);
             }
             self.dev.device.destroy_command_pool(self.pool, None);
             self.dev.device.destroy_semaphore(self.gpu_sem, None);
@@ -531,9 +545,24 @@ impl VulkanStream {
             let info = vk::QueryPoolCreateInfo::default()
                 .query_type(vk::QueryType::TIMESTAMP)
                 .query_count(TIMESTAMP_SLOTS);
-            // SAFETY: valid device and create info. Without a pool, events fall back
-            // to host-observed times.
-            unsafe { dev.device.create_query_pool(&info, None) }.ok()
+            // SAFETY: valid device and create info. Without a pool (or its read-back
+            // buffer), events fall back to host-observed times.
+            unsafe { dev.device.create_query_pool(&info, None) }
+                .ok()
+                .and_then(|q| {
+                    match VulkanBuffer::new(
+                        &dev,
+                        u64::from(TIMESTAMP_SLOTS) * 8,
+                        Placement::Staging,
+                    ) {
+                        Ok(b) if b.mapped().is_some() => Some((q, b)),
+                        _ => {
+                            // SAFETY: the pool was just created and is unused.
+                            unsafe { dev.device.destroy_query_pool(q, None) };
+                            None
+                        }
+                    }
+                })
         } else {
             None
         };

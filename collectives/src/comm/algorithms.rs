@@ -1,0 +1,459 @@
+//! The algorithms, written with the two primitives of [`super::transport`].
+//!
+//! - **ring**: ranks pass chunks to their successor. All-reduce is a reduce-scatter ring
+//!   (n−1 steps, each rank reducing the chunk it receives) followed by an all-gather ring
+//!   (n−1 steps, each forwarding the finished chunk): every rank sends 2(n−1)/n of the
+//!   buffer, the bandwidth-optimal amount. Broadcast and reduce run as pipelined chains.
+//! - **direct**: every rank reads what it needs straight from every other rank — one
+//!   step, the latency-optimal choice for small messages.
+//!
+//! All enqueueing happens on the ranks' own streams, in an order that only waits on
+//! events already recorded, so the dependency graph has no cycles.
+
+use xpu_hal::{dtype, BinaryOp, DType, Error, Result, Scalar};
+
+use super::op::{Collective, ReduceOp};
+use super::transport::{RankIo, Slice, Transport};
+
+/// Which algorithm runs an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Chunks passed around a ring (pipelined chains for rooted operations).
+    Ring,
+    /// Every rank exchanges with every other directly, in one step.
+    Direct,
+}
+
+impl Algorithm {
+    /// Every algorithm.
+    pub const ALL: [Algorithm; 2] = [Algorithm::Ring, Algorithm::Direct];
+
+    /// The lowercase name (`ring`, `direct`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::Direct => "direct",
+        }
+    }
+
+    /// The algorithm named `name`.
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name().eq_ignore_ascii_case(name.trim()))
+    }
+}
+
+impl std::fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One rank's buffers for the operation being run.
+#[derive(Clone, Debug)]
+pub(crate) struct RankBuffers {
+    pub send: Option<Slice>,
+    pub recv: Option<Slice>,
+}
+
+/// Everything an algorithm needs.
+pub(crate) struct Run<'a> {
+    pub ranks: &'a [RankIo],
+    pub buffers: &'a [RankBuffers],
+    pub transport: &'a mut Transport,
+    pub algorithm: Algorithm,
+    pub kind: Collective,
+    pub bytes: u64,
+    pub dtype: Option<DType>,
+    pub op: Option<ReduceOp>,
+    pub root: usize,
+}
+
+fn missing(what: &str, rank: usize) -> Error {
+    Error::backend_message(
+        "collectives",
+        format!("internal error: rank {rank} has no {what} buffer"),
+    )
+}
+
+impl Run<'_> {
+    fn n(&self) -> usize {
+        self.ranks.len()
+    }
+
+    fn send(&self, r: usize) -> Result<Slice> {
+        self.buffers[r]
+            .send
+            .clone()
+            .ok_or_else(|| missing("send", r))
+    }
+
+    fn recv(&self, r: usize) -> Result<Slice> {
+        self.buffers[r]
+            .recv
+            .clone()
+            .ok_or_else(|| missing("receive", r))
+    }
+
+    fn elem(&self) -> u64 {
+        self.dtype.map_or(1, |d| d.size() as u64)
+    }
+
+    fn combine(&self) -> BinaryOp {
+        self.op.map_or(BinaryOp::Sum, ReduceOp::combine)
+    }
+
+    fn dtype(&self) -> Result<DType> {
+        self.dtype
+            .ok_or_else(|| Error::backend_message("collectives", "internal error: no dtype"))
+    }
+
+    /// `n` element-aligned chunks of `bytes`, as (offset, length).
+    fn chunks(&self, bytes: u64) -> Vec<(u64, u64)> {
+        let elem = self.elem();
+        let elems = bytes / elem;
+        let n = self.n() as u64;
+        (0..n)
+            .map(|i| {
+                let start = elems * i / n;
+                let end = elems * (i + 1) / n;
+                (start * elem, (end - start) * elem)
+            })
+            .collect()
+    }
+
+    /// Runs the operation.
+    pub fn execute(&mut self) -> Result<()> {
+        match self.kind {
+            Collective::AllReduce => self.all_reduce(),
+            Collective::Reduce => self.reduce(),
+            Collective::Broadcast => self.broadcast(),
+            Collective::AllGather => self.all_gather(),
+            Collective::ReduceScatter => self.reduce_scatter(),
+            Collective::AllToAll => self.all_to_all(),
+            Collective::Barrier => self.barrier(),
+            Collective::SendRecv => Err(Error::backend_message(
+                "collectives",
+                "internal error: send/recv is not a collective run",
+            )),
+        }
+    }
+
+    fn all_reduce(&mut self) -> Result<()> {
+        let n = self.n();
+        let (op, dtype) = (self.combine(), self.dtype()?);
+        match self.algorithm {
+            Algorithm::Ring => {
+                for r in 0..n {
+                    let (s, d) = (self.send(r)?, self.recv(r)?);
+                    self.transport.copy(self.ranks, r, &s, r, &d)?;
+                }
+                let chunks = self.chunks(self.bytes);
+                for step in 0..n - 1 {
+                    for r in 0..n {
+                        let next = (r + 1) % n;
+                        let (off, len) = chunks[(r + n - step) % n];
+                        let src = self.recv(r)?.sub(off, len);
+                        let dst = self.recv(next)?.sub(off, len);
+                        self.transport
+                            .reduce(self.ranks, r, &src, next, &dst, op, dtype)?;
+                    }
+                }
+                for step in 0..n - 1 {
+                    for r in 0..n {
+                        let next = (r + 1) % n;
+                        let (off, len) = chunks[(r + 1 + n - step) % n];
+                        let src = self.recv(r)?.sub(off, len);
+                        let dst = self.recv(next)?.sub(off, len);
+                        self.transport.copy(self.ranks, r, &src, next, &dst)?;
+                    }
+                }
+            }
+            Algorithm::Direct => {
+                // Sources must keep their values while every rank reads them: read from
+                // the send buffers, or from a copy of them when the operation is in place.
+                let sources = self.pristine_sources()?;
+                for (r, source) in sources.iter().enumerate() {
+                    let d = self.recv(r)?;
+                    self.transport.copy(self.ranks, r, source, r, &d)?;
+                }
+                for r in 0..n {
+                    let d = self.recv(r)?;
+                    for q in (0..n).filter(|&q| q != r) {
+                        self.transport
+                            .reduce(self.ranks, q, &sources[q], r, &d, op, dtype)?;
+                    }
+                }
+            }
+        }
+        for r in 0..n {
+            let d = self.recv(r)?;
+            self.finish_avg(r, &d)?;
+        }
+        Ok(())
+    }
+
+    /// The send buffers, or per-rank copies of them where a rank's send and receive
+    /// buffers overlap.
+    fn pristine_sources(&mut self) -> Result<Vec<Slice>> {
+        (0..self.n())
+            .map(|r| {
+                let s = self.send(r)?;
+                match &self.buffers[r].recv {
+                    Some(d) if d.overlaps(&s) => {
+                        let t = self.transport.temp(self.ranks, r, s.len)?;
+                        self.transport.copy(self.ranks, r, &s, r, &t)?;
+                        Ok(t)
+                    }
+                    _ => Ok(s),
+                }
+            })
+            .collect()
+    }
+
+    fn reduce(&mut self) -> Result<()> {
+        let (n, root) = (self.n(), self.root);
+        let (op, dtype) = (self.combine(), self.dtype()?);
+        let target = self.recv(root)?;
+        match self.algorithm {
+            Algorithm::Direct => {
+                let s = self.send(root)?;
+                let own = if target.overlaps(&s) && !target.same_as(&s) {
+                    let t = self.transport.temp(self.ranks, root, s.len)?;
+                    self.transport.copy(self.ranks, root, &s, root, &t)?;
+                    t
+                } else {
+                    s
+                };
+                self.transport.copy(self.ranks, root, &own, root, &target)?;
+                for q in (0..n).filter(|&q| q != root) {
+                    let s = self.send(q)?;
+                    self.transport
+                        .reduce(self.ranks, q, &s, root, &target, op, dtype)?;
+                }
+            }
+            Algorithm::Ring => {
+                // A chain ending at the root: the rank farthest from it starts, each rank
+                // adds its contribution to a working copy and passes it on, piece by piece
+                // so that the links work at once.
+                let mut work = Vec::with_capacity(n);
+                for k in 0..n {
+                    let r = (root + k) % n;
+                    let s = self.send(r)?;
+                    if r == root {
+                        if !target.same_as(&s) {
+                            self.transport.copy(self.ranks, r, &s, r, &target)?;
+                        }
+                        work.push(target.clone());
+                    } else {
+                        let t = self.transport.temp(self.ranks, r, s.len)?;
+                        self.transport.copy(self.ranks, r, &s, r, &t)?;
+                        work.push(t);
+                    }
+                }
+                for (off, len) in self.pieces() {
+                    for k in (1..n).rev() {
+                        let (a, b) = ((root + k) % n, (root + k - 1) % n);
+                        let src = work[k].sub(off, len);
+                        let dst = work[k - 1].sub(off, len);
+                        self.transport
+                            .reduce(self.ranks, a, &src, b, &dst, op, dtype)?;
+                    }
+                }
+            }
+        }
+        self.finish_avg(root, &target)
+    }
+
+    /// Element-aligned pieces of the buffer for pipelined chains.
+    fn pieces(&self) -> Vec<(u64, u64)> {
+        let elem = self.elem();
+        let piece = (self.transport.staged_piece.max(elem) / elem) * elem;
+        let mut out = Vec::new();
+        let mut off = 0;
+        while off < self.bytes {
+            let len = piece.min(self.bytes - off);
+            out.push((off, len));
+            off += len;
+        }
+        out
+    }
+
+    fn broadcast(&mut self) -> Result<()> {
+        let (n, root) = (self.n(), self.root);
+        let dst_root = self.recv(root)?;
+        let src = self.buffers[root].send.clone().unwrap_or(dst_root.clone());
+        self.transport
+            .copy(self.ranks, root, &src, root, &dst_root)?;
+        match self.algorithm {
+            Algorithm::Direct => {
+                for r in (0..n).filter(|&r| r != root) {
+                    let d = self.recv(r)?;
+                    self.transport.copy(self.ranks, root, &src, r, &d)?;
+                }
+            }
+            Algorithm::Ring => {
+                for (off, len) in self.pieces() {
+                    for k in 0..n - 1 {
+                        let (a, b) = ((root + k) % n, (root + k + 1) % n);
+                        let s = self.recv(a)?.sub(off, len);
+                        let d = self.recv(b)?.sub(off, len);
+                        self.transport.copy(self.ranks, a, &s, b, &d)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn all_gather(&mut self) -> Result<()> {
+        let n = self.n();
+        let block = self.bytes;
+        for r in 0..n {
+            let s = self.send(r)?;
+            let d = self.recv(r)?.sub(r as u64 * block, block);
+            self.transport.copy(self.ranks, r, &s, r, &d)?;
+        }
+        match self.algorithm {
+            Algorithm::Direct => {
+                for r in 0..n {
+                    for q in (0..n).filter(|&q| q != r) {
+                        let s = self.recv(q)?.sub(q as u64 * block, block);
+                        let d = self.recv(r)?.sub(q as u64 * block, block);
+                        self.transport.copy(self.ranks, q, &s, r, &d)?;
+                    }
+                }
+            }
+            Algorithm::Ring => {
+                for step in 0..n - 1 {
+                    for r in 0..n {
+                        let next = (r + 1) % n;
+                        let b = ((r + n - step) % n) as u64;
+                        let s = self.recv(r)?.sub(b * block, block);
+                        let d = self.recv(next)?.sub(b * block, block);
+                        self.transport.copy(self.ranks, r, &s, next, &d)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn reduce_scatter(&mut self) -> Result<()> {
+        let n = self.n();
+        let block = self.bytes;
+        let (op, dtype) = (self.combine(), self.dtype()?);
+        match self.algorithm {
+            Algorithm::Direct => {
+                let sources = self.pristine_sources()?;
+                for (r, source) in sources.iter().enumerate() {
+                    let d = self.recv(r)?;
+                    let own = source.sub(r as u64 * block, block);
+                    self.transport.copy(self.ranks, r, &own, r, &d)?;
+                }
+                for r in 0..n {
+                    let d = self.recv(r)?;
+                    for q in (0..n).filter(|&q| q != r) {
+                        let s = sources[q].sub(r as u64 * block, block);
+                        self.transport.reduce(self.ranks, q, &s, r, &d, op, dtype)?;
+                    }
+                }
+            }
+            Algorithm::Ring => {
+                let mut work = Vec::with_capacity(n);
+                for r in 0..n {
+                    let s = self.send(r)?;
+                    let t = self.transport.temp(self.ranks, r, s.len)?;
+                    self.transport.copy(self.ranks, r, &s, r, &t)?;
+                    work.push(t);
+                }
+                for step in 0..n - 1 {
+                    for r in 0..n {
+                        let next = (r + 1) % n;
+                        let b = ((r + 2 * n - step - 1) % n) as u64;
+                        let s = work[r].sub(b * block, block);
+                        let d = work[next].sub(b * block, block);
+                        self.transport
+                            .reduce(self.ranks, r, &s, next, &d, op, dtype)?;
+                    }
+                }
+                for (r, w) in work.iter().enumerate() {
+                    let d = self.recv(r)?;
+                    self.transport
+                        .copy(self.ranks, r, &w.sub(r as u64 * block, block), r, &d)?;
+                }
+            }
+        }
+        for r in 0..n {
+            let d = self.recv(r)?;
+            self.finish_avg(r, &d)?;
+        }
+        Ok(())
+    }
+
+    fn all_to_all(&mut self) -> Result<()> {
+        let n = self.n();
+        let block = self.bytes;
+        for r in 0..n {
+            for k in 0..n {
+                // Rank r receives from r, r−1, r−2 … so that senders are spread out.
+                let q = (r + n - k) % n;
+                let s = self.send(q)?.sub(r as u64 * block, block);
+                let d = self.recv(r)?.sub(q as u64 * block, block);
+                self.transport.copy(self.ranks, q, &s, r, &d)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn barrier(&mut self) -> Result<()> {
+        let events = self
+            .ranks
+            .iter()
+            .map(|r| r.stream.record_event())
+            .collect::<Result<Vec<_>>>()?;
+        for (r, io) in self.ranks.iter().enumerate() {
+            for (q, e) in events.iter().enumerate() {
+                if q != r {
+                    io.stream.wait_event(e)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Divides a finished sum by the number of ranks, for [`ReduceOp::Avg`].
+    fn finish_avg(&mut self, rank: usize, buf: &Slice) -> Result<()> {
+        if self.op != Some(ReduceOp::Avg) || buf.len == 0 {
+            return Ok(());
+        }
+        let dtype = self.dtype()?;
+        let n = self.n() as f64;
+        let stream = self.ranks[rank].stream.clone();
+        let alpha = match dtype {
+            DType::F32 => Some(Scalar::F32((1.0 / n) as f32)),
+            DType::F64 => Some(Scalar::F64(1.0 / n)),
+            DType::F16 => Some(Scalar::F16(dtype::f16_from_f64(1.0 / n))),
+            DType::BF16 => Some(Scalar::BF16(dtype::bf16_from_f64(1.0 / n))),
+            _ => None,
+        };
+        if let Some(alpha) = alpha {
+            return stream.scale(buf.buf(), buf.buf(), alpha);
+        }
+        // Integers: through f64, multiplying by the next f64 above 1/n so that exact
+        // quotients never fall just below an integer before the truncating cast.
+        let device = &self.ranks[rank].device;
+        if !device.capabilities().supports_dtype(DType::F64) {
+            return Err(Error::unsupported(format!(
+                "an integer average on {} is computed through f64, which its builtin operations do not support; reduce with sum and divide",
+                device.id()
+            )));
+        }
+        let count = buf.len / dtype.size() as u64;
+        let wide = self.transport.temp(self.ranks, rank, count * 8)?;
+        stream.cast(buf.buf(), dtype, wide.buf(), DType::F64)?;
+        stream.scale(wide.buf(), wide.buf(), Scalar::F64((1.0 / n).next_up()))?;
+        stream.cast(wide.buf(), DType::F64, buf.buf(), dtype)
+    }
+}

@@ -1,0 +1,990 @@
+//! Communicators: groups of ranks, each a device of any backend, and the collective
+//! operations between them.
+//!
+//! A [`Communicator`] is made from a device list; rank `r` is device `r`. Each rank is
+//! driven through its [`Rank`] handle, typically from its own thread, exactly as a
+//! process per GPU drives NCCL: every rank calls the same operations in the same order
+//! with its own buffers and stream.
+//!
+//! ## Rendezvous and execution
+//!
+//! Calls are matched by sequence number. Each rank's call checks its arguments and
+//! arrives; the last rank to arrive checks that all ranks asked for the same operation
+//! (a mismatch is a *desync*, reported on every rank with what each asked for), chooses
+//! the algorithm, and enqueues the whole operation on every rank's stream; then every
+//! call returns. The data movement itself runs asynchronously on those streams, ordered
+//! after the work each rank enqueued before the call and before what it enqueues after,
+//! so communication overlaps computation on other streams. A call blocks only until all
+//! ranks have arrived.
+//!
+//! ## Failures
+//!
+//! A rank that does not arrive within the timeout ([`CommOptions::timeout`]) makes every
+//! waiting rank return [`xpu_hal::Error::Timeout`] naming the missing ranks, the
+//! operation and its sequence number. A timeout, a desync detected after enqueueing began,
+//! or [`Communicator::abort`] leaves the communicator failed: every later call returns the
+//! same error at once, and the application makes a new communicator. `abort` never waits
+//! for a rank or a device, so it returns even when a rank is stuck.
+//!
+//! ## Point to point
+//!
+//! [`Rank::send`] copies its buffer into communicator memory on the sender's stream and
+//! returns without waiting for the receiver (a buffered send, so that exchanges between
+//! two ranks cannot deadlock); [`Rank::recv`] waits for the matching send — the oldest
+//! unmatched one from that peer — and enqueues the transfer.
+
+pub mod algorithms;
+pub mod op;
+pub mod select;
+mod transport;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use xpu_hal::{Allocation, BufferSlice, DType, Device, Error, Result, Stream};
+
+use crate::topology::Topology;
+use algorithms::{Algorithm, RankBuffers, Run};
+use op::{Collective, OpDesc, ReduceOp};
+use select::{CostModel, Selector};
+use transport::{RankIo, Slice, Transport};
+
+/// How a communicator behaves.
+#[derive(Debug, Clone)]
+pub struct CommOptions {
+    /// How long a rank waits for the others to arrive at an operation before the
+    /// operation fails with a timeout on every waiting rank.
+    pub timeout: Duration,
+    /// Algorithm overrides (by default from `XPU_COLL_ALGO`).
+    pub selector: Selector,
+}
+
+impl CommOptions {
+    /// The defaults: `XPU_COLL_TIMEOUT` seconds (default 300) and the `XPU_COLL_ALGO`
+    /// overrides.
+    pub fn from_env() -> Result<Self> {
+        let timeout = match std::env::var("XPU_COLL_TIMEOUT") {
+            Ok(v) => {
+                let secs: f64 = v
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| *s > 0.0)
+                    .ok_or_else(|| {
+                        Error::invalid(format!(
+                        "XPU_COLL_TIMEOUT is `{v}`; give the timeout in seconds, a positive number"
+                    ))
+                    })?;
+                Duration::from_secs_f64(secs)
+            }
+            Err(_) => Duration::from_secs(300),
+        };
+        Ok(CommOptions {
+            timeout,
+            selector: Selector::from_env()?,
+        })
+    }
+}
+
+impl Default for CommOptions {
+    fn default() -> Self {
+        CommOptions {
+            timeout: Duration::from_secs(300),
+            selector: Selector::default(),
+        }
+    }
+}
+
+/// One rank's arrival at a collective.
+struct Arrival {
+    desc: std::result::Result<OpDesc, Error>,
+    io: RankIo,
+    buffers: RankBuffers,
+}
+
+struct Pending {
+    seq: u64,
+    arrivals: Vec<Option<Arrival>>,
+}
+
+/// A buffered send waiting for its receive.
+struct Posted {
+    data: Slice,
+    /// Recorded on the sender's stream behind the copy into `data`.
+    ready: xpu_hal::Event,
+}
+
+struct State {
+    next_seq: Vec<u64>,
+    pending: Option<Pending>,
+    /// The result of the latest finished collective, for ranks that waited on it.
+    finished: Option<(u64, std::result::Result<(), Error>)>,
+    /// Set once the communicator can no longer be used.
+    failed: Option<Error>,
+    /// Unmatched sends per (from, to).
+    posted: HashMap<(usize, usize), VecDeque<Posted>>,
+}
+
+struct Shared {
+    devices: Vec<Device>,
+    topology: Topology,
+    model: CostModel,
+    options: CommOptions,
+    state: Mutex<State>,
+    arrived: Condvar,
+    aborted: AtomicBool,
+    transport: Mutex<Transport>,
+    /// The communicator's own stream per rank, created on first use.
+    aux: Mutex<Vec<Option<Stream>>>,
+}
+
+/// A group of ranks over devices of any backends. Cheap to clone; see the module docs.
+#[derive(Clone)]
+pub struct Communicator {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<String> = self
+            .shared
+            .devices
+            .iter()
+            .map(|d| d.id().to_string())
+            .collect();
+        f.debug_struct("Communicator").field("ranks", &ids).finish()
+    }
+}
+
+impl Communicator {
+    /// A communicator whose rank `r` is `devices[r]`, with the machine's topology read
+    /// by hwloc. The same device may appear twice (two ranks on one device).
+    pub fn new(devices: Vec<Device>, options: CommOptions) -> Result<Self> {
+        let topology = Topology::discover(&devices)?;
+        Self::with_topology(devices, topology, options)
+    }
+
+    /// A communicator over `devices` with a topology already made (from a file, or
+    /// calibrated), whose devices are `devices` in order.
+    pub fn with_topology(
+        devices: Vec<Device>,
+        topology: Topology,
+        options: CommOptions,
+    ) -> Result<Self> {
+        if devices.is_empty() {
+            return Err(Error::invalid(
+                "a communicator needs at least one device; give the ranks' devices",
+            ));
+        }
+        if topology.len() != devices.len()
+            || devices
+                .iter()
+                .zip(&topology.devices)
+                .any(|(d, t)| d.id().to_string() != t.id)
+        {
+            return Err(Error::invalid(
+                "the topology was made from other devices than the communicator's; make it from the same list",
+            ));
+        }
+        let n = devices.len();
+        let model = CostModel::from_topology(&topology);
+        Ok(Communicator {
+            shared: Arc::new(Shared {
+                transport: Mutex::new(Transport::new(&devices)),
+                devices,
+                topology,
+                model,
+                options,
+                state: Mutex::new(State {
+                    next_seq: vec![0; n],
+                    pending: None,
+                    finished: None,
+                    failed: None,
+                    posted: HashMap::new(),
+                }),
+                arrived: Condvar::new(),
+                aborted: AtomicBool::new(false),
+                aux: Mutex::new(vec![None; n]),
+            }),
+        })
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.shared.devices.len()
+    }
+
+    /// The ranks' devices, by rank.
+    pub fn devices(&self) -> &[Device] {
+        &self.shared.devices
+    }
+
+    /// The topology the algorithms are chosen from.
+    pub fn topology(&self) -> &Topology {
+        &self.shared.topology
+    }
+
+    /// The handle of rank `rank`.
+    pub fn rank(&self, rank: usize) -> Result<Rank> {
+        if rank >= self.size() {
+            return Err(Error::invalid(format!(
+                "rank {rank} does not exist; the communicator has {} ranks (0 to {})",
+                self.size(),
+                self.size() - 1
+            )));
+        }
+        Ok(Rank {
+            shared: self.shared.clone(),
+            rank,
+        })
+    }
+
+    /// Every rank's handle, in rank order.
+    pub fn ranks(&self) -> Vec<Rank> {
+        (0..self.size())
+            .map(|rank| Rank {
+                shared: self.shared.clone(),
+                rank,
+            })
+            .collect()
+    }
+
+    /// The algorithm an operation of `bytes` per rank would use, and why.
+    pub fn algorithm_for(&self, kind: Collective, bytes: u64) -> (Algorithm, String) {
+        self.shared
+            .options
+            .selector
+            .choose(&self.shared.model, kind, bytes)
+    }
+
+    /// Fails the communicator: every rank waiting in an operation returns
+    /// [`Error::Aborted`] at once, and so does every later call. Work already enqueued on
+    /// the streams is not cancelled. Returns without waiting for any rank or device.
+    pub fn abort(&self) {
+        self.shared.aborted.store(true, Ordering::Release);
+        if let Ok(mut st) = self.shared.state.try_lock() {
+            st.failed
+                .get_or_insert_with(|| Error::aborted("the communicator was aborted"));
+        }
+        self.shared.arrived.notify_all();
+    }
+
+    /// Whether the communicator has failed (timeout, desync or abort).
+    pub fn failed(&self) -> Option<Error> {
+        if self.shared.aborted.load(Ordering::Acquire) {
+            return Some(Error::aborted("the communicator was aborted"));
+        }
+        self.shared.lock().failed.clone()
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn check_failed(&self, st: &State) -> Result<()> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(st
+                .failed
+                .clone()
+                .unwrap_or_else(|| Error::aborted("the communicator was aborted")));
+        }
+        match &st.failed {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn aux_stream(&self, rank: usize) -> Result<Stream> {
+        let mut aux = self.aux.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = &aux[rank] {
+            return Ok(s.clone());
+        }
+        let s = self.devices[rank].create_stream()?;
+        aux[rank] = Some(s.clone());
+        Ok(s)
+    }
+
+    fn rank_name(&self, r: usize) -> String {
+        format!("rank {r} ({})", self.devices[r].id())
+    }
+
+    /// Arrives at the next collective; returns when it has been enqueued on every rank.
+    fn collective(&self, rank: usize, arrival: Arrival) -> Result<()> {
+        let mut st = self.lock();
+        self.check_failed(&st)?;
+        let seq = st.next_seq[rank];
+        st.next_seq[rank] += 1;
+        let n = self.devices.len();
+        let pending = st.pending.get_or_insert_with(|| Pending {
+            seq,
+            arrivals: (0..n).map(|_| None).collect(),
+        });
+        if pending.seq != seq {
+            return Err(Error::backend_message(
+                "collectives",
+                format!(
+                    "internal error: rank {rank} arrived at operation #{seq} while #{} is pending",
+                    pending.seq
+                ),
+            ));
+        }
+        pending.arrivals[rank] = Some(arrival);
+        if pending.arrivals.iter().all(Option::is_some) {
+            let Some(pending) = st.pending.take() else {
+                return Err(Error::backend_message(
+                    "collectives",
+                    "internal error: no pending operation",
+                ));
+            };
+            drop(st);
+            let result = self.run(seq, pending);
+            let mut st = self.lock();
+            if let Err(e) = &result {
+                if matches!(e, Error::Aborted { .. }) || st.failed.is_some() {
+                    // Already failed (or aborted while enqueueing): keep the first error.
+                } else if !matches!(e, Error::InvalidArgument { .. }) {
+                    st.failed = Some(e.clone());
+                }
+            }
+            st.finished = Some((seq, result.clone()));
+            drop(st);
+            self.arrived.notify_all();
+            return result;
+        }
+        let deadline = Instant::now() + self.options.timeout;
+        loop {
+            if let Some((done, result)) = &st.finished {
+                if *done == seq {
+                    return result.clone();
+                }
+            }
+            self.check_failed(&st)?;
+            let now = Instant::now();
+            if now >= deadline {
+                let error = self.timeout_error(&st, seq);
+                st.failed = Some(error.clone());
+                drop(st);
+                self.arrived.notify_all();
+                return Err(error);
+            }
+            st = self
+                .arrived
+                .wait_timeout(st, deadline - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+
+    fn timeout_error(&self, st: &State, seq: u64) -> Error {
+        let Some(pending) = st.pending.as_ref().filter(|p| p.seq == seq) else {
+            return Error::Timeout {
+                message: format!(
+                    "operation #{seq} did not finish within {:?}",
+                    self.options.timeout
+                ),
+            };
+        };
+        let what = pending
+            .arrivals
+            .iter()
+            .flatten()
+            .find_map(|a| a.desc.as_ref().ok())
+            .map_or_else(|| "the operation".to_string(), |d| d.to_string());
+        let missing: Vec<String> = pending
+            .arrivals
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.is_none())
+            .map(|(r, _)| self.rank_name(r))
+            .collect();
+        let waited: Vec<String> = pending
+            .arrivals
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.is_some())
+            .map(|(r, _)| r.to_string())
+            .collect();
+        Error::Timeout {
+            message: format!(
+                "{what} #{seq} timed out after {:.1} s: {} never called it (ranks {} waited); the communicator is now failed: abort it and make a new one",
+                self.options.timeout.as_secs_f64(),
+                missing.join(", "),
+                waited.join(", ")
+            ),
+        }
+    }
+
+    /// Checks that every rank asked for the same, then enqueues the operation.
+    fn run(&self, seq: u64, pending: Pending) -> Result<()> {
+        let mut ios = Vec::with_capacity(pending.arrivals.len());
+        let mut buffers = Vec::with_capacity(pending.arrivals.len());
+        let mut descs = Vec::with_capacity(pending.arrivals.len());
+        for (r, a) in pending.arrivals.into_iter().enumerate() {
+            let Some(a) = a else {
+                return Err(Error::backend_message(
+                    "collectives",
+                    "internal error: a rank is missing",
+                ));
+            };
+            match a.desc {
+                Ok(d) => descs.push(d),
+                Err(e) => {
+                    return Err(Error::invalid(format!(
+                        "operation #{seq} was refused on every rank because {} passed invalid arguments: {e}",
+                        self.rank_name(r)
+                    )))
+                }
+            }
+            ios.push(a.io);
+            buffers.push(a.buffers);
+        }
+        let first = descs[0];
+        if let Some((r, d)) = descs.iter().enumerate().find(|(_, d)| **d != first) {
+            return Err(Error::invalid(format!(
+                "desync at operation #{seq}: {} called {first} but {} called {d}; every rank must call the same operations in the same order",
+                self.rank_name(0),
+                self.rank_name(r)
+            )));
+        }
+        let (algorithm, why) = self
+            .options
+            .selector
+            .choose(&self.model, first.kind, first.bytes);
+        tracing::debug!(
+            seq,
+            op = %first,
+            algorithm = algorithm.name(),
+            reason = %why,
+            "collective algorithm chosen"
+        );
+        let mut transport = self.transport.lock().unwrap_or_else(|p| p.into_inner());
+        let mut run = Run {
+            ranks: &ios,
+            buffers: &buffers,
+            transport: &mut transport,
+            algorithm,
+            kind: first.kind,
+            bytes: first.bytes,
+            dtype: first.dtype,
+            op: first.op,
+            root: first.root.unwrap_or(0),
+        };
+        run.execute().map_err(|e| {
+            Error::aborted(format!(
+                "{first} #{seq} failed while it was being enqueued, so the ranks' streams hold part of it ({e}); the communicator is now failed: synchronize the streams, then make a new one"
+            ))
+        })
+    }
+}
+
+/// One rank of a communicator: the handle its driving thread calls operations on.
+#[derive(Clone)]
+pub struct Rank {
+    shared: Arc<Shared>,
+    rank: usize,
+}
+
+impl std::fmt::Debug for Rank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rank")
+            .field("rank", &self.rank)
+            .field("device", &self.device().id().to_string())
+            .finish()
+    }
+}
+
+/// Checks that a slice is usable by this rank: on its device, not freed.
+fn check_slice(device: &Device, b: &BufferSlice<'_>, what: &str) -> Result<Slice> {
+    if b.allocation.device() != device.id() {
+        return Err(Error::invalid(format!(
+            "the {what} is on {}, but this rank's device is {}; pass memory of the rank's own device",
+            b.allocation.device(),
+            device.id()
+        )));
+    }
+    if b.allocation.is_freed() {
+        return Err(Error::invalid(format!(
+            "the {what} was freed; keep it alive until the operation is enqueued"
+        )));
+    }
+    match b.offset.checked_add(b.len) {
+        Some(end) if end <= b.allocation.size() => Ok(Slice::from_buffer(b)),
+        _ => Err(Error::invalid(format!(
+            "the {what} [{}..+{}) is out of bounds of its {}-byte allocation",
+            b.offset,
+            b.len,
+            b.allocation.size()
+        ))),
+    }
+}
+
+fn check_len(len: u64, expected: u64, what: &str) -> Result<()> {
+    if len != expected {
+        return Err(Error::invalid(format!(
+            "the {what} is {len} bytes but must be {expected}"
+        )));
+    }
+    Ok(())
+}
+
+fn check_dtype(device: &Device, bytes: u64, dtype: DType, what: &str) -> Result<()> {
+    if !bytes.is_multiple_of(dtype.size() as u64) {
+        return Err(Error::invalid(format!(
+            "the {what} is {bytes} bytes, not a whole number of {} elements ({} bytes each)",
+            dtype.name(),
+            dtype.size()
+        )));
+    }
+    if !device.capabilities().supports_dtype(dtype) {
+        return Err(Error::unsupported(format!(
+            "{} cannot reduce {} (not in its builtin dtypes); use a dtype every rank supports",
+            device.id(),
+            dtype.name()
+        )));
+    }
+    Ok(())
+}
+
+/// Send and receive must be identical (in place) or disjoint.
+fn check_aliasing(send: &Slice, recv: &Slice) -> Result<()> {
+    if send.overlaps(recv) && !send.same_as(recv) {
+        return Err(Error::invalid(
+            "the send and receive buffers partly overlap; pass the same range (in place) or disjoint ranges",
+        ));
+    }
+    Ok(())
+}
+
+impl Rank {
+    /// This rank's number.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.shared.devices.len()
+    }
+
+    /// This rank's device.
+    pub fn device(&self) -> &Device {
+        &self.shared.devices[self.rank]
+    }
+
+    fn io(&self, stream: &Stream) -> Result<RankIo> {
+        if stream.device() != self.device() {
+            return Err(Error::invalid(format!(
+                "the stream is on {}, but rank {} is {}; enqueue on a stream of the rank's device",
+                stream.device().id(),
+                self.rank,
+                self.device().id()
+            )));
+        }
+        Ok(RankIo {
+            device: self.device().clone(),
+            stream: stream.clone(),
+        })
+    }
+
+    fn arrive(
+        &self,
+        stream: &Stream,
+        build: impl FnOnce() -> Result<(OpDesc, RankBuffers)>,
+    ) -> Result<()> {
+        let io = self.io(stream)?;
+        let (desc, buffers) = match build() {
+            Ok((d, b)) => (Ok(d), b),
+            Err(e) => (
+                Err(e),
+                RankBuffers {
+                    send: None,
+                    recv: None,
+                },
+            ),
+        };
+        self.shared
+            .collective(self.rank, Arrival { desc, io, buffers })
+    }
+
+    /// Every rank's `recv` becomes the reduction over ranks of their `send`. `send` and
+    /// `recv` have the same length, a whole number of `dtype` elements; pass the same
+    /// range for an in-place operation.
+    pub fn all_reduce<'a, 'b>(
+        &self,
+        send: impl Into<BufferSlice<'a>>,
+        recv: impl Into<BufferSlice<'b>>,
+        dtype: DType,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (send, recv) = (send.into(), recv.into());
+        self.arrive(stream, || {
+            let s = check_slice(self.device(), &send, "send buffer")?;
+            let r = check_slice(self.device(), &recv, "receive buffer")?;
+            check_len(r.len, s.len, "receive buffer (the send buffer's length)")?;
+            check_dtype(self.device(), s.len, dtype, "send buffer")?;
+            check_aliasing(&s, &r)?;
+            Ok((
+                OpDesc {
+                    kind: Collective::AllReduce,
+                    bytes: s.len,
+                    dtype: Some(dtype),
+                    op: Some(op),
+                    root: None,
+                },
+                RankBuffers {
+                    send: Some(s),
+                    recv: Some(r),
+                },
+            ))
+        })
+    }
+
+    /// The root's `recv` becomes the reduction over ranks of their `send`. `recv` is
+    /// needed on the root only (others pass `None`).
+    pub fn reduce<'a, 'b>(
+        &self,
+        send: impl Into<BufferSlice<'a>>,
+        recv: Option<BufferSlice<'b>>,
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let send = send.into();
+        self.arrive(stream, || {
+            self.check_root(root)?;
+            let s = check_slice(self.device(), &send, "send buffer")?;
+            check_dtype(self.device(), s.len, dtype, "send buffer")?;
+            let r = match (recv, self.rank == root) {
+                (Some(b), true) => {
+                    let r = check_slice(self.device(), &b, "receive buffer")?;
+                    check_len(r.len, s.len, "receive buffer (the send buffer's length)")?;
+                    check_aliasing(&s, &r)?;
+                    Some(r)
+                }
+                (None, true) => {
+                    return Err(Error::invalid(
+                        "the root of a reduce needs a receive buffer",
+                    ))
+                }
+                (_, false) => None,
+            };
+            Ok((
+                OpDesc {
+                    kind: Collective::Reduce,
+                    bytes: s.len,
+                    dtype: Some(dtype),
+                    op: Some(op),
+                    root: Some(root),
+                },
+                RankBuffers {
+                    send: Some(s),
+                    recv: r,
+                },
+            ))
+        })
+    }
+
+    /// Every rank's `recv` becomes the root's data: the root's `send`, or its `recv` when
+    /// it passes no `send` (in place). Other ranks pass `None` for `send`.
+    pub fn broadcast<'a, 'b>(
+        &self,
+        send: Option<BufferSlice<'a>>,
+        recv: impl Into<BufferSlice<'b>>,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let recv = recv.into();
+        self.arrive(stream, || {
+            self.check_root(root)?;
+            let r = check_slice(self.device(), &recv, "receive buffer")?;
+            let s = match send {
+                Some(b) if self.rank == root => {
+                    let s = check_slice(self.device(), &b, "send buffer")?;
+                    check_len(s.len, r.len, "send buffer (the receive buffer's length)")?;
+                    check_aliasing(&s, &r)?;
+                    Some(s)
+                }
+                _ => None,
+            };
+            Ok((
+                OpDesc {
+                    kind: Collective::Broadcast,
+                    bytes: r.len,
+                    dtype: None,
+                    op: None,
+                    root: Some(root),
+                },
+                RankBuffers {
+                    send: s,
+                    recv: Some(r),
+                },
+            ))
+        })
+    }
+
+    /// Every rank's `recv` (size × `send`'s length) becomes all ranks' `send`, in rank
+    /// order.
+    pub fn all_gather<'a, 'b>(
+        &self,
+        send: impl Into<BufferSlice<'a>>,
+        recv: impl Into<BufferSlice<'b>>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (send, recv) = (send.into(), recv.into());
+        self.arrive(stream, || {
+            let s = check_slice(self.device(), &send, "send buffer")?;
+            let r = check_slice(self.device(), &recv, "receive buffer")?;
+            check_len(r.len, s.len * self.size() as u64, "receive buffer (ranks × the send buffer)")?;
+            let own = r.sub(self.rank as u64 * s.len, s.len);
+            if s.overlaps(&r) && !s.same_as(&own) {
+                return Err(Error::invalid(
+                    "the send buffer overlaps the receive buffer other than at this rank's own block; pass that block (in place) or disjoint ranges",
+                ));
+            }
+            Ok((
+                OpDesc {
+                    kind: Collective::AllGather,
+                    bytes: s.len,
+                    dtype: None,
+                    op: None,
+                    root: None,
+                },
+                RankBuffers { send: Some(s), recv: Some(r) },
+            ))
+        })
+    }
+
+    /// Rank `r`'s `recv` becomes block `r` of the reduction over ranks of their `send`
+    /// (size × `recv`'s length).
+    pub fn reduce_scatter<'a, 'b>(
+        &self,
+        send: impl Into<BufferSlice<'a>>,
+        recv: impl Into<BufferSlice<'b>>,
+        dtype: DType,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (send, recv) = (send.into(), recv.into());
+        self.arrive(stream, || {
+            let s = check_slice(self.device(), &send, "send buffer")?;
+            let r = check_slice(self.device(), &recv, "receive buffer")?;
+            check_len(s.len, r.len * self.size() as u64, "send buffer (ranks × the receive buffer)")?;
+            check_dtype(self.device(), r.len, dtype, "receive buffer")?;
+            let own = s.sub(self.rank as u64 * r.len, r.len);
+            if s.overlaps(&r) && !r.same_as(&own) {
+                return Err(Error::invalid(
+                    "the receive buffer overlaps the send buffer other than at this rank's own block; pass that block (in place) or disjoint ranges",
+                ));
+            }
+            Ok((
+                OpDesc {
+                    kind: Collective::ReduceScatter,
+                    bytes: r.len,
+                    dtype: Some(dtype),
+                    op: Some(op),
+                    root: None,
+                },
+                RankBuffers { send: Some(s), recv: Some(r) },
+            ))
+        })
+    }
+
+    /// Block `q` of rank `r`'s `recv` becomes block `r` of rank `q`'s `send`; both are
+    /// size × block bytes and must not overlap.
+    pub fn all_to_all<'a, 'b>(
+        &self,
+        send: impl Into<BufferSlice<'a>>,
+        recv: impl Into<BufferSlice<'b>>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (send, recv) = (send.into(), recv.into());
+        self.arrive(stream, || {
+            let s = check_slice(self.device(), &send, "send buffer")?;
+            let r = check_slice(self.device(), &recv, "receive buffer")?;
+            check_len(r.len, s.len, "receive buffer (the send buffer's length)")?;
+            let n = self.size() as u64;
+            if !s.len.is_multiple_of(n) {
+                return Err(Error::invalid(format!(
+                    "the send buffer is {} bytes, not {n} equal blocks",
+                    s.len
+                )));
+            }
+            if s.overlaps(&r) {
+                return Err(Error::invalid(
+                    "all-to-all cannot run in place; pass disjoint send and receive buffers",
+                ));
+            }
+            Ok((
+                OpDesc {
+                    kind: Collective::AllToAll,
+                    bytes: s.len / n,
+                    dtype: None,
+                    op: None,
+                    root: None,
+                },
+                RankBuffers {
+                    send: Some(s),
+                    recv: Some(r),
+                },
+            ))
+        })
+    }
+
+    /// Returns once every rank has called it; work each rank enqueues on `stream` after
+    /// the barrier starts only when every rank's stream has reached it.
+    pub fn barrier(&self, stream: &Stream) -> Result<()> {
+        self.arrive(stream, || {
+            Ok((
+                OpDesc {
+                    kind: Collective::Barrier,
+                    bytes: 0,
+                    dtype: None,
+                    op: None,
+                    root: None,
+                },
+                RankBuffers {
+                    send: None,
+                    recv: None,
+                },
+            ))
+        })
+    }
+
+    fn check_root(&self, root: usize) -> Result<()> {
+        if root >= self.size() {
+            return Err(Error::invalid(format!(
+                "root {root} is not a rank; the communicator has {} ranks",
+                self.size()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_peer(&self, peer: usize) -> Result<()> {
+        if peer >= self.size() || peer == self.rank {
+            return Err(Error::invalid(format!(
+                "peer {peer} is not another rank of this {}-rank communicator (this is rank {})",
+                self.size(),
+                self.rank
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sends `data` to rank `peer`: copies it into communicator memory on `stream` and
+    /// returns; the matching [`Rank::recv`] delivers it.
+    pub fn send<'a>(
+        &self,
+        data: impl Into<BufferSlice<'a>>,
+        peer: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let data = data.into();
+        self.check_peer(peer)?;
+        let io = self.io(stream)?;
+        let s = check_slice(self.device(), &data, "send buffer")?;
+        {
+            let st = self.shared.lock();
+            self.shared.check_failed(&st)?;
+        }
+        let copy: Allocation = self.device().allocate(s.len)?;
+        let copy = Slice::whole(&copy);
+        if s.len > 0 {
+            io.stream.copy(s.buf(), copy.buf())?;
+        }
+        let ready = io.stream.record_event()?;
+        let mut st = self.shared.lock();
+        st.posted
+            .entry((self.rank, peer))
+            .or_default()
+            .push_back(Posted { data: copy, ready });
+        drop(st);
+        self.shared.arrived.notify_all();
+        Ok(())
+    }
+
+    /// Receives into `data` the oldest unmatched send from rank `peer`, waiting for it
+    /// up to the communicator's timeout; the lengths must agree.
+    pub fn recv<'a>(
+        &self,
+        data: impl Into<BufferSlice<'a>>,
+        peer: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let data = data.into();
+        self.check_peer(peer)?;
+        let io = self.io(stream)?;
+        let d = check_slice(self.device(), &data, "receive buffer")?;
+        let deadline = Instant::now() + self.shared.options.timeout;
+        let mut st = self.shared.lock();
+        let posted = loop {
+            self.shared.check_failed(&st)?;
+            if let Some(p) = st
+                .posted
+                .get_mut(&(peer, self.rank))
+                .and_then(VecDeque::pop_front)
+            {
+                break p;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let error = Error::Timeout {
+                    message: format!(
+                        "rank {} waited {:.1} s in recv for a send from {}, which never came; the communicator is now failed: abort it and make a new one",
+                        self.rank,
+                        self.shared.options.timeout.as_secs_f64(),
+                        self.shared.rank_name(peer)
+                    ),
+                };
+                st.failed = Some(error.clone());
+                drop(st);
+                self.shared.arrived.notify_all();
+                return Err(error);
+            }
+            st = self
+                .shared
+                .arrived
+                .wait_timeout(st, deadline - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        };
+        drop(st);
+        if posted.data.len != d.len {
+            return Err(Error::invalid(format!(
+                "rank {} sent {} bytes but rank {} receives {}; post matching sizes",
+                peer, posted.data.len, self.rank, d.len
+            )));
+        }
+        if d.len == 0 {
+            return Ok(());
+        }
+        // The transfer's sending side runs on the communicator's own stream of the
+        // sender's device, ordered after the sender's copy by its event.
+        let aux = self.shared.aux_stream(peer)?;
+        aux.wait_event(&posted.ready)?;
+        let ranks: Vec<RankIo> = (0..self.size())
+            .map(|r| {
+                if r == peer {
+                    RankIo {
+                        device: self.shared.devices[peer].clone(),
+                        stream: aux.clone(),
+                    }
+                } else {
+                    io.clone()
+                }
+            })
+            .collect();
+        let mut transport = self
+            .shared
+            .transport
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        transport.copy(&ranks, peer, &posted.data, self.rank, &d)
+    }
+}

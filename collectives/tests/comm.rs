@@ -1,0 +1,486 @@
+//! Communicators over real devices: host devices, and Vulkan (lavapipe) beside them where
+//! a driver is installed. Every operation, algorithm, dtype and reduction, in place and
+//! out of place, checked element by element; then the failure paths.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use xpu_collectives::check;
+use xpu_collectives::comm::select::Selector;
+use xpu_collectives::{Algorithm, Collective, CommOptions, Communicator, ReduceOp, Topology};
+use xpu_hal::{DType, Device, DeviceSelector, Error, Registry};
+use xpu_host::{HostBackend, HostConfig};
+
+fn registry() -> Registry {
+    let mut r = Registry::new();
+    r.register(Arc::new(HostBackend::new(HostConfig {
+        devices: 4,
+        capacity: 256 << 20,
+    })))
+    .unwrap();
+    r.register(Arc::new(xpu_vulkan::VulkanBackend::new()))
+        .unwrap();
+    r
+}
+
+fn devices(sel: &str) -> Vec<Device> {
+    registry()
+        .devices(&DeviceSelector::parse(sel).unwrap())
+        .unwrap()
+}
+
+fn comm(devices: Vec<Device>, overrides: &str, timeout: Duration) -> Communicator {
+    let topology = Topology::discover(&devices).unwrap();
+    Communicator::with_topology(
+        devices,
+        topology,
+        CommOptions {
+            timeout,
+            selector: Selector::parse(overrides).unwrap(),
+        },
+    )
+    .unwrap()
+}
+
+/// Runs `kind` on every rank (each on its own thread) and returns the number of wrong
+/// elements per rank.
+fn run(
+    comm: &Communicator,
+    kind: Collective,
+    dtype: DType,
+    op: ReduceOp,
+    elems: usize,
+    in_place: bool,
+) -> Vec<usize> {
+    let n = comm.size();
+    let size = dtype.size();
+    let root = n - 1;
+    let reducing = matches!(
+        kind,
+        Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter
+    );
+    let op_in = reducing.then_some(op);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comm
+            .ranks()
+            .into_iter()
+            .map(|rank| {
+                s.spawn(move || {
+                    let r = rank.rank();
+                    let device = rank.device().clone();
+                    let stream = device.create_stream().unwrap();
+                    let (send_elems, recv_elems) = match kind {
+                        Collective::AllGather => (elems, elems * n),
+                        Collective::ReduceScatter => (elems * n, elems),
+                        Collective::AllToAll => (elems * n, elems * n),
+                        _ => (elems, elems),
+                    };
+                    let input = check::input(dtype, op_in, r, n, send_elems);
+                    let send = device.allocate(input.len() as u64).unwrap();
+                    stream.write(&send, &input).unwrap();
+                    let recv = device.allocate((recv_elems * size) as u64).unwrap();
+                    let bytes = (elems * size) as u64;
+                    let result = match kind {
+                        Collective::AllReduce if in_place => {
+                            rank.all_reduce(&send, &send, dtype, op, &stream)
+                        }
+                        Collective::AllReduce => rank.all_reduce(&send, &recv, dtype, op, &stream),
+                        Collective::Reduce => {
+                            let target = if in_place { send.whole() } else { recv.whole() };
+                            rank.reduce(
+                                &send,
+                                (r == root).then_some(target),
+                                dtype,
+                                op,
+                                root,
+                                &stream,
+                            )
+                        }
+                        Collective::Broadcast if in_place => {
+                            rank.broadcast(None, &send, root, &stream)
+                        }
+                        Collective::Broadcast => {
+                            rank.broadcast((r == root).then(|| send.whole()), &recv, root, &stream)
+                        }
+                        Collective::AllGather if in_place => {
+                            // The send buffer is this rank's block of the receive buffer.
+                            stream
+                                .write(recv.slice(r as u64 * bytes, bytes), &input)
+                                .unwrap();
+                            rank.all_gather(recv.slice(r as u64 * bytes, bytes), &recv, &stream)
+                        }
+                        Collective::AllGather => rank.all_gather(&send, &recv, &stream),
+                        Collective::ReduceScatter if in_place => rank.reduce_scatter(
+                            &send,
+                            send.slice(r as u64 * bytes, bytes),
+                            dtype,
+                            op,
+                            &stream,
+                        ),
+                        Collective::ReduceScatter => {
+                            rank.reduce_scatter(&send, &recv, dtype, op, &stream)
+                        }
+                        Collective::AllToAll => rank.all_to_all(&send, &recv, &stream),
+                        other => panic!("not tested here: {other}"),
+                    };
+                    result.unwrap_or_else(|e| panic!("rank {r} {kind}: {e}"));
+                    stream.synchronize().unwrap();
+                    let (got, want): (Vec<u8>, Vec<u8>) = match kind {
+                        Collective::AllReduce => {
+                            let b = if in_place { &send } else { &recv };
+                            (stream.read(b).unwrap(), check::reduced(dtype, op, n, elems))
+                        }
+                        Collective::Reduce if r != root => return 0,
+                        Collective::Reduce => {
+                            let b = if in_place { &send } else { &recv };
+                            (stream.read(b).unwrap(), check::reduced(dtype, op, n, elems))
+                        }
+                        Collective::Broadcast => {
+                            let b = if in_place { &send } else { &recv };
+                            (
+                                stream.read(b).unwrap(),
+                                check::input(dtype, None, root, n, elems),
+                            )
+                        }
+                        Collective::AllGather => (
+                            stream.read(&recv).unwrap(),
+                            (0..n)
+                                .flat_map(|q| check::input(dtype, None, q, n, elems))
+                                .collect(),
+                        ),
+                        Collective::ReduceScatter => {
+                            let all = check::reduced(dtype, op, n, elems * n);
+                            let got = if in_place {
+                                stream.read(send.slice(r as u64 * bytes, bytes)).unwrap()
+                            } else {
+                                stream.read(&recv).unwrap()
+                            };
+                            (got, all[r * elems * size..(r + 1) * elems * size].to_vec())
+                        }
+                        Collective::AllToAll => (
+                            stream.read(&recv).unwrap(),
+                            (0..n)
+                                .flat_map(|q| {
+                                    let theirs = check::input(dtype, None, q, n, elems * n);
+                                    theirs[r * elems * size..(r + 1) * elems * size].to_vec()
+                                })
+                                .collect(),
+                        ),
+                        _ => unreachable!(),
+                    };
+                    check::wrong_elements(dtype, &got, &want)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+const KINDS: [Collective; 6] = [
+    Collective::AllReduce,
+    Collective::Reduce,
+    Collective::Broadcast,
+    Collective::AllGather,
+    Collective::ReduceScatter,
+    Collective::AllToAll,
+];
+
+fn sweep(comm_for: impl Fn(&str) -> Communicator, dtypes: &[DType], sizes: &[usize]) {
+    for algo in Algorithm::ALL {
+        let overrides = KINDS
+            .iter()
+            .filter(|k| **k != Collective::AllToAll)
+            .map(|k| format!("{}:{}", k.name(), algo.name()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let comm = comm_for(&overrides);
+        for kind in KINDS {
+            for &dtype in dtypes {
+                let ops: &[ReduceOp] = match kind {
+                    Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter => {
+                        &ReduceOp::ALL
+                    }
+                    _ => &[ReduceOp::Sum],
+                };
+                for &op in ops {
+                    for &elems in sizes {
+                        for in_place in [false, true] {
+                            if kind == Collective::AllToAll && in_place {
+                                continue;
+                            }
+                            let wrong = run(&comm, kind, dtype, op, elems, in_place);
+                            assert!(
+                                wrong.iter().all(|&w| w == 0),
+                                "{algo} {kind} {} {op} × {elems} in_place={in_place} on {:?}: wrong elements per rank {wrong:?}",
+                                dtype.name(),
+                                comm
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_operation_is_exact_on_host_ranks() {
+    let devs = devices("host:0,1,2");
+    sweep(
+        |o| comm(devs.clone(), o, Duration::from_secs(60)),
+        &DType::ALL,
+        &[1, 5, 1000 + 3],
+    );
+}
+
+#[test]
+fn large_messages_cross_many_pieces() {
+    let devs = devices("host:0,1");
+    for algo in Algorithm::ALL {
+        let c = comm(
+            devs.clone(),
+            &format!("allreduce:{0},broadcast:{0},reduce:{0}", algo.name()),
+            Duration::from_secs(60),
+        );
+        for kind in [
+            Collective::AllReduce,
+            Collective::Broadcast,
+            Collective::Reduce,
+        ] {
+            let wrong = run(&c, kind, DType::F32, ReduceOp::Sum, (1 << 20) + 7, false);
+            assert_eq!(wrong, vec![0, 0], "{algo} {kind}");
+        }
+    }
+}
+
+#[test]
+fn mixed_host_and_vulkan_ranks_are_exact() {
+    let devs = devices("host:0,1;vulkan:*");
+    if !devs.iter().any(|d| d.backend() == "vulkan") {
+        eprintln!("skipped: no Vulkan device (install mesa-vulkan-drivers)");
+        return;
+    }
+    let common: Vec<DType> = DType::ALL
+        .into_iter()
+        .filter(|d| devs.iter().all(|dev| dev.capabilities().supports_dtype(*d)))
+        .collect();
+    sweep(
+        |o| comm(devs.clone(), o, Duration::from_secs(60)),
+        &common,
+        &[3, 4099],
+    );
+}
+
+#[test]
+fn a_single_rank_communicator_copies_through() {
+    let c = comm(devices("host:0"), "", Duration::from_secs(10));
+    for kind in KINDS {
+        assert_eq!(
+            run(&c, kind, DType::I32, ReduceOp::Sum, 17, false),
+            vec![0],
+            "{kind}"
+        );
+    }
+}
+
+#[test]
+fn send_and_recv_deliver_in_order_both_ways() {
+    let c = comm(devices("host:0,1"), "", Duration::from_secs(30));
+    std::thread::scope(|s| {
+        for rank in c.ranks() {
+            s.spawn(move || {
+                let me = rank.rank();
+                let peer = 1 - me;
+                let device = rank.device().clone();
+                let stream = device.create_stream().unwrap();
+                let mine: Vec<Vec<u8>> = (0..3)
+                    .map(|k| vec![(me * 10 + k) as u8; 1000 + k])
+                    .collect();
+                // Both ranks send first: buffered sends cannot deadlock.
+                for data in &mine {
+                    let a = device.allocate(data.len() as u64).unwrap();
+                    stream.write(&a, data).unwrap();
+                    rank.send(&a, peer, &stream).unwrap();
+                }
+                for k in 0..3 {
+                    let a = device.allocate(1000 + k as u64).unwrap();
+                    rank.recv(&a, peer, &stream).unwrap();
+                    stream.synchronize().unwrap();
+                    assert_eq!(
+                        stream.read(&a).unwrap(),
+                        vec![(peer * 10 + k) as u8; 1000 + k]
+                    );
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn barrier_orders_streams_across_ranks() {
+    let c = comm(devices("host:0,1,2"), "", Duration::from_secs(30));
+    std::thread::scope(|s| {
+        for rank in c.ranks() {
+            s.spawn(move || {
+                let stream = rank.device().create_stream().unwrap();
+                rank.barrier(&stream).unwrap();
+                stream.synchronize().unwrap();
+            });
+        }
+    });
+}
+
+#[test]
+fn a_missing_rank_times_out_on_every_waiting_rank_naming_it() {
+    let timeout = Duration::from_millis(300);
+    let c = comm(devices("host:0,1,2"), "", timeout);
+    let start = Instant::now();
+    let errors: Vec<Error> = std::thread::scope(|s| {
+        let hs: Vec<_> = c
+            .ranks()
+            .into_iter()
+            .take(2)
+            .map(|rank| {
+                s.spawn(move || {
+                    let stream = rank.device().create_stream().unwrap();
+                    let a = rank.device().allocate(64).unwrap();
+                    rank.all_reduce(&a, &a, DType::F32, ReduceOp::Sum, &stream)
+                        .unwrap_err()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // Within the timeout plus a second, as promised.
+    assert!(start.elapsed() < timeout + Duration::from_secs(1));
+    for e in &errors {
+        let text = e.to_string();
+        assert!(matches!(e, Error::Timeout { .. }), "{text}");
+        assert!(
+            text.contains("rank 2 (host:2)") && text.contains("allreduce") && text.contains("#0"),
+            "{text}"
+        );
+    }
+    // The communicator is failed; the late rank is told at once.
+    let late = c.rank(2).unwrap();
+    let stream = late.device().create_stream().unwrap();
+    let a = late.device().allocate(64).unwrap();
+    let e = late
+        .all_reduce(&a, &a, DType::F32, ReduceOp::Sum, &stream)
+        .unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    assert!(c.failed().is_some());
+}
+
+#[test]
+fn different_calls_are_a_desync_on_every_rank() {
+    let c = comm(devices("host:0,1"), "", Duration::from_secs(30));
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = c
+            .ranks()
+            .into_iter()
+            .map(|rank| {
+                s.spawn(move || {
+                    let stream = rank.device().create_stream().unwrap();
+                    let elems = if rank.rank() == 0 { 16 } else { 32 };
+                    let a = rank.device().allocate(elems * 4).unwrap();
+                    rank.all_reduce(&a, &a, DType::F32, ReduceOp::Sum, &stream)
+                        .unwrap_err()
+                        .to_string()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for e in &errors {
+        assert!(
+            e.contains("desync") && e.contains("16 × f32") && e.contains("32 × f32"),
+            "{e}"
+        );
+    }
+    // Nothing was enqueued, so the communicator still works.
+    assert_eq!(
+        run(
+            &c,
+            Collective::AllReduce,
+            DType::F32,
+            ReduceOp::Sum,
+            8,
+            false
+        ),
+        vec![0, 0]
+    );
+}
+
+#[test]
+fn invalid_arguments_on_one_rank_fail_the_operation_everywhere() {
+    let c = comm(devices("host:0,1"), "", Duration::from_secs(30));
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = c
+            .ranks()
+            .into_iter()
+            .map(|rank| {
+                s.spawn(move || {
+                    let stream = rank.device().create_stream().unwrap();
+                    // Rank 1 passes a length that is not a whole number of f32s.
+                    let bytes = if rank.rank() == 1 { 10 } else { 16 };
+                    let a = rank.device().allocate(bytes).unwrap();
+                    rank.all_reduce(&a, &a, DType::F32, ReduceOp::Sum, &stream)
+                        .unwrap_err()
+                        .to_string()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for e in &errors {
+        assert!(
+            e.contains("rank 1 (host:1)") && e.contains("whole number"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn abort_releases_waiting_ranks_at_once() {
+    let c = comm(devices("host:0,1,2"), "", Duration::from_secs(600));
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| {
+            let rank = c.rank(0).unwrap();
+            let stream = rank.device().create_stream().unwrap();
+            let a = rank.device().allocate(64).unwrap();
+            rank.all_reduce(&a, &a, DType::F32, ReduceOp::Sum, &stream)
+                .unwrap_err()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        c.abort();
+        let e = waiting.join().unwrap();
+        assert!(matches!(e, Error::Aborted { .. }), "{e}");
+    });
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert!(matches!(c.failed(), Some(Error::Aborted { .. })));
+}
+
+#[test]
+fn wrong_devices_streams_and_roots_are_refused() {
+    let devs = devices("host:0,1");
+    let c = comm(devs.clone(), "", Duration::from_secs(30));
+    let r0 = c.rank(0).unwrap();
+    let other_stream = devs[1].create_stream().unwrap();
+    let a = devs[0].allocate(16).unwrap();
+    let e = r0
+        .all_reduce(&a, &a, DType::F32, ReduceOp::Sum, &other_stream)
+        .unwrap_err();
+    assert!(e.to_string().contains("stream is on host:1"), "{e}");
+    assert!(c.rank(2).is_err());
+    assert!(r0.send(&a, 0, &devs[0].create_stream().unwrap()).is_err());
+    assert!(Communicator::with_topology(
+        vec![],
+        Topology::discover(&[]).unwrap(),
+        CommOptions::default()
+    )
+    .is_err());
+}
