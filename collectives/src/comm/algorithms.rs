@@ -145,19 +145,29 @@ impl Run<'_> {
         let (op, dtype) = (self.combine(), self.dtype()?);
         match self.algorithm {
             Algorithm::Ring => {
-                for r in 0..n {
-                    let (s, d) = (self.send(r)?, self.recv(r)?);
-                    self.transport.copy(self.ranks, r, &s, r, &d)?;
+                if n == 1 {
+                    let (s, d) = (self.send(0)?, self.recv(0)?);
+                    self.transport.copy(self.ranks, 0, &s, 0, &d)?;
                 }
+                // Reduce-scatter: at step s rank r passes chunk r−s on — its own input at
+                // the first step, the partial it received at the step before later — and
+                // its successor writes `its input op that` into its receive buffer. Every
+                // rank receives every chunk but its own once here, and its own in the
+                // all-gather below, so no initial copy of the input is needed.
                 let chunks = self.chunks(self.bytes);
                 for step in 0..n - 1 {
                     for r in 0..n {
                         let next = (r + 1) % n;
                         let (off, len) = chunks[(r + n - step) % n];
-                        let src = self.recv(r)?.sub(off, len);
+                        let src = if step == 0 {
+                            self.send(r)?.sub(off, len)
+                        } else {
+                            self.recv(r)?.sub(off, len)
+                        };
+                        let base = self.send(next)?.sub(off, len);
                         let dst = self.recv(next)?.sub(off, len);
                         self.transport
-                            .reduce(self.ranks, r, &src, next, &dst, op, dtype)?;
+                            .reduce_onto(self.ranks, r, &src, next, &base, &dst, op, dtype)?;
                     }
                 }
                 for step in 0..n - 1 {

@@ -206,11 +206,20 @@ impl Transport {
         }
         let (sf, st) = (&ranks[from].stream, &ranks[to].stream);
         match self.path(from, to) {
-            Path::Local => {
+            Path::Local if from == to => {
                 if !src.same_as(dst) {
                     sf.copy(src.buf(), dst.buf())?;
                 }
                 Ok(())
+            }
+            Path::Local => {
+                // Two ranks on one device: their streams are ordered by events, as on a
+                // peer path.
+                let ready = sf.record_event()?;
+                st.wait_event(&ready)?;
+                st.copy(src.buf(), dst.buf())?;
+                let read = st.record_event()?;
+                sf.wait_event(&read)
             }
             Path::Peer => {
                 let ready = sf.record_event()?;
@@ -270,20 +279,55 @@ impl Transport {
         op: BinaryOp,
         dtype: DType,
     ) -> Result<()> {
+        self.reduce_onto(ranks, from, src, to, dst, dst, op, dtype)
+    }
+
+    /// `dst[i] = base[i] op src[i]`, `src` on rank `from`, `base` and `dst` on rank `to`
+    /// (identical or disjoint): a reduction that also moves the result, so an
+    /// out-of-place operation needs no separate copy of its input.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_onto(
+        &mut self,
+        ranks: &[RankIo],
+        from: usize,
+        src: &Slice,
+        to: usize,
+        base: &Slice,
+        dst: &Slice,
+        op: BinaryOp,
+        dtype: DType,
+    ) -> Result<()> {
         if src.len == 0 {
             return Ok(());
         }
         let st = ranks[to].stream.clone();
         match self.path(from, to) {
-            Path::Local => st.accumulate(op, dtype, dst.buf(), src.buf()),
+            Path::Local => {
+                // Two ranks on one device have two streams: order them by events.
+                let sf = ranks[from].stream.clone();
+                if from != to {
+                    let ready = sf.record_event()?;
+                    st.wait_event(&ready)?;
+                }
+                if base.same_as(dst) {
+                    st.accumulate(op, dtype, dst.buf(), src.buf())?;
+                } else {
+                    st.binary(op, dtype, base.buf(), src.buf(), dst.buf())?;
+                }
+                if from != to {
+                    let read = st.record_event()?;
+                    sf.wait_event(&read)?;
+                }
+                Ok(())
+            }
             path => {
                 let elem = dtype.size() as u64;
-                let base = if path == Path::Staged {
+                let unit = if path == Path::Staged {
                     self.staged_piece
                 } else {
                     self.reduce_piece
                 };
-                let piece = (base / elem).max(1) * elem;
+                let piece = (unit / elem).max(1) * elem;
                 let scratch = self.scratch(ranks, to, piece.min(src.len))?;
                 let sf = ranks[from].stream.clone();
                 if path == Path::Peer {
@@ -303,7 +347,12 @@ impl Transport {
                     } else {
                         self.staged_piece_to(ranks, from, &src.sub(off, n), to, &tmp)?;
                     }
-                    st.accumulate(op, dtype, dst.sub(off, n).buf(), tmp.buf())?;
+                    let d = dst.sub(off, n);
+                    if base.same_as(dst) {
+                        st.accumulate(op, dtype, d.buf(), tmp.buf())?;
+                    } else {
+                        st.binary(op, dtype, base.sub(off, n).buf(), tmp.buf(), d.buf())?;
+                    }
                     off += n;
                 }
                 if path == Path::Peer {
