@@ -39,7 +39,9 @@ pub mod select;
 mod transport;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crossbeam_utils::Backoff;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -50,6 +52,9 @@ use algorithms::{Algorithm, RankBuffers, Run};
 use op::{Collective, OpDesc, ReduceOp};
 use select::{CostModel, Selector};
 use transport::{RankIo, Slice, Transport};
+
+/// How long a rank waiting for the others spins before it sleeps.
+const SPIN: Duration = Duration::from_micros(100);
 
 /// How a communicator behaves.
 #[derive(Debug, Clone)]
@@ -135,6 +140,9 @@ struct Shared {
     state: Mutex<State>,
     arrived: Condvar,
     aborted: AtomicBool,
+    /// One past the sequence number of the latest finished collective, for waiters that
+    /// spin before they sleep.
+    finished_seq: AtomicU64,
     transport: Mutex<Transport>,
     /// The communicator's own stream per rank, created on first use.
     aux: Mutex<Vec<Option<Stream>>>,
@@ -206,6 +214,7 @@ impl Communicator {
                 }),
                 arrived: Condvar::new(),
                 aborted: AtomicBool::new(false),
+                finished_seq: AtomicU64::new(0),
                 aux: Mutex::new(vec![None; n]),
             }),
         })
@@ -351,11 +360,24 @@ impl Shared {
                 }
             }
             st.finished = Some((seq, result.clone()));
+            self.finished_seq.store(seq + 1, Ordering::Release);
             drop(st);
             self.arrived.notify_all();
             return result;
         }
         let deadline = Instant::now() + self.options.timeout;
+        // Spin briefly before sleeping: waking a sleeping thread costs tens of
+        // microseconds here, more than a small collective takes.
+        drop(st);
+        let backoff = Backoff::new();
+        let spin_until = Instant::now() + SPIN;
+        while self.finished_seq.load(Ordering::Acquire) <= seq
+            && !self.aborted.load(Ordering::Acquire)
+            && Instant::now() < spin_until
+        {
+            backoff.snooze();
+        }
+        let mut st = self.lock();
         loop {
             if let Some((done, result)) = &st.finished {
                 if *done == seq {
