@@ -141,6 +141,10 @@ enum BenchCommand {
         /// Replay over a fake source (no device memory) instead of devices.
         #[arg(long)]
         fake: bool,
+        /// With --fake: the fake device's virtual-memory granularity, in bytes (`K`, `M`,
+        /// `G` suffixes), or `none` for fixed segments only (no expandable segments).
+        #[arg(long, value_name = "BYTES|none", default_value = "2M")]
+        fake_granularity: String,
         /// Also time a cached allocate + free through the pool beside the device's own
         /// allocate + drop of the same size (4 KiB, 1 MiB, 16 MiB).
         #[arg(long)]
@@ -245,6 +249,7 @@ fn run(cli: Cli) -> Result<bool> {
             iterations,
             scenario,
             fake,
+            fake_granularity,
             latency,
             json,
         })) => {
@@ -266,6 +271,7 @@ fn run(cli: Cli) -> Result<bool> {
                     iterations,
                     scenario,
                     fake,
+                    fake_granularity,
                     latency,
                     json,
                 },

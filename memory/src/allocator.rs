@@ -764,7 +764,7 @@ impl<S: SegmentSource> CachingAllocator<S> {
         if let Some((id, seg)) = current {
             let (tail_off, tail_size) = seg.free_tail().unwrap_or((seg.size, 0));
             if tail_size >= rounded {
-                // The free tail fits (the split limit passed it over): use it rather than grow.
+                // The free tail fits (a split limit passed it over): use it rather than grow.
                 return Ok((id, tail_off, tail_size));
             }
             // The small pool grows in steps of a small segment, so that many small blocks

@@ -24,9 +24,8 @@
 //! is one range lookup. A chosen block larger than the request is split when the remainder is
 //! worth keeping; a freed block merges with free neighbours in its segment, so a segment whose
 //! blocks are all freed becomes one block again and can go back to the device
-//! ([`CachingAllocator::empty_cache`]). Splitting a huge cached block for a small request is
-//! refused above a threshold ([`Config::max_split`]): the small piece would pin the remainder
-//! and fragment the pool.
+//! ([`CachingAllocator::empty_cache`]). An optional split limit ([`Config::max_split`], off
+//! in both policies) refuses to carve a small piece out of a huge cached block.
 //!
 //! ## Streams
 //!
@@ -90,10 +89,12 @@
 //! the default, sizes large segments to the request instead of to 2 MiB or 20 MiB buckets,
 //! splits large blocks finely, uses expandable segments where it can, and hands whole free
 //! segments back before growing past the most it has ever reserved; it trades more device
-//! calls for a smaller footprint. [`replay`] runs a trace under either over a fake source,
-//! [`replay_on_device`] through a [`DeviceAllocator`] on a real device, both reporting
-//! utilization (peak live bytes over peak reserved bytes), device calls (also per pass of a
-//! repeated trace) and latency.
+//! calls in the first pass for a smaller footprint. [`replay`] runs a trace under either over
+//! a fake source that grows segments in 2 MiB steps as CUDA's virtual memory does
+//! ([`FakeSource::DEFAULT_GRANULARITY`]; [`replay_source`] takes any source, fixed segments
+//! included), [`replay_on_device`] through a [`DeviceAllocator`] on a real device, both
+//! reporting utilization (peak live bytes over peak reserved bytes), device calls (also per
+//! pass of a repeated trace) and latency.
 
 mod allocator;
 mod budget;

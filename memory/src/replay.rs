@@ -129,7 +129,12 @@ pub struct FakeSource {
 }
 
 impl FakeSource {
-    /// A source holding at most `capacity` bytes (`None`: unbounded).
+    /// The growth granularity of a fake device with virtual memory: 2 MiB, the granularity
+    /// of CUDA's virtual memory management on current GPUs.
+    pub const DEFAULT_GRANULARITY: u64 = 2 * MIB;
+
+    /// A source holding at most `capacity` bytes (`None`: unbounded) in fixed segments: it
+    /// cannot grow them.
     pub fn new(capacity: Option<u64>) -> Self {
         FakeSource {
             capacity,
@@ -380,12 +385,20 @@ pub(crate) fn run_replay<T: ReplayTarget>(
     })
 }
 
-/// Replays `trace` under `policy` over an unbounded fake source.
+/// Replays `trace` once under `policy` over an unbounded fake device with virtual memory
+/// (growth granularity [`FakeSource::DEFAULT_GRANULARITY`]): the policy's
+/// [`Config::expandable_segments`] decides whether segments grow in place.
 pub fn replay(trace: &Trace, policy: Policy) -> Result<ReplayReport, AllocError> {
-    replay_with(trace, policy.config(), None)
+    replay_source(
+        trace,
+        policy.config(),
+        FakeSource::growable(None, FakeSource::DEFAULT_GRANULARITY),
+        1,
+    )
 }
 
-/// Replays `trace` under `config` over a fake source of `capacity` bytes (`None`: unbounded).
+/// Replays `trace` once under `config` over a fake source of `capacity` bytes (`None`:
+/// unbounded) with fixed segments only.
 pub fn replay_with(
     trace: &Trace,
     config: Config,

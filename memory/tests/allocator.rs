@@ -547,6 +547,7 @@ fn memory_fraction_limits_reservation() {
 fn split_limit_keeps_big_blocks_whole() {
     let cfg = Config {
         history: 4,
+        max_split: Some((32 * MIB, 4.0)),
         ..Config::xpu()
     };
     let mut a = CachingAllocator::new(TestSource::bounded(1 << 30), cfg);
@@ -772,7 +773,11 @@ fn budget_spans_allocators_and_names_them_when_exhausted() {
 
 #[test]
 fn split_limit_yields_before_out_of_memory() {
-    let mut a = CachingAllocator::new(TestSource::growable(220 * MIB, 2 * MIB), Config::xpu());
+    let cfg = Config {
+        max_split: Some((32 * MIB, 4.0)),
+        ..Config::xpu()
+    };
+    let mut a = CachingAllocator::new(TestSource::growable(220 * MIB, 2 * MIB), cfg);
     let s = StreamId(0);
     let big = a.allocate(200 * MIB, s).unwrap();
     let pin = a.allocate(10 * MIB, s).unwrap();
@@ -785,4 +790,29 @@ fn split_limit_yields_before_out_of_memory() {
     a.check_invariants().unwrap();
     a.free(&c).unwrap();
     a.free(&pin).unwrap();
+}
+
+#[test]
+fn xpu_rules_split_a_large_cached_block_rather_than_add_memory() {
+    // No split limit: a 200 MiB cached block serves a 2 MiB request, in fixed segments and
+    // in an expandable one, without asking the device for more.
+    for src in [
+        TestSource::bounded(1 << 30),
+        TestSource::growable(1 << 30, 2 * MIB),
+    ] {
+        let mut a = CachingAllocator::new(src, Config::xpu());
+        let s = StreamId(0);
+        let big = a.allocate(200 * MIB, s).unwrap();
+        let pin = a.allocate(10 * MIB, s).unwrap();
+        a.free(&big).unwrap();
+        let calls = a.stats().num_device_alloc;
+        let small = a.allocate(2 * MIB, s).unwrap();
+        assert_eq!((small.segment, small.offset), (big.segment, big.offset));
+        assert_eq!(a.stats().num_device_alloc, calls);
+        assert_eq!(a.stats().reserved_bytes.peak, 210 * MIB);
+        a.check_invariants().unwrap();
+        a.free(&small).unwrap();
+        a.free(&pin).unwrap();
+        a.check_invariants().unwrap();
+    }
 }

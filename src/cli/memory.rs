@@ -1,6 +1,7 @@
 //! `xpu bench memory`: an allocation trace replayed through the caching allocator on real
-//! devices (or the fake source), beside a baseline with PyTorch's default rules, in the same
-//! run; and the reuse scenario (8 × 16 MiB freed, then 4 × 32 MiB).
+//! devices (or a fake device, by default one with virtual memory in 2 MiB steps), beside a
+//! baseline with PyTorch's default rules, in the same run; and the reuse scenario
+//! (8 × 16 MiB freed, then 4 × 32 MiB).
 
 use std::path::PathBuf;
 
@@ -25,6 +26,9 @@ pub struct Options {
     pub scenario: bool,
     /// Replay over the fake source instead of devices.
     pub fake: bool,
+    /// The fake source's growth granularity: bytes with an optional `K`, `M` or `G` binary
+    /// suffix, or `none` for a source with fixed segments only.
+    pub fake_granularity: String,
     /// Also time cached allocate + free pairs beside the device's allocate + drop.
     pub latency: bool,
     /// Print JSON.
@@ -69,9 +73,36 @@ fn figures(workload: &str, policy: &'static str, r: ReplayReport) -> Figures {
     }
 }
 
+/// Parses `--fake-granularity`: `none`, or bytes with an optional `K`, `M` or `G` binary
+/// suffix (`2M`, `4K`, `65536`).
+pub fn parse_granularity(text: &str) -> Result<Option<u64>> {
+    let t = text.trim();
+    if t.eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.eq_ignore_ascii_case(&'k') => (&t[..i], 10),
+        Some((i, c)) if c.eq_ignore_ascii_case(&'m') => (&t[..i], 20),
+        Some((i, c)) if c.eq_ignore_ascii_case(&'g') => (&t[..i], 30),
+        _ => (t, 0),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1u64 << shift))
+        .filter(|n| *n > 0)
+        .map(Some)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "--fake-granularity `{text}` is not a positive size (e.g. 2M, 4K, 65536) or `none`"
+            ))
+        })
+}
+
 /// Replays the trace and/or the scenario under each policy on each device and prints the
 /// figures, each policy's row beside the other's.
 pub fn run(devices: &[Device], opts: &Options) -> Result<()> {
+    let granularity = parse_granularity(&opts.fake_granularity)?;
     let policies: Vec<(&'static str, Policy)> = match opts.policy.as_str() {
         "xpu" => vec![("xpu", Policy::Xpu)],
         "pytorch" => vec![("pytorch", Policy::PyTorch)],
@@ -114,13 +145,12 @@ pub fn run(devices: &[Device], opts: &Options) -> Result<()> {
     for (name, trace) in &workloads {
         for (pname, policy) in &policies {
             if opts.fake {
-                let r = replay_source(
-                    trace,
-                    policy.config(),
-                    FakeSource::new(None),
-                    opts.iterations,
-                )
-                .map_err(|e| Error::backend_message("xpu-memory", e.to_string()))?;
+                let source = match granularity {
+                    Some(g) => FakeSource::growable(None, g),
+                    None => FakeSource::new(None),
+                };
+                let r = replay_source(trace, policy.config(), source, opts.iterations)
+                    .map_err(|e| Error::backend_message("xpu-memory", e.to_string()))?;
                 out.push(figures(name, pname, r));
             }
             for device in devices.iter().filter(|_| !opts.fake) {
@@ -178,8 +208,13 @@ pub fn run(devices: &[Device], opts: &Options) -> Result<()> {
         println!();
     }
     for (name, trace) in &workloads {
+        let on = match (opts.fake, granularity) {
+            (false, _) => String::new(),
+            (true, Some(g)) => format!(", fake device growing segments in {g}-byte steps"),
+            (true, None) => ", fake device with fixed segments".to_string(),
+        };
         println!(
-            "{name}: {} requests, {} pass(es)",
+            "{name}: {} requests, {} pass(es){on}",
             trace.entries.len(),
             opts.iterations.max(1)
         );
@@ -219,4 +254,21 @@ pub fn run(devices: &[Device], opts: &Options) -> Result<()> {
          pass (--iterations); p50/p99 = one allocate or free call through the allocator"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_granularity;
+
+    #[test]
+    fn fake_granularity_sizes_and_none() {
+        assert_eq!(parse_granularity("2M").ok(), Some(Some(2 << 20)));
+        assert_eq!(parse_granularity("4k").ok(), Some(Some(4096)));
+        assert_eq!(parse_granularity("65536").ok(), Some(Some(65536)));
+        assert_eq!(parse_granularity("1G").ok(), Some(Some(1 << 30)));
+        assert_eq!(parse_granularity("None").ok(), Some(None));
+        for bad in ["", "0", "M", "3Q", "-1K", "99999999999G"] {
+            assert!(parse_granularity(bad).is_err(), "{bad}");
+        }
+    }
 }
