@@ -94,6 +94,55 @@ enum Command {
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
+    /// Collective operations over a communicator, with nccl-tests' flags and columns,
+    /// beside the devices' memory-bandwidth ceiling measured in the same run.
+    Collectives {
+        /// The operation: allreduce, reduce, broadcast, allgather, reducescatter,
+        /// alltoall, sendrecv, barrier.
+        #[arg(long = "coll", default_value = "allreduce")]
+        collective: String,
+        /// Smallest size in bytes (K, M, G suffixes).
+        #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = cli::collectives::parse_size)]
+        min_bytes: u64,
+        /// Largest size in bytes (K, M, G suffixes).
+        #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = cli::collectives::parse_size)]
+        max_bytes: u64,
+        /// Multiplier between sizes.
+        #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+        step_factor: u64,
+        /// Timed iterations per size.
+        #[arg(short = 'n', long = "iters", default_value_t = 20)]
+        iters: usize,
+        /// Warm-up iterations per size.
+        #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+        warmup: usize,
+        /// Check results (1) or not (0).
+        #[arg(short = 'c', long = "check", default_value_t = 1)]
+        check: u8,
+        /// The reduction: sum, prod, min, max, avg.
+        #[arg(short = 'o', long = "op", default_value = "sum")]
+        op: String,
+        /// The element type: float, double, half, bfloat16, int32, int64, uint8.
+        #[arg(
+            short = 'd',
+            long = "dtype",
+            alias = "datatype",
+            default_value = "float"
+        )]
+        dtype: String,
+        /// Root rank of reduce and broadcast.
+        #[arg(short = 'r', long = "root", default_value_t = 0)]
+        root: usize,
+        /// Ranks' devices, one rank each (default: host:0,1).
+        #[arg(long)]
+        devices: Option<String>,
+        /// Force an algorithm (ring, direct) instead of the cost model's choice.
+        #[arg(long)]
+        algo: Option<String>,
+        /// Print one JSON object per row instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// HAL dispatch overhead and copy bandwidth on a host device, against the host
     /// backend called directly and against memcpy.
     Hal {
@@ -233,6 +282,41 @@ fn run(cli: Cli) -> Result<bool> {
                 },
             },
         ),
+        Some(Command::Bench(BenchCommand::Collectives {
+            collective,
+            min_bytes,
+            max_bytes,
+            step_factor,
+            iters,
+            warmup,
+            check,
+            op,
+            dtype,
+            root,
+            devices,
+            algo,
+            json,
+        })) => {
+            let options = cli::collectives::Options {
+                collective: collective.parse()?,
+                min_bytes,
+                max_bytes,
+                step_factor,
+                iters,
+                warmup,
+                check: check != 0,
+                op: op.parse()?,
+                dtype: cli::collectives::parse_dtype(&dtype)?,
+                root,
+                algorithm: algo,
+                json,
+            };
+            let sel = match devices {
+                Some(text) => DeviceSelector::parse(&text)?,
+                None => DeviceSelector::parse("host:0,1")?,
+            };
+            cli::collectives::run(registry.devices(&sel)?, &options)
+        }
         Some(Command::Bench(BenchCommand::Hal { rounds, json })) => {
             cli::bench::hal(json, rounds)?;
             Ok(true)
@@ -298,7 +382,34 @@ fn run(cli: Cli) -> Result<bool> {
     }
 }
 
+/// Sends `tracing` output (the collectives' algorithm choices, …) to stderr when `XPU_LOG`
+/// is set, with its value as the filter (`debug`, `xpu_collectives=debug` …).
+fn init_logging() {
+    if let Ok(filter) = std::env::var("XPU_LOG") {
+        let filter = tracing_subscriber::EnvFilter::new(filter);
+        // A second initialisation (impossible here) would only be refused.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init();
+    }
+}
+
+/// Restores the default action for SIGPIPE, so that `xpu … | head` ends quietly when the
+/// reader goes away instead of failing on a closed pipe.
+fn quiet_broken_pipes() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to the default at start-up, before any other
+    // thread exists, has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    quiet_broken_pipes();
+    init_logging();
     let cli = Cli::parse();
     match run(cli) {
         Ok(true) => ExitCode::SUCCESS,

@@ -1,6 +1,7 @@
 //! The `xpu` command's subcommands and their shared helpers.
 
 pub mod bench;
+pub mod collectives;
 pub mod conformance;
 pub mod devices;
 pub mod memory;

@@ -1,0 +1,658 @@
+//! `xpu bench collectives`: collective operations over a communicator, measured the way
+//! nccl-tests measures them, beside the memory-bandwidth ceiling of the same devices
+//! measured in the same run.
+//!
+//! Each size runs `-w` warm-up iterations, then `-n` iterations back to back on every
+//! rank's stream followed by one synchronization (the `time` column: the mean, as
+//! nccl-tests reports it), then `-n` iterations synchronized one by one (the p50 and p99
+//! latencies). `algbw` is size / time; `busbw` applies nccl-tests' factor (2(n−1)/n for
+//! all-reduce, (n−1)/n for all-gather, reduce-scatter and all-to-all, 1 otherwise), so
+//! busbw compares with the hardware's bandwidth whatever the rank count. The reference
+//! column, `ceiling`, is the bandwidth of every rank copying the same number of bytes
+//! within its own device at the same time: the most the devices' memory moves. With `-c
+//! 1` each size is checked once per mode with inputs whose exact result is known
+//! (`#wrong` counts differing elements).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use xpu::{DType, Device, Error, Result, Stream};
+use xpu_collectives::check;
+use xpu_collectives::comm::select::Selector;
+use xpu_collectives::{Collective, CommOptions, Communicator, Rank, ReduceOp, Topology};
+
+/// What `xpu bench collectives` was asked to measure.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The operation.
+    pub collective: Collective,
+    /// Smallest size, bytes.
+    pub min_bytes: u64,
+    /// Largest size, bytes.
+    pub max_bytes: u64,
+    /// Size multiplier between rows.
+    pub step_factor: u64,
+    /// Timed iterations per size.
+    pub iters: usize,
+    /// Warm-up iterations per size.
+    pub warmup: usize,
+    /// Whether to check results.
+    pub check: bool,
+    /// The reduction.
+    pub op: ReduceOp,
+    /// The element type.
+    pub dtype: DType,
+    /// Root of rooted operations.
+    pub root: usize,
+    /// Force an algorithm (`ring`, `direct`) instead of the cost model's choice.
+    pub algorithm: Option<String>,
+    /// Print JSON (one object per row) instead of the table.
+    pub json: bool,
+}
+
+/// nccl-tests' name for a dtype (`float`, `half` …), also accepted on the command line.
+fn nccl_type(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float",
+        DType::F64 => "double",
+        DType::F16 => "half",
+        DType::BF16 => "bfloat16",
+        DType::I32 => "int32",
+        DType::I64 => "int64",
+        DType::U8 => "uint8",
+    }
+}
+
+/// Parses a dtype given as nccl-tests names it or as xpu does (`float`, `f32`, `int8`…).
+pub fn parse_dtype(text: &str) -> Result<DType> {
+    let t = text.trim().to_ascii_lowercase();
+    DType::ALL
+        .into_iter()
+        .find(|d| d.name() == t || nccl_type(*d) == t)
+        .or(match t.as_str() {
+            "int" => Some(DType::I32),
+            "uint8_t" | "char" => Some(DType::U8),
+            "bf16" => Some(DType::BF16),
+            _ => None,
+        })
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "unknown dtype `{text}`; expected one of float, double, half, bfloat16, int32, int64, uint8 (or f32, f64, f16, bf16, i32, i64, u8)"
+            ))
+        })
+}
+
+/// Parses a size with an optional K, M or G suffix (binary), as nccl-tests' -b and -e.
+pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
+    let t = text.trim();
+    let (digits, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 10),
+        Some('M') => (&t[..t.len() - 1], 20),
+        Some('G') => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    digits
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|v| v.checked_mul(1u64 << shift))
+        .ok_or_else(|| {
+            format!("`{text}` is not a size; write bytes with an optional K, M or G suffix")
+        })
+}
+
+/// One mode's figures of a row.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Figures {
+    time_us: f64,
+    algbw: f64,
+    busbw: f64,
+    wrong: Option<usize>,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+/// One row, as `--json` prints it.
+#[derive(Debug, Serialize)]
+struct Row {
+    collective: &'static str,
+    size: u64,
+    count: u64,
+    #[serde(rename = "type")]
+    dtype: &'static str,
+    redop: String,
+    root: i64,
+    algorithm: String,
+    out_of_place: Figures,
+    in_place: Figures,
+    ceiling_gbps: f64,
+    busbw_over_ceiling: f64,
+}
+
+/// A barrier that spins (briefly, then yields): waking a sleeping thread costs tens of
+/// microseconds here, more than a small collective.
+struct SpinBarrier {
+    n: usize,
+    count: AtomicUsize,
+    generation: AtomicUsize,
+}
+
+impl SpinBarrier {
+    fn new(n: usize) -> Self {
+        SpinBarrier {
+            n,
+            count: AtomicUsize::new(0),
+            generation: AtomicUsize::new(0),
+        }
+    }
+
+    fn wait(&self) {
+        let generation = self.generation.load(Ordering::Acquire);
+        if self.count.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
+            self.count.store(0, Ordering::Release);
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            return;
+        }
+        let mut spins = 0u32;
+        while self.generation.load(Ordering::Acquire) == generation {
+            if spins < 1000 {
+                std::hint::spin_loop();
+                spins += 1;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Per-rank buffer sizes (send, receive) for `size` bytes of the operation, as
+/// nccl-tests counts size.
+fn buffer_bytes(kind: Collective, size: u64, n: u64) -> (u64, u64) {
+    match kind {
+        Collective::AllGather => (size / n, size),
+        Collective::ReduceScatter => (size, size / n),
+        _ => (size, size),
+    }
+}
+
+/// Enqueues one operation for `rank`.
+fn enqueue(
+    rank: &Rank,
+    o: &Options,
+    send: &xpu::Allocation,
+    recv: &xpu::Allocation,
+    in_place: bool,
+    stream: &Stream,
+) -> Result<()> {
+    let r = rank.rank();
+    let (dtype, op, root) = (o.dtype, o.op, o.root);
+    match o.collective {
+        Collective::AllReduce if in_place => rank.all_reduce(recv, recv, dtype, op, stream),
+        Collective::AllReduce => rank.all_reduce(send, recv, dtype, op, stream),
+        Collective::Reduce if in_place => rank.reduce(
+            recv,
+            (r == root).then(|| recv.whole()),
+            dtype,
+            op,
+            root,
+            stream,
+        ),
+        Collective::Reduce => rank.reduce(
+            send,
+            (r == root).then(|| recv.whole()),
+            dtype,
+            op,
+            root,
+            stream,
+        ),
+        Collective::Broadcast if in_place => rank.broadcast(None, recv, root, stream),
+        Collective::Broadcast => {
+            rank.broadcast((r == root).then(|| send.whole()), recv, root, stream)
+        }
+        Collective::AllGather if in_place => {
+            let block = send.size();
+            rank.all_gather(recv.slice(r as u64 * block, block), recv, stream)
+        }
+        Collective::AllGather => rank.all_gather(send, recv, stream),
+        Collective::ReduceScatter if in_place => {
+            let block = recv.size();
+            rank.reduce_scatter(send, send.slice(r as u64 * block, block), dtype, op, stream)
+        }
+        Collective::ReduceScatter => rank.reduce_scatter(send, recv, dtype, op, stream),
+        Collective::AllToAll => rank.all_to_all(send, recv, stream),
+        Collective::Barrier => rank.barrier(stream),
+        Collective::SendRecv => {
+            let n = rank.size();
+            rank.send(send, (r + 1) % n, stream)?;
+            rank.recv(recv, (r + n - 1) % n, stream)
+        }
+    }
+}
+
+/// The input rank `r` starts from, and where its result is to be read and what it must be.
+fn inputs_and_expectation(
+    o: &Options,
+    r: usize,
+    n: usize,
+    send_bytes: u64,
+    recv_bytes: u64,
+    in_place: bool,
+) -> (Vec<u8>, Vec<u8>, Option<Vec<u8>>) {
+    let size = o.dtype.size();
+    let reducing = matches!(
+        o.collective,
+        Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter
+    );
+    let op = reducing.then_some(o.op);
+    let send_elems = send_bytes as usize / size;
+    let recv_elems = recv_bytes as usize / size;
+    let send = check::input(o.dtype, op, r, n, send_elems);
+    // The receive buffer's initial content: in place, the operation reads it.
+    let recv = match o.collective {
+        Collective::AllReduce | Collective::Broadcast | Collective::Reduce if in_place => {
+            check::input(o.dtype, op, r, n, recv_elems)
+        }
+        Collective::AllGather if in_place => {
+            let mut v = vec![0u8; recv_bytes as usize];
+            let block = send.len();
+            v[r * block..(r + 1) * block].copy_from_slice(&send);
+            v
+        }
+        _ => vec![0u8; recv_bytes as usize],
+    };
+    let want = match o.collective {
+        Collective::AllReduce => Some(check::reduced(o.dtype, o.op, n, recv_elems)),
+        Collective::Reduce if r == o.root => Some(check::reduced(o.dtype, o.op, n, recv_elems)),
+        Collective::Reduce => None,
+        Collective::Broadcast => Some(check::input(o.dtype, None, o.root, n, recv_elems)),
+        Collective::AllGather => Some(
+            (0..n)
+                .flat_map(|q| check::input(o.dtype, None, q, n, send_elems))
+                .collect(),
+        ),
+        Collective::ReduceScatter => {
+            let all = check::reduced(o.dtype, o.op, n, send_elems);
+            Some(all[r * recv_bytes as usize..(r + 1) * recv_bytes as usize].to_vec())
+        }
+        Collective::AllToAll => {
+            let block = send_bytes as usize / n;
+            Some(
+                (0..n)
+                    .flat_map(|q| {
+                        check::input(o.dtype, None, q, n, send_elems)[r * block..(r + 1) * block]
+                            .to_vec()
+                    })
+                    .collect(),
+            )
+        }
+        Collective::Barrier => None,
+        Collective::SendRecv => Some(check::input(o.dtype, None, (r + n - 1) % n, n, send_elems)),
+    };
+    (send, recv, want)
+}
+
+/// Times of one mode: (mean per iteration back to back, per-iteration samples), and the
+/// wrong elements summed over ranks when checked.
+struct Measured {
+    mean: Duration,
+    samples: Vec<Duration>,
+    wrong: Option<usize>,
+}
+
+fn measure(comm: &Communicator, o: &Options, size: u64, in_place: bool) -> Result<Measured> {
+    let n = comm.size();
+    let (send_bytes, recv_bytes) = buffer_bytes(o.collective, size, n as u64);
+    let barrier = SpinBarrier::new(n);
+    let results: Vec<Result<(Duration, Vec<Duration>, usize)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comm
+            .ranks()
+            .into_iter()
+            .map(|rank| {
+                let barrier = &barrier;
+                s.spawn(move || -> Result<(Duration, Vec<Duration>, usize)> {
+                    let device = rank.device().clone();
+                    let stream = device.create_stream()?;
+                    let send = device.allocate(send_bytes)?;
+                    let recv = device.allocate(recv_bytes)?;
+                    let (input, initial, want) =
+                        inputs_and_expectation(o, rank.rank(), n, send_bytes, recv_bytes, in_place);
+                    let load = |stream: &Stream| -> Result<()> {
+                        if send_bytes > 0 {
+                            stream.write(&send, &input)?;
+                        }
+                        if recv_bytes > 0 {
+                            stream.write(&recv, &initial)?;
+                        }
+                        stream.synchronize()
+                    };
+                    load(&stream)?;
+                    for _ in 0..o.warmup {
+                        enqueue(&rank, o, &send, &recv, in_place, &stream)?;
+                    }
+                    stream.synchronize()?;
+                    barrier.wait();
+                    let start = Instant::now();
+                    for _ in 0..o.iters {
+                        enqueue(&rank, o, &send, &recv, in_place, &stream)?;
+                    }
+                    stream.synchronize()?;
+                    barrier.wait();
+                    let mean = start.elapsed() / o.iters.max(1) as u32;
+                    let mut samples = Vec::with_capacity(o.iters);
+                    for _ in 0..o.iters {
+                        barrier.wait();
+                        let t = Instant::now();
+                        enqueue(&rank, o, &send, &recv, in_place, &stream)?;
+                        stream.synchronize()?;
+                        barrier.wait();
+                        samples.push(t.elapsed());
+                    }
+                    let mut wrong = 0;
+                    if o.check {
+                        load(&stream)?;
+                        barrier.wait();
+                        enqueue(&rank, o, &send, &recv, in_place, &stream)?;
+                        stream.synchronize()?;
+                        if let Some(want) = want {
+                            let got = match o.collective {
+                                Collective::ReduceScatter if in_place => {
+                                    let r = rank.rank() as u64;
+                                    stream.read(send.slice(r * recv_bytes, recv_bytes))?
+                                }
+                                _ => stream.read(&recv)?,
+                            };
+                            wrong = check::wrong_elements(o.dtype, &got, &want);
+                        }
+                    }
+                    Ok((mean, samples, wrong))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|p| {
+                    Err(Error::from_panic("a rank thread of the benchmark", &*p))
+                })
+            })
+            .collect()
+    });
+    let mut mean = Duration::ZERO;
+    let mut samples: Vec<Duration> = Vec::new();
+    let mut wrong = 0;
+    for r in results {
+        let (m, s, w) = r?;
+        mean = mean.max(m);
+        if samples.is_empty() {
+            samples = s;
+        } else {
+            for (a, b) in samples.iter_mut().zip(s) {
+                *a = (*a).max(b);
+            }
+        }
+        wrong += w;
+    }
+    Ok(Measured {
+        mean,
+        samples,
+        wrong: o.check.then_some(wrong),
+    })
+}
+
+/// The reference: every rank copying `size` bytes within its own device at once, the
+/// median bandwidth over `iters` rounds, GB/s.
+fn ceiling(devices: &[Device], size: u64, iters: usize) -> Result<f64> {
+    if size == 0 {
+        return Ok(0.0);
+    }
+    let barrier = SpinBarrier::new(devices.len());
+    let times: Vec<Result<Vec<Duration>>> = std::thread::scope(|s| {
+        let hs: Vec<_> = devices
+            .iter()
+            .map(|d| {
+                let barrier = &barrier;
+                s.spawn(move || -> Result<Vec<Duration>> {
+                    let stream = d.create_stream()?;
+                    let a = d.allocate(size)?;
+                    let b = d.allocate(size)?;
+                    stream.fill(&a, xpu::Scalar::U8(1))?;
+                    stream.copy(&a, &b)?;
+                    stream.synchronize()?;
+                    let mut out = Vec::with_capacity(iters);
+                    for _ in 0..iters.max(1) {
+                        barrier.wait();
+                        let t = Instant::now();
+                        stream.copy(&a, &b)?;
+                        stream.synchronize()?;
+                        barrier.wait();
+                        out.push(t.elapsed());
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|p| Err(Error::from_panic("a reference thread", &*p)))
+            })
+            .collect()
+    });
+    let mut worst: Vec<Duration> = Vec::new();
+    for t in times {
+        let t = t?;
+        if worst.is_empty() {
+            worst = t;
+        } else {
+            for (a, b) in worst.iter_mut().zip(t) {
+                *a = (*a).max(b);
+            }
+        }
+    }
+    worst.sort();
+    let median = worst.get(worst.len() / 2).copied().unwrap_or_default();
+    Ok(size as f64 / median.as_secs_f64().max(1e-12) / 1e9)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1e6
+}
+
+fn figures(m: &Measured, size: u64, factor: f64) -> Figures {
+    let mut sorted = m.samples.clone();
+    sorted.sort();
+    let time_us = m.mean.as_secs_f64() * 1e6;
+    let algbw = if time_us > 0.0 {
+        size as f64 / (time_us * 1e3)
+    } else {
+        0.0
+    };
+    Figures {
+        time_us,
+        algbw,
+        busbw: algbw * factor,
+        wrong: m.wrong,
+        p50_us: percentile(&sorted, 0.5),
+        p99_us: percentile(&sorted, 0.99),
+    }
+}
+
+/// Runs the benchmark over `devices` (one rank each).
+pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
+    if devices.is_empty() {
+        return Err(Error::invalid(
+            "no devices selected; pass --devices, e.g. host:0,1",
+        ));
+    }
+    if o.min_bytes > o.max_bytes || o.step_factor < 2 || o.iters == 0 {
+        return Err(Error::invalid(
+            "need -b <= -e, a step factor -f of at least 2, and at least one iteration -n",
+        ));
+    }
+    let n = devices.len();
+    if o.root >= n {
+        return Err(Error::invalid(format!(
+            "root {} is not a rank of the {n} devices",
+            o.root
+        )));
+    }
+    let mut selector = Selector::from_env()?;
+    if let Some(a) = &o.algorithm {
+        let forced = Selector::parse(&format!("{}:{a}", o.collective.name()))?;
+        selector.overrides.splice(0..0, forced.overrides);
+    }
+    let topology = Topology::discover(&devices)?;
+    let comm = Communicator::with_topology(
+        devices.clone(),
+        topology,
+        CommOptions {
+            selector,
+            ..CommOptions::from_env()?
+        },
+    )?;
+    let esize = o.dtype.size() as u64;
+    // Sizes must split into whole elements per rank where the operation splits them.
+    let unit = match o.collective {
+        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
+            esize * n as u64
+        }
+        _ => esize,
+    };
+    let factor = o.collective.bus_factor(n);
+    let rooted = matches!(o.collective, Collective::Reduce | Collective::Broadcast);
+    let redop = if matches!(
+        o.collective,
+        Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter
+    ) {
+        o.op.name().to_string()
+    } else {
+        "none".to_string()
+    };
+    if !o.json {
+        let ids: Vec<String> = devices.iter().map(|d| d.id().to_string()).collect();
+        println!(
+            "# xpu bench collectives: {} on {n} ranks ({})",
+            o.collective,
+            ids.join(", ")
+        );
+        println!(
+            "# reference `ceiling`: every rank copying the same bytes within its own device at once, same run"
+        );
+        println!("#");
+        println!(
+            "# {:>10} {:>12} {:>8} {:>6} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}   {:>8} {:>8}   {:>7} {:>6}  algo",
+            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
+            "algbw", "busbw", "#wrong", "p50", "p99", "ceiling", "ratio"
+        );
+        println!(
+            "# {:>10} {:>12} {:>8} {:>6} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}   {:>8} {:>8}   {:>7} {:>6}",
+            "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "o-o-p", "(us)", "(GB/s)",
+            "(GB/s)", "in-pl", "(us)", "(us)", "(GB/s)", ""
+        );
+    }
+    let mut all_right = true;
+    let mut size = (o.min_bytes / unit).max(1) * unit;
+    loop {
+        if o.collective == Collective::Barrier {
+            size = 0;
+        }
+        let oop = measure(&comm, o, size, false)?;
+        let in_place_ok = o.collective != Collective::AllToAll
+            && o.collective != Collective::SendRecv
+            && o.collective != Collective::Barrier;
+        let ip = if in_place_ok {
+            Some(measure(&comm, o, size, true)?)
+        } else {
+            None
+        };
+        let ceiling_gbps = ceiling(&devices, size, o.iters.clamp(3, 11))?;
+        let f_oop = figures(&oop, size, factor);
+        let f_ip = ip.as_ref().map(|m| figures(m, size, factor));
+        let wrong = f_oop.wrong.unwrap_or(0) + f_ip.and_then(|f| f.wrong).unwrap_or(0);
+        all_right &= wrong == 0;
+        let (algorithm, _) = comm.algorithm_for(o.collective, size);
+        let row = Row {
+            collective: o.collective.name(),
+            size,
+            count: size / esize,
+            dtype: nccl_type(o.dtype),
+            redop: redop.clone(),
+            root: if rooted { o.root as i64 } else { -1 },
+            algorithm: algorithm.name().to_string(),
+            out_of_place: f_oop,
+            in_place: f_ip.unwrap_or(Figures {
+                time_us: 0.0,
+                algbw: 0.0,
+                busbw: 0.0,
+                wrong: None,
+                p50_us: 0.0,
+                p99_us: 0.0,
+            }),
+            ceiling_gbps,
+            busbw_over_ceiling: if ceiling_gbps > 0.0 {
+                f_oop.busbw / ceiling_gbps
+            } else {
+                0.0
+            },
+        };
+        if o.json {
+            let text = serde_json::to_string(&row)
+                .map_err(|e| Error::backend_message("xpu", format!("encoding JSON: {e}")))?;
+            println!("{text}");
+        } else {
+            let w = |f: Option<usize>| f.map_or_else(|| "N/A".to_string(), |w| w.to_string());
+            let (ip_t, ip_a, ip_b, ip_w) = match f_ip {
+                Some(f) => (
+                    format!("{:.2}", f.time_us),
+                    format!("{:.2}", f.algbw),
+                    format!("{:.2}", f.busbw),
+                    w(f.wrong),
+                ),
+                None => ("-".into(), "-".into(), "-".into(), "-".into()),
+            };
+            println!(
+                "  {:>10} {:>12} {:>8} {:>6} {:>5}   {:>9.2} {:>7.2} {:>7.2} {:>6}   {:>9} {:>7} {:>7} {:>6}   {:>8.2} {:>8.2}   {:>7.2} {:>6.2}  {}",
+                row.size,
+                row.count,
+                row.dtype,
+                row.redop,
+                row.root,
+                f_oop.time_us,
+                f_oop.algbw,
+                f_oop.busbw,
+                w(f_oop.wrong),
+                ip_t,
+                ip_a,
+                ip_b,
+                ip_w,
+                f_oop.p50_us,
+                f_oop.p99_us,
+                ceiling_gbps,
+                row.busbw_over_ceiling,
+                row.algorithm
+            );
+        }
+        if o.collective == Collective::Barrier || size >= o.max_bytes {
+            break;
+        }
+        let next = size.saturating_mul(o.step_factor).min(o.max_bytes);
+        size = (next / unit).max(1) * unit;
+    }
+    if !o.json {
+        println!(
+            "# {} (all results checked: {})",
+            if all_right {
+                "0 wrong elements"
+            } else {
+                "WRONG ELEMENTS FOUND"
+            },
+            if o.check { "yes" } else { "no (-c 0)" }
+        );
+    }
+    Ok(all_right)
+}
