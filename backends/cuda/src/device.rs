@@ -105,6 +105,11 @@ unsafe impl Send for DeviceShared {}
 unsafe impl Sync for DeviceShared {}
 
 impl DeviceShared {
+    /// The device's primary context (retained while this value lives).
+    pub(crate) fn context(&self) -> CUcontext {
+        self.ctx
+    }
+
     /// Makes the device's context current on the calling thread. Every driver call that
     /// needs a context is preceded by this.
     pub(crate) fn bind(&self) -> Result<()> {

@@ -43,6 +43,7 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyDtoDAsync_v2",
+    "cuMemcpyPeerAsync",
     "cuStreamCreateWithPriority",
     "cuStreamDestroy_v2",
     "cuStreamWaitEvent",

@@ -777,6 +777,23 @@ impl StreamImpl for CudaStream {
         })
     }
 
+    fn copy_peer(&self, src: RawSlice, dst: RawSlice) -> Result<()> {
+        let (sb, db) = (buffer_of(&src)?, buffer_of(&dst)?);
+        let (from, to) = (sb.address(src.offset), db.address(dst.offset));
+        let (src_ctx, dst_ctx) = (sb.dev.context(), db.dev.context());
+        let len = usize::try_from(dst.len)
+            .map_err(|_| Error::invalid("the copy is larger than the address space"))?;
+        let name = self.shared.dev.name.clone();
+        self.shared.enqueue(vec![sb, db], |s| {
+            // SAFETY: both ranges are in bounds of live allocations of their devices
+            // (HAL), both contexts are retained by the buffers' devices, and the buffers
+            // are held until the copy completes.
+            cu(&name, "copying from a peer device", "cuMemcpyPeerAsync", || unsafe {
+                sys::cuMemcpyPeerAsync(to, dst_ctx, from, src_ctx, len, s)
+            })
+        })
+    }
+
     fn builtin(&self, op: BuiltinOp) -> Result<()> {
         crate::builtins::dispatch(&self.shared, op)
     }
