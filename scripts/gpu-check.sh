@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The CUDA check, for a machine with an NVIDIA GPU and driver (CUDA 12.6 or newer;
 # NVRTC from the CUDA toolkit for the builtin operations). Builds release, runs the
-# conformance suite on every CUDA device with JSON and JUnit reports, runs the CUDA
-# benchmarks, and writes a summary. Everything lands in OUT (default
+# conformance suite on every CUDA device with JSON and JUnit reports, prints the
+# topology, runs the collectives benchmark on the GPUs (or a GPU beside a host device),
+# runs the CUDA benchmarks, and writes a summary. Everything lands in OUT (default
 # target/gpu-check/). Exits non-zero when CUDA is unavailable or conformance fails.
 #
 #   scripts/gpu-check.sh [OUT]
@@ -55,6 +56,24 @@ else
   status=1
 fi
 tail -n 20 "$out/conformance.log" >>"$summary"
+
+echo "== topology and collectives (every CUDA device, then CUDA beside host:0)"
+target/release/xpu topo --devices 'cuda:*;host:0' >"$out/topo.txt" 2>&1 || status=1
+cat "$out/topo.txt" >>"$summary"
+gpus=$(grep -c "^cuda:" "$out/topo.txt" || true)
+if [[ "$gpus" -ge 2 ]]; then
+  sel='cuda:*'
+else
+  sel='cuda:0;host:0'
+fi
+if target/release/xpu bench collectives --devices "$sel" -b 8 -e 256M -f 8 -n 10 -w 3 \
+  >"$out/collectives.txt" 2>&1; then
+  echo "collectives ($sel): 0 wrong elements" >>"$summary"
+else
+  echo "collectives ($sel): FAILED (see collectives.txt)" >>"$summary"
+  status=1
+fi
+cat "$out/collectives.txt" >>"$summary"
 
 echo "== benchmarks (cuda groups)"
 if cargo bench --locked -p xpu-benches -- cuda >"$out/bench.log" 2>&1; then
