@@ -139,6 +139,10 @@ enum BenchCommand {
         /// Force an algorithm (ring, direct) instead of the cost model's choice.
         #[arg(long)]
         algo: Option<String>,
+        /// Also time every algorithm at each size and report how often the cost model
+        /// chose the fastest.
+        #[arg(long = "compare-algos")]
+        compare_algos: bool,
         /// Print one JSON object per row instead of the table.
         #[arg(long)]
         json: bool,
@@ -295,6 +299,7 @@ fn run(cli: Cli) -> Result<bool> {
             root,
             devices,
             algo,
+            compare_algos,
             json,
         })) => {
             let options = cli::collectives::Options {
@@ -309,6 +314,7 @@ fn run(cli: Cli) -> Result<bool> {
                 dtype: cli::collectives::parse_dtype(&dtype)?,
                 root,
                 algorithm: algo,
+                compare_algorithms: compare_algos,
                 json,
             };
             let sel = match devices {

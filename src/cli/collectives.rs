@@ -47,6 +47,9 @@ pub struct Options {
     pub root: usize,
     /// Force an algorithm (`ring`, `direct`) instead of the cost model's choice.
     pub algorithm: Option<String>,
+    /// Also time every algorithm at each size and report whether the cost model chose
+    /// the fastest.
+    pub compare_algorithms: bool,
     /// Print JSON (one object per row) instead of the table.
     pub json: bool,
 }
@@ -128,6 +131,12 @@ struct Row {
     in_place: Figures,
     ceiling_gbps: f64,
     busbw_over_ceiling: f64,
+    /// With `--compare-algos`: each algorithm's out-of-place time, µs.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    algorithm_times_us: Vec<(String, f64)>,
+    /// With `--compare-algos`: whether the chosen algorithm was the fastest measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    chosen_was_fastest: Option<bool>,
 }
 
 /// A barrier that spins (briefly, then yields): waking a sleeping thread costs tens of
@@ -515,6 +524,27 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
             ..CommOptions::from_env()?
         },
     )?;
+    // One communicator per algorithm, each forced by an override, to time them all.
+    let mut forced = Vec::new();
+    if o.compare_algorithms {
+        for a in xpu_collectives::Algorithm::ALL {
+            let sel = Selector::parse(&format!("{}:{}", o.collective.name(), a.name()))?;
+            let t = Topology::discover(&devices)?;
+            let c = Communicator::with_topology(
+                devices.clone(),
+                t,
+                CommOptions {
+                    selector: sel,
+                    ..CommOptions::from_env()?
+                },
+            )?;
+            // Only algorithms that implement the operation.
+            if c.algorithm_for(o.collective, o.min_bytes.max(1)).0 == a {
+                forced.push((a, c));
+            }
+        }
+    }
+    let (mut chosen_fastest, mut compared) = (0usize, 0usize);
     let esize = o.dtype.size() as u64;
     // Sizes must split into whole elements per rank where the operation splits them.
     let unit = match o.collective {
@@ -576,6 +606,26 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
         let wrong = f_oop.wrong.unwrap_or(0) + f_ip.and_then(|f| f.wrong).unwrap_or(0);
         all_right &= wrong == 0;
         let (algorithm, _) = comm.algorithm_for(o.collective, size);
+        let mut algorithm_times_us = Vec::new();
+        let mut chosen_was_fastest = None;
+        if forced.len() > 1 {
+            let quick = Options {
+                check: false,
+                ..o.clone()
+            };
+            let mut best: Option<(xpu_collectives::Algorithm, f64)> = None;
+            for (a, c) in &forced {
+                let t = measure(c, &quick, size, false)?.mean.as_secs_f64() * 1e6;
+                algorithm_times_us.push((a.name().to_string(), t));
+                if best.is_none_or(|(_, bt)| t < bt) {
+                    best = Some((*a, t));
+                }
+            }
+            let fastest = best.map(|(a, _)| a) == Some(algorithm);
+            chosen_fastest += usize::from(fastest);
+            compared += 1;
+            chosen_was_fastest = Some(fastest);
+        }
         let row = Row {
             collective: o.collective.name(),
             size,
@@ -599,6 +649,8 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
             } else {
                 0.0
             },
+            algorithm_times_us,
+            chosen_was_fastest,
         };
         if o.json {
             let text = serde_json::to_string(&row)
@@ -636,12 +688,31 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
                 row.busbw_over_ceiling,
                 row.algorithm
             );
+            if let Some(fastest) = row.chosen_was_fastest {
+                let times: Vec<String> = row
+                    .algorithm_times_us
+                    .iter()
+                    .map(|(a, t)| format!("{a} {t:.2} us"))
+                    .collect();
+                println!(
+                    "  {:>10}   measured: {}; chosen ({}) was the fastest: {}",
+                    "",
+                    times.join(", "),
+                    row.algorithm,
+                    if fastest { "yes" } else { "no" }
+                );
+            }
         }
         if o.collective == Collective::Barrier || size >= o.max_bytes {
             break;
         }
         let next = size.saturating_mul(o.step_factor).min(o.max_bytes);
         size = (next / unit).max(1) * unit;
+    }
+    if !o.json && compared > 0 {
+        println!(
+            "# the cost model chose the fastest measured algorithm at {chosen_fastest} of {compared} sizes"
+        );
     }
     if !o.json {
         println!(
