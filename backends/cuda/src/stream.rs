@@ -788,9 +788,12 @@ impl StreamImpl for CudaStream {
             // SAFETY: both ranges are in bounds of live allocations of their devices
             // (HAL), both contexts are retained by the buffers' devices, and the buffers
             // are held until the copy completes.
-            cu(&name, "copying from a peer device", "cuMemcpyPeerAsync", || unsafe {
-                sys::cuMemcpyPeerAsync(to, dst_ctx, from, src_ctx, len, s)
-            })
+            cu(
+                &name,
+                "copying from a peer device",
+                "cuMemcpyPeerAsync",
+                || unsafe { sys::cuMemcpyPeerAsync(to, dst_ctx, from, src_ctx, len, s) },
+            )
         })
     }
 
