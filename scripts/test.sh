@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests need where missing (scripts/deps.sh --test),
-# then runs every test: the workspace's unit and integration tests, then the
-# conformance suite through the `xpu` command over every device — host, Vulkan, and
-# the two example plugins built here as a vendor would build them — with JSON and
-# JUnit reports in target/conformance/.
+# then runs every test: the workspace's unit and integration tests, then the core and
+# collectives conformance profiles through the `xpu` command over every device — host,
+# Vulkan, and the two example plugins built here as a vendor would build them — with
+# JSON and JUnit reports in target/conformance/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The Debian packages the build and the Vulkan tests need, where missing.
@@ -20,5 +20,13 @@ cp target/debug/libxpu_sim_npu.so "$plugins/"
 # The loader refuses plugins that other users could replace.
 chmod go-w "$plugins" "$plugins"/*.so
 
+# The core profile, then the collectives profile (communicators over each device alone,
+# with devices of its backend, and with one device of every other backend), both with
+# the backends of XPU_REQUIRE required; both run, and the script fails if either did.
+status=0
 cargo run --locked --quiet -p xpu -- conformance --plugin "$plugins" --devices '*' \
-  --json target/conformance/report.json --junit target/conformance/report.xml
+  --json target/conformance/report.json --junit target/conformance/report.xml || status=$?
+cargo run --locked --quiet -p xpu -- conformance --profile collectives --plugin "$plugins" \
+  --devices '*' --json target/conformance/collectives.json \
+  --junit target/conformance/collectives.xml || status=$?
+exit "$status"

@@ -135,6 +135,64 @@ fn conformance_passes_on_a_host_device_and_writes_reports() {
 }
 
 #[test]
+fn the_collectives_profile_runs_communicators_on_host_devices() {
+    let json = scratch("collectives.json");
+    let (code, out, err) = run(&mut xpu(&[
+        "conformance",
+        "--profile",
+        "collectives",
+        "--devices",
+        "host:0,1",
+        "--json",
+        json.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("conformance profile `collectives`"), "{out}");
+    assert!(
+        out.contains("ok    [host/host:0] collectives.allreduce_self"),
+        "{out}"
+    );
+    assert!(
+        out.contains("ok    [host/host:1] collectives.allreduce_backend"),
+        "{out}"
+    );
+    // With one backend in the run, the mixed sets skip and say why.
+    assert!(
+        out.contains("skip  [host/host:0] collectives.allreduce_mixed (needs a device of a backend other than `host`"),
+        "{out}"
+    );
+    assert!(
+        out.contains("backend host: passed the `collectives` profile"),
+        "{out}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["profile"], "collectives");
+    assert_eq!(report["summary"]["failed"], 0);
+    let results = report["results"].as_array().unwrap();
+    assert!(results
+        .iter()
+        .all(|r| r["case"].as_str().unwrap().starts_with("collectives.")));
+    let passed = report["summary"]["passed"].as_u64().unwrap();
+    assert!(
+        passed >= 2 * 19,
+        "the self, backend and failure cases on each of 2 devices, got {passed}"
+    );
+
+    let (code, out, _) = run(&mut xpu(&[
+        "conformance",
+        "--profile",
+        "collectives",
+        "--devices",
+        "host:0",
+        "--list",
+    ]));
+    assert_eq!(code, 0);
+    assert!(out.lines().all(|l| l.starts_with("collectives.")), "{out}");
+    assert!(out.lines().count() >= 27, "{out}");
+}
+
+#[test]
 fn an_expected_failure_that_passes_fails_the_run() {
     let file = scratch("expect.json");
     std::fs::write(

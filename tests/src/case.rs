@@ -17,7 +17,9 @@ pub enum Profile {
     /// Device properties, memory, copies, builtin operations, kernels, streams and
     /// events: the contract of the HAL itself.
     Core,
-    /// What the collectives need across devices (reserved; no cases yet).
+    /// Communicators (`xpu-collectives`) over the device alone, with devices of its
+    /// backend and with devices of every other backend: every operation and algorithm,
+    /// and the failure paths (timeouts, desyncs, abort).
     Collectives,
     /// What a training loop needs end to end (reserved; no cases yet).
     Training,

@@ -241,5 +241,17 @@ fn profiles_parse_and_select() {
     assert_eq!("Training".parse::<Profile>().unwrap(), Profile::Training);
     assert!("nope".parse::<Profile>().is_err());
     assert!(xpu_conformance::cases(Profile::Core).len() >= 45);
-    assert!(xpu_conformance::cases(Profile::Collectives).is_empty());
+    let collectives = xpu_conformance::cases(Profile::Collectives);
+    assert!(
+        collectives.len() >= 27,
+        "{} collectives cases",
+        collectives.len()
+    );
+    assert!(collectives
+        .iter()
+        .all(|c| c.name.starts_with("collectives.") && c.profile == Profile::Collectives));
+    assert!(xpu_conformance::cases(Profile::Core)
+        .iter()
+        .all(|c| !c.name.starts_with("collectives.")));
+    assert!(xpu_conformance::cases(Profile::Training).is_empty());
 }

@@ -1,7 +1,9 @@
 //! The conformance suite on the host backend, as `cargo test` trials named
 //! `[backend/device] case`: four host devices, plus one device of the host backend
 //! registered under another name, so that waits between backends (the host-side
-//! bridge of `Stream::wait_event`) are exercised without a GPU.
+//! bridge of `Stream::wait_event`) are exercised without a GPU. Every profile runs:
+//! the core cases, and the collectives cases, whose communicators span two host devices
+//! (peer paths) and a host device with the renamed one (host-staged paths).
 
 use std::sync::Arc;
 

@@ -12,10 +12,12 @@
 //! | `kernel` | launches with buffer and scalar arguments (host function or WGSL), argument alignment, refused launches, unsupported formats, failing and panicking kernels |
 //! | `event`  | cross-stream and cross-device waits, queries, timeouts, timing, errors |
 //! | `pool`   | the caching allocator on the device: reuse with data intact, cross-stream fences, empty_cache, expandable growth |
+//! | `collectives` | (profile `collectives`) communicators over the device alone, with a device of its backend, and with one of every other backend: every operation, algorithm, dtype and reduction, in place and out of place; timeouts, desyncs and abort |
 
 use crate::case::{Case, Profile};
 
 mod cast;
+mod collectives;
 mod copy;
 mod device;
 mod event;
@@ -38,6 +40,7 @@ const MODULES: &[&[Case]] = &[
     kernel::CASES,
     event::CASES,
     pool::CASES,
+    collectives::CASES,
 ];
 
 /// Every built-in case of every profile, in a stable order.
