@@ -34,6 +34,10 @@ enum Fault {
     FrozenMemoryInfo,
     /// Capabilities claim a larger allocation than the device holds.
     OversizedMaxAllocation,
+    /// Capabilities list no dtype (not a fault: a device without builtin operations).
+    NoDtypes,
+    /// Capabilities lack f64 (not a fault: a device without double precision).
+    NoF64,
 }
 
 struct FaultyBackend {
@@ -68,6 +72,14 @@ impl DeviceImpl for FaultyDevice {
         let mut info = self.inner.info();
         if self.fault == Fault::OversizedMaxAllocation {
             info.capabilities.max_allocation = info.memory_bytes * 2;
+        }
+        if self.fault == Fault::NoDtypes {
+            info.capabilities.dtypes.clear();
+        }
+        if self.fault == Fault::NoF64 {
+            info.capabilities
+                .dtypes
+                .retain(|d| *d != xpu_hal::DType::F64);
         }
         info
     }
@@ -414,4 +426,43 @@ fn frozen_memory_info_is_caught() {
 #[test]
 fn oversized_max_allocation_is_caught() {
     assert_caught(Fault::OversizedMaxAllocation, &["device.properties"]);
+}
+
+/// Runs the collectives cases named in `only` on `devices` and returns each one's status
+/// and reason.
+fn collectives_results(devices: &[Device], only: &[&str]) -> Vec<(String, Status, String)> {
+    let mut options = RunOptions::new(Profile::Collectives);
+    options.expectations = Expectations::none();
+    let cases: Vec<_> = all_cases()
+        .into_iter()
+        .filter(|c| only.contains(&c.name))
+        .collect();
+    run_cases(&cases, &devices[..1], &options, |_| {})
+        .results
+        .into_iter()
+        .map(|r| (r.case, r.status, r.reason.unwrap_or_default()))
+        .collect()
+}
+
+#[test]
+fn collectives_skip_reductions_a_device_cannot_do_and_still_move_data() {
+    let devices = faulty_devices(Fault::NoDtypes).unwrap();
+    let results = collectives_results(
+        &devices,
+        &["collectives.allreduce_self", "collectives.broadcast_self"],
+    );
+    assert_eq!(results.len(), 2, "{results:?}");
+    let (_, status, reason) = &results[0];
+    assert_eq!(*status, Status::Skip, "{reason}");
+    assert!(
+        reason.contains("no dtype is supported by every rank")
+            && reason.contains("faulty:0 lacks f32, f64"),
+        "{reason}"
+    );
+    assert_eq!(results[1].1, Status::Pass, "{}", results[1].2);
+
+    // Without f64, integer averages (computed through f64) are left out; the rest runs.
+    let devices = faulty_devices(Fault::NoF64).unwrap();
+    let results = collectives_results(&devices, &["collectives.reduce_self"]);
+    assert_eq!(results[0].1, Status::Pass, "{}", results[0].2);
 }
