@@ -31,10 +31,22 @@ fn value(dtype: DType, op: Option<ReduceOp>, rank: usize, n: usize, i: usize) ->
     }
 }
 
-fn encode(dtype: DType, values: impl Iterator<Item = f64>) -> Vec<u8> {
-    values
-        .flat_map(|v| Scalar::from_f64(dtype, v).to_le_bytes())
-        .collect()
+fn encode(dtype: DType, values: impl ExactSizeIterator<Item = f64>) -> Vec<u8> {
+    // The inputs take few distinct values: encode each once.
+    let mut seen: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut out = Vec::with_capacity(values.len() * dtype.size());
+    for v in values {
+        let bits = v.to_bits();
+        match seen.iter().find(|(b, _)| *b == bits) {
+            Some((_, bytes)) => out.extend_from_slice(bytes),
+            None => {
+                let bytes = Scalar::from_f64(dtype, v).to_le_bytes();
+                out.extend_from_slice(&bytes);
+                seen.push((bits, bytes));
+            }
+        }
+    }
+    out
 }
 
 /// Rank `rank`'s input of `elems` elements for a reduction `op` (or for data movement

@@ -270,6 +270,9 @@ fn inputs_and_expectation(
         }
         _ => vec![0u8; recv_bytes as usize],
     };
+    if !o.check {
+        return (send, recv, None);
+    }
     let want = match o.collective {
         Collective::AllReduce => Some(check::reduced(o.dtype, o.op, n, recv_elems)),
         Collective::Reduce if r == o.root => Some(check::reduced(o.dtype, o.op, n, recv_elems)),
