@@ -43,6 +43,13 @@
 //! out from under queued work. Zero-size allocations are valid and need no backend
 //! memory; operations on empty ranges are validated and then do nothing.
 //!
+//! Devices with virtual memory (capability `virtual_memory_granularity`) also make
+//! *growable* allocations ([`Device::allocate_growable`]): a reserved address range whose
+//! backed prefix [`Allocation::resize`] grows and shrinks in place, which is what lets a
+//! memory pool grow a segment without copying. Devices that declare `peer_access` copy
+//! from the memory of other devices of their backend directly ([`Stream::copy_peer`]);
+//! everything else crosses devices through host buffers.
+//!
 //! Host memory for asynchronous copies is a [`HostBuffer`]. Its bytes can only be
 //! touched while no enqueued operation holds it, which the type enforces at run time
 //! (an error that says to synchronize first), so asynchronous copies are safe Rust.
