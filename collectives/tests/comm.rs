@@ -16,7 +16,7 @@ use xpu_host::{HostBackend, HostConfig};
 fn registry() -> Registry {
     let mut r = Registry::new();
     r.register(Arc::new(HostBackend::new(HostConfig {
-        devices: 4,
+        devices: 6,
         capacity: 256 << 20,
     })))
     .unwrap();
@@ -187,6 +187,8 @@ const KINDS: [Collective; 6] = [
     Collective::AllToAll,
 ];
 
+/// Runs every operation with every algorithm forced by an override (an operation the
+/// algorithm lacks ignores its override and runs the model's choice, checked here too).
 fn sweep(comm_for: impl Fn(&str) -> Communicator, dtypes: &[DType], sizes: &[usize]) {
     for algo in Algorithm::ALL {
         let overrides = KINDS
@@ -197,6 +199,12 @@ fn sweep(comm_for: impl Fn(&str) -> Communicator, dtypes: &[DType], sizes: &[usi
             .join(",");
         let comm = comm_for(&overrides);
         for kind in KINDS {
+            let chosen = comm.algorithm_for(kind, 4).0;
+            assert_eq!(
+                chosen == algo,
+                algo.implements(kind),
+                "{kind} forced to {algo} chose {chosen}"
+            );
             for &dtype in dtypes {
                 let ops: &[ReduceOp] = match kind {
                     Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter => {
@@ -236,8 +244,33 @@ fn every_operation_is_exact_on_host_ranks() {
 }
 
 #[test]
+fn every_algorithm_is_exact_on_two_to_five_ranks() {
+    // Powers of two and not (halving-doubling folds extra ranks), odd and even counts
+    // (the second tree is shifted or mirrored), roots at the last rank.
+    for sel in ["host:0,1", "host:0,1,2,3", "host:0,1,2,3,4"] {
+        let devs = devices(sel);
+        sweep(
+            |o| comm(devs.clone(), o, Duration::from_secs(60)),
+            &[DType::I32, DType::F16],
+            &[1, 3, 1000 + 3],
+        );
+    }
+}
+
+#[test]
+fn three_ranks_on_one_device_are_exact_with_every_algorithm() {
+    let d = devices("host:0");
+    let devs = vec![d[0].clone(), d[0].clone(), d[0].clone()];
+    sweep(
+        |o| comm(devs.clone(), o, Duration::from_secs(60)),
+        &[DType::F32],
+        &[7],
+    );
+}
+
+#[test]
 fn large_messages_cross_many_pieces() {
-    let devs = devices("host:0,1");
+    let devs = devices("host:0,1,2");
     for algo in Algorithm::ALL {
         let c = comm(
             devs.clone(),
@@ -249,14 +282,16 @@ fn large_messages_cross_many_pieces() {
             Collective::Broadcast,
             Collective::Reduce,
         ] {
-            let wrong = run(&c, kind, DType::F32, ReduceOp::Sum, (1 << 20) + 7, false);
-            assert_eq!(wrong, vec![0, 0], "{algo} {kind}");
+            // Halves of more than one piece, for the double binary tree.
+            let wrong = run(&c, kind, DType::F32, ReduceOp::Sum, (2 << 20) + 7, false);
+            assert_eq!(wrong, vec![0, 0, 0], "{algo} {kind}");
         }
     }
 }
 
 #[test]
 fn mixed_host_and_vulkan_ranks_are_exact() {
+    // Two groups for hierarchical algorithms: the host devices, and the Vulkan device.
     let devs = devices("host:0,1;vulkan:*");
     if !devs.iter().any(|d| d.backend() == "vulkan") {
         eprintln!("skipped: no Vulkan device (install mesa-vulkan-drivers)");
@@ -270,6 +305,14 @@ fn mixed_host_and_vulkan_ranks_are_exact() {
         |o| comm(devs.clone(), o, Duration::from_secs(60)),
         &common,
         &[3, 4099],
+    );
+    // Groups that are not contiguous in rank order.
+    let d = devices("host:0,1,2;vulkan:*");
+    let devs = vec![d[0].clone(), d[3].clone(), d[1].clone(), d[2].clone()];
+    sweep(
+        |o| comm(devs.clone(), o, Duration::from_secs(60)),
+        &[DType::F32],
+        &[4099],
     );
 }
 

@@ -483,6 +483,7 @@ impl Shared {
             reason = %why,
             "collective algorithm chosen"
         );
+        let groups = self.topology.groups();
         let mut transport = self.transport.lock().unwrap_or_else(|p| p.into_inner());
         let mut run = Run {
             ranks: &ios,
@@ -494,6 +495,7 @@ impl Shared {
             dtype: first.dtype,
             op: first.op,
             root: first.root.unwrap_or(0),
+            groups: &groups,
         };
         run.execute().map_err(|e| {
             Error::aborted(format!(

@@ -3,26 +3,44 @@
 //! Each link has a latency α (µs) and a time per byte β (from its bandwidth). For an
 //! operation of `S` bytes per rank on `n` ranks the model estimates:
 //!
-//! | operation | ring | direct |
+//! | operation | algorithm | modelled time |
 //! |---|---|---|
-//! | all-reduce | 2(n−1)·(α + S/n·β) | α + (n−1)·S·β |
-//! | reduce, broadcast | (n−1)·α + (S + (n−2)·p)·β (a chain in pieces of `p`) | α + (n−1)·S·β |
-//! | all-gather, reduce-scatter | (n−1)·(α + S·β) | α + (n−1)·S·β |
+//! | all-reduce | ring | 2(n−1)·(α_r + S/n·β_r) |
+//! | all-reduce | direct | α + (n−1)·S·β |
+//! | all-reduce | halving-doubling | 2(L + f)·α + 2((p−1)/p + f)·S·β |
+//! | all-reduce | tree | 2·(D·α + (S + (D−1)·min(P, S/2))·β) |
+//! | all-reduce | hierarchical | 2·((g−1)·α_g + (S + (g−2)·q)·β_g) + 2(m−1)·(α_l + S/m·β_l) |
+//! | reduce, broadcast | ring (a chain) | (n−1)·α_r + (S + (n−2)·q)·β_r |
+//! | reduce, broadcast | direct | α + (n−1)·S·β |
+//! | reduce, broadcast | tree | D_1·α + (2S + (D_1−1)·q)·β |
+//! | all-gather, reduce-scatter | ring | (n−1)·(α_r + S·β_r) |
+//! | all-gather, reduce-scatter | direct | α + (n−1)·S·β |
+//! | all-gather, reduce-scatter | halving-doubling | (L + 2f)·α + ((p−1)/p + f)·n·S·β |
 //!
-//! with the ring's α and β from the slowest link between ring neighbours and the direct
-//! ones from the slowest link of all. All-to-all and barriers have one algorithm.
+//! where `p` is the largest power of two not above n, `L = log₂ p`, `f` is 1 when n is
+//! not a power of two (the extra ranks' fold and unfold) and 0 otherwise, `P` is the
+//! piece of pipelined chains and trees ([`CHAIN_PIECE`]) and `q = min(P, S)`, `D` the
+//! depth of the double binary tree and `D_1` of one binary tree. The ring's α_r and β_r
+//! come from the slowest link between ring neighbours; the others' α and β from the
+//! slowest link of all. Hierarchical uses the topology's groups
+//! ([`Topology::groups`]): `m` groups of at most `g` ranks, α_g and β_g from the slowest
+//! link within a group, α_l and β_l from the slowest link between neighbouring leaders.
+//! With one group, or a group per rank, it runs the ring and costs the same. All-to-all
+//! and barriers have one algorithm (direct); an algorithm has no estimate for an
+//! operation it does not implement.
 //!
 //! `XPU_COLL_ALGO` overrides the model per operation and size range: a comma list of
 //! `OPERATION:ALGORITHM[:MIN-MAX]`, sizes in bytes with optional `K`, `M`, `G` (binary)
-//! and `max`, e.g. `allreduce:ring:1M-max,broadcast:direct`.
+//! and `max`, e.g. `allreduce:ring:1M-max,allreduce:halving-doubling:4K-1M,broadcast:tree`.
+//! An override naming an algorithm that does not implement the operation is ignored.
 
 use xpu_hal::{Error, Result};
 
-use super::algorithms::Algorithm;
+use super::algorithms::{double_tree_depth, is_hierarchical, Algorithm};
 use super::op::Collective;
 use crate::topology::Topology;
 
-/// Pieces of pipelined chains, bytes (the model's `p`).
+/// Pieces of pipelined chains and trees, bytes (the model's `P`).
 pub const CHAIN_PIECE: u64 = 4 << 20;
 
 /// The figures the model needs, read once from the topology.
@@ -38,69 +56,149 @@ pub struct CostModel {
     pub all_alpha: f64,
     /// µs per byte of the slowest link of all.
     pub all_beta: f64,
+    /// The depth of the double binary tree (`D`).
+    pub tree_depth: usize,
+    /// The hierarchical algorithm's groups, when they make it differ from the ring.
+    pub groups: Option<GroupFigures>,
+}
+
+/// What the model knows of the topology's groups.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GroupFigures {
+    /// Groups (`m`).
+    pub count: usize,
+    /// Ranks in the largest group (`g`).
+    pub largest: usize,
+    /// Latency of the slowest link within a group, µs.
+    pub inner_alpha: f64,
+    /// µs per byte of the slowest link within a group.
+    pub inner_beta: f64,
+    /// Latency of the slowest link between neighbouring leaders, µs.
+    pub leader_alpha: f64,
+    /// µs per byte of the slowest link between neighbouring leaders.
+    pub leader_beta: f64,
+}
+
+/// µs per byte at `gbps` GB/s.
+fn beta(gbps: f64) -> f64 {
+    1.0 / (gbps.max(1e-6) * 1e3)
+}
+
+/// The slowest (α, β) among `pairs` of positions in `t`.
+fn slowest(t: &Topology, pairs: impl Iterator<Item = (usize, usize)>) -> (f64, f64) {
+    let (mut a, mut b) = (0.0f64, 0.0f64);
+    for (x, y) in pairs.filter(|(x, y)| x != y) {
+        if let Ok(l) = t.link(x, y) {
+            a = a.max(l.latency_us);
+            b = b.max(beta(l.bandwidth_gbps));
+        }
+    }
+    (a, b)
 }
 
 impl CostModel {
     /// The model of a communicator over the topology's devices in order.
     pub fn from_topology(t: &Topology) -> Self {
         let n = t.len();
-        let beta = |gbps: f64| 1.0 / (gbps.max(1e-6) * 1e3);
-        let (mut ring_alpha, mut ring_beta, mut all_alpha, mut all_beta) =
-            (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-        for a in 0..n {
-            for b in (0..n).filter(|&b| b != a) {
-                if let Ok(l) = t.link(a, b) {
-                    all_alpha = all_alpha.max(l.latency_us);
-                    all_beta = all_beta.max(beta(l.bandwidth_gbps));
-                    if b == (a + 1) % n {
-                        ring_alpha = ring_alpha.max(l.latency_us);
-                        ring_beta = ring_beta.max(beta(l.bandwidth_gbps));
-                    }
-                }
+        let all = |n: usize| (0..n).flat_map(move |a| (0..n).map(move |b| (a, b)));
+        let (all_alpha, all_beta) = slowest(t, all(n));
+        let (ring_alpha, ring_beta) = slowest(t, all(n).filter(|&(a, b)| b == (a + 1) % n));
+        let groups = t.groups();
+        let figures = is_hierarchical(&groups).then(|| {
+            let (inner_alpha, inner_beta) = slowest(
+                t,
+                groups
+                    .iter()
+                    .flat_map(|g| g.iter().flat_map(move |&a| g.iter().map(move |&b| (a, b)))),
+            );
+            let leaders: Vec<usize> = groups.iter().map(|g| g[0]).collect();
+            let m = leaders.len();
+            let (leader_alpha, leader_beta) = slowest(
+                t,
+                (0..m).flat_map(|k| {
+                    let (a, b) = (leaders[k], leaders[(k + 1) % m]);
+                    [(a, b), (b, a)]
+                }),
+            );
+            GroupFigures {
+                count: m,
+                largest: groups.iter().map(Vec::len).max().unwrap_or(1),
+                inner_alpha,
+                inner_beta,
+                leader_alpha,
+                leader_beta,
             }
-        }
+        });
         CostModel {
             n,
             ring_alpha,
             ring_beta,
             all_alpha,
             all_beta,
+            tree_depth: double_tree_depth(n),
+            groups: figures,
         }
     }
 
     /// The modelled time of `kind` on `bytes` per rank with `algorithm`, µs; `None` when
     /// the algorithm does not implement the operation.
     pub fn estimate(&self, kind: Collective, algorithm: Algorithm, bytes: u64) -> Option<f64> {
+        if !algorithm.implements(kind) {
+            return None;
+        }
         let n = self.n as f64;
         let s = bytes as f64;
-        let (ra, rb, da, db) = (
+        let (ra, rb, a, b) = (
             self.ring_alpha,
             self.ring_beta,
             self.all_alpha,
             self.all_beta,
         );
-        let direct = da + (n - 1.0) * s * db;
-        match (kind, algorithm) {
-            (Collective::AllReduce, Algorithm::Ring) => Some(2.0 * (n - 1.0) * (ra + s / n * rb)),
-            (Collective::Reduce | Collective::Broadcast, Algorithm::Ring) => {
-                let p = (CHAIN_PIECE as f64).min(s);
-                Some((n - 1.0) * ra + (s + (n - 2.0).max(0.0) * p) * rb)
+        let piece = CHAIN_PIECE as f64;
+        let q = piece.min(s);
+        // Halving-doubling: participants, steps, and whether extra ranks fold in.
+        let p = if self.n == 0 {
+            1.0
+        } else {
+            (1usize << self.n.ilog2()) as f64
+        };
+        let l = p.log2();
+        let f = if p < n { 1.0 } else { 0.0 };
+        let chain =
+            |g: f64, a: f64, b: f64| (g - 1.0).max(0.0) * a + (s + (g - 2.0).max(0.0) * q) * b;
+        let ring_all_reduce = 2.0 * (n - 1.0) * (ra + s / n * rb);
+        Some(match (kind, algorithm) {
+            (Collective::Barrier | Collective::SendRecv, Algorithm::Direct) => a,
+            (_, Algorithm::Direct) => a + (n - 1.0) * s * b,
+            (Collective::AllReduce, Algorithm::Ring) => ring_all_reduce,
+            (Collective::Reduce | Collective::Broadcast, Algorithm::Ring) => chain(n, ra, rb),
+            (_, Algorithm::Ring) => (n - 1.0) * (ra + s * rb),
+            (Collective::AllReduce, Algorithm::HalvingDoubling) => {
+                2.0 * (l + f) * a + 2.0 * ((p - 1.0) / p + f) * s * b
             }
-            (Collective::AllGather | Collective::ReduceScatter, Algorithm::Ring) => {
-                Some((n - 1.0) * (ra + s * rb))
+            (_, Algorithm::HalvingDoubling) => (l + 2.0 * f) * a + ((p - 1.0) / p + f) * n * s * b,
+            (Collective::AllReduce, Algorithm::Tree) => {
+                let d = self.tree_depth as f64;
+                2.0 * (d * a + (s + (d - 1.0).max(0.0) * piece.min(s / 2.0)) * b)
             }
-            (
-                Collective::AllReduce
-                | Collective::Reduce
-                | Collective::Broadcast
-                | Collective::AllGather
-                | Collective::ReduceScatter
-                | Collective::AllToAll,
-                Algorithm::Direct,
-            ) => Some(direct),
-            (Collective::Barrier | Collective::SendRecv, Algorithm::Direct) => Some(da),
-            _ => None,
-        }
+            (_, Algorithm::Tree) => {
+                // One binary tree of NCCL's shape: about log₂ n levels below the root.
+                let d = if self.n <= 1 {
+                    0.0
+                } else {
+                    (self.n as f64).log2().ceil()
+                };
+                d * a + (2.0 * s + (d - 1.0).max(0.0) * q) * b
+            }
+            (_, Algorithm::Hierarchical) => match self.groups {
+                None => ring_all_reduce,
+                Some(gf) => {
+                    let m = gf.count as f64;
+                    2.0 * chain(gf.largest as f64, gf.inner_alpha, gf.inner_beta)
+                        + 2.0 * (m - 1.0) * (gf.leader_alpha + s / m * gf.leader_beta)
+                }
+            },
+        })
     }
 }
 
@@ -169,7 +267,7 @@ impl Selector {
             let kind: Collective = op.parse()?;
             let algorithm = Algorithm::from_name(algo).ok_or_else(|| {
                 Error::invalid(format!(
-                    "XPU_COLL_ALGO entry `{spec}`: unknown algorithm `{algo}`; expected ring or direct"
+                    "XPU_COLL_ALGO entry `{spec}`: unknown algorithm `{algo}`; expected ring, direct, halving-doubling, tree or hierarchical"
                 ))
             })?;
             let (min, max) = match range {
@@ -245,6 +343,8 @@ mod tests {
             ring_beta: 1.0 / 10_000.0,
             all_alpha: 5.0,
             all_beta: 1.0 / 10_000.0,
+            tree_depth: crate::comm::algorithms::double_tree_depth(n),
+            groups: None,
         }
     }
 
@@ -292,7 +392,7 @@ mod tests {
     fn bad_overrides_are_refused_with_reasons() {
         for (text, wanted) in [
             ("allreduce", "OPERATION:ALGORITHM"),
-            ("allreduce:tree", "unknown algorithm"),
+            ("allreduce:star", "unknown algorithm"),
             ("scan:ring", "unknown collective"),
             ("allreduce:ring:1M", "MIN-MAX"),
             ("allreduce:ring:2M-1M", "empty"),
@@ -301,5 +401,92 @@ mod tests {
             let e = Selector::parse(text).unwrap_err().to_string();
             assert!(e.contains(wanted), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn medium_messages_go_halving_doubling_or_tree() {
+        let s = Selector::default();
+        for n in [4, 8, 16] {
+            let (a, _) = s.choose(&model(n), Collective::AllReduce, 256 << 10);
+            assert!(
+                matches!(a, Algorithm::HalvingDoubling | Algorithm::Tree),
+                "{n} ranks: {a}"
+            );
+            assert_eq!(
+                s.choose(&model(n), Collective::AllReduce, 256 << 20).0,
+                Algorithm::Ring,
+                "{n} ranks"
+            );
+        }
+        assert_eq!(
+            s.choose(&model(32), Collective::Broadcast, 64 << 10).0,
+            Algorithm::Tree
+        );
+    }
+
+    #[test]
+    fn fast_groups_behind_slow_links_go_hierarchical() {
+        // Four host ranks sharing memory and one device staged through the host.
+        let mut m = model(5);
+        m.ring_alpha = 50.0;
+        m.ring_beta = 1.0 / 2_000.0;
+        m.all_alpha = 50.0;
+        m.all_beta = 1.0 / 2_000.0;
+        m.groups = Some(GroupFigures {
+            count: 2,
+            largest: 4,
+            inner_alpha: 0.5,
+            inner_beta: 1.0 / 10_000.0,
+            leader_alpha: 50.0,
+            leader_beta: 1.0 / 2_000.0,
+        });
+        let s = Selector::default();
+        assert_eq!(
+            s.choose(&m, Collective::AllReduce, 256 << 10).0,
+            Algorithm::Hierarchical
+        );
+        assert_eq!(s.choose(&m, Collective::AllReduce, 8).0, Algorithm::Direct);
+        // Without groups it is the ring, which wins the tie.
+        m.groups = None;
+        assert_eq!(
+            m.estimate(Collective::AllReduce, Algorithm::Hierarchical, 1 << 20),
+            m.estimate(Collective::AllReduce, Algorithm::Ring, 1 << 20)
+        );
+        assert_ne!(
+            s.choose(&m, Collective::AllReduce, 256 << 10).0,
+            Algorithm::Hierarchical
+        );
+    }
+
+    #[test]
+    fn algorithms_estimate_exactly_what_they_implement() {
+        let m = model(4);
+        for kind in Collective::ALL {
+            for a in Algorithm::ALL {
+                assert_eq!(
+                    m.estimate(kind, a, 1024).is_some(),
+                    a.implements(kind),
+                    "{a} {kind}"
+                );
+            }
+        }
+        assert!(!Algorithm::Hierarchical.implements(Collective::Broadcast));
+        // Overrides naming an algorithm the operation lacks are ignored.
+        let s = Selector::parse("broadcast:halving-doubling,allgather:tree").unwrap();
+        assert_ne!(
+            s.choose(&m, Collective::Broadcast, 8).0,
+            Algorithm::HalvingDoubling
+        );
+        assert_ne!(s.choose(&m, Collective::AllGather, 8).0, Algorithm::Tree);
+        for a in Algorithm::ALL {
+            assert_eq!(Algorithm::from_name(a.name()), Some(a));
+        }
+        assert_eq!(
+            Selector::parse("allreduce:Halving-Doubling")
+                .unwrap()
+                .overrides[0]
+                .algorithm,
+            Algorithm::HalvingDoubling
+        );
     }
 }

@@ -15,9 +15,10 @@
 //! in place and out of place where the API allows, at 1, 7 and 4099 elements. Reductions
 //! run every dtype every rank supports and every [`ReduceOp`]; data movement does not
 //! interpret elements, so it runs one dtype per element size. The self and backend sets
-//! run every dtype with every reduction and every size; the mixed sets, whose ranks'
-//! arithmetic their own sets check, run each dtype, reduction and size at least once, so
-//! that a run over many devices stays short (see `steps`). Inputs and expected results
+//! run every dtype with every reduction and every size with the ring and direct
+//! algorithms; the mixed sets, whose ranks' arithmetic their own sets check, and the other
+//! algorithms, built from the same transfers and reductions, run each dtype, reduction and
+//! size at least once, so that a run over many devices stays short (see `steps`). Inputs and expected results
 //! come from [`xpu_collectives::check`], whose values reduce exactly in every dtype and
 //! order, so results are compared bit for bit; bytes around every buffer must stay
 //! untouched, and out-of-place send buffers unchanged. Each rank runs on its own thread,
@@ -368,11 +369,18 @@ fn is_reduction(kind: Collective) -> bool {
 }
 
 /// The algorithms `kind` has.
-fn algorithms(kind: Collective) -> &'static [Algorithm] {
-    match kind {
-        Collective::AllToAll | Collective::Barrier | Collective::SendRecv => &[Algorithm::Direct],
-        _ => &Algorithm::ALL,
-    }
+fn algorithms(kind: Collective) -> Vec<Algorithm> {
+    Algorithm::ALL
+        .into_iter()
+        .filter(|a| a.implements(kind))
+        .collect()
+}
+
+/// Whether `algorithm` runs the thorough plan on the self and backend sets: ring and
+/// direct do; the others, which are built from the same transfers and reductions, run
+/// the short plan everywhere so that the profile stays quick.
+fn thorough_for(algorithm: Algorithm) -> bool {
+    matches!(algorithm, Algorithm::Ring | Algorithm::Direct)
 }
 
 /// One dtype per element size, for operations that only move bytes.
@@ -505,7 +513,7 @@ fn run_family(ctx: &CaseContext, family: Family, set: SetKind) -> CaseOutcome {
 
 fn sweep(kind: Collective, devices: &[Device], topology: &Topology, thorough: bool) -> CaseOutcome {
     let mut wrong: Vec<String> = Vec::new();
-    for &algorithm in algorithms(kind) {
+    for algorithm in algorithms(kind) {
         let comm = communicator(
             devices,
             topology,
@@ -518,7 +526,12 @@ fn sweep(kind: Collective, devices: &[Device], topology: &Topology, thorough: bo
                 "forcing {kind} to {algorithm} through an override chose {chosen}"
             )));
         }
-        let plan = steps(kind, algorithm, devices, thorough)?;
+        let plan = steps(
+            kind,
+            algorithm,
+            devices,
+            thorough && thorough_for(algorithm),
+        )?;
         let per_rank = on_ranks(&comm, |rank, stream| {
             let mut found = Vec::new();
             for step in &plan {

@@ -1,14 +1,32 @@
 //! The algorithms, written with the two primitives of [`super::transport`].
 //!
-//! - **ring**: ranks pass chunks to their successor. All-reduce is a reduce-scatter ring
-//!   (n−1 steps, each rank reducing the chunk it receives) followed by an all-gather ring
-//!   (n−1 steps, each forwarding the finished chunk): every rank sends 2(n−1)/n of the
-//!   buffer, the bandwidth-optimal amount. Broadcast and reduce run as pipelined chains.
-//! - **direct**: every rank reads what it needs straight from every other rank — one
-//!   step, the latency-optimal choice for small messages.
+//! - **ring** (this module): ranks pass chunks to their successor. All-reduce is a
+//!   reduce-scatter ring (n−1 steps, each rank reducing the chunk it receives) followed by
+//!   an all-gather ring (n−1 steps, each forwarding the finished chunk): every rank sends
+//!   2(n−1)/n of the buffer, the bandwidth-optimal amount. Broadcast and reduce run as
+//!   pipelined chains.
+//! - **direct** (this module): every rank reads what it needs straight from every other
+//!   rank — one step, the latency-optimal choice for small messages.
+//! - **halving-doubling** ([`halving`]): Rabenseifner's all-reduce, a reduce-scatter by
+//!   recursive halving and an all-gather by recursive doubling, log₂ n steps each; also
+//!   reduce-scatter and all-gather on their own. Rank counts that are not a power of two
+//!   fold their extra ranks into partners first, as MPICH does.
+//! - **tree** ([`tree`]): NCCL's double binary tree for all-reduce (two complementary
+//!   trees, each reducing half of the buffer up and broadcasting it down, in pieces), and
+//!   one binary tree rooted at the root for reduce and broadcast.
+//! - **hierarchical** ([`hierarchical`]): all-reduce within the topology's groups of
+//!   well-connected devices to each group's leader, a ring among the leaders, and a
+//!   broadcast within each group.
 //!
 //! All enqueueing happens on the ranks' own streams, in an order that only waits on
 //! events already recorded, so the dependency graph has no cycles.
+
+mod halving;
+mod hierarchical;
+mod tree;
+
+pub(crate) use hierarchical::is_hierarchical;
+pub(crate) use tree::double_tree_depth;
 
 use xpu_hal::{dtype, BinaryOp, DType, Error, Result, Scalar};
 
@@ -22,17 +40,32 @@ pub enum Algorithm {
     Ring,
     /// Every rank exchanges with every other directly, in one step.
     Direct,
+    /// Recursive halving and doubling between pairs of ranks (Rabenseifner).
+    HalvingDoubling,
+    /// Binary trees: two complementary ones for all-reduce, one for rooted operations.
+    Tree,
+    /// Within groups of well-connected devices, then among the groups' leaders.
+    Hierarchical,
 }
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 2] = [Algorithm::Ring, Algorithm::Direct];
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::Ring,
+        Algorithm::Direct,
+        Algorithm::HalvingDoubling,
+        Algorithm::Tree,
+        Algorithm::Hierarchical,
+    ];
 
-    /// The lowercase name (`ring`, `direct`).
+    /// The lowercase name (`ring`, `direct`, `halving-doubling`, `tree`, `hierarchical`).
     pub const fn name(self) -> &'static str {
         match self {
             Algorithm::Ring => "ring",
             Algorithm::Direct => "direct",
+            Algorithm::HalvingDoubling => "halving-doubling",
+            Algorithm::Tree => "tree",
+            Algorithm::Hierarchical => "hierarchical",
         }
     }
 
@@ -41,6 +74,31 @@ impl Algorithm {
         Algorithm::ALL
             .into_iter()
             .find(|a| a.name().eq_ignore_ascii_case(name.trim()))
+    }
+
+    /// Whether the algorithm implements `kind` (all-to-all, barriers and send/receive
+    /// are direct only).
+    pub const fn implements(self, kind: Collective) -> bool {
+        match self {
+            Algorithm::Direct => true,
+            Algorithm::Ring => matches!(
+                kind,
+                Collective::AllReduce
+                    | Collective::Reduce
+                    | Collective::Broadcast
+                    | Collective::AllGather
+                    | Collective::ReduceScatter
+            ),
+            Algorithm::HalvingDoubling => matches!(
+                kind,
+                Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter
+            ),
+            Algorithm::Tree => matches!(
+                kind,
+                Collective::AllReduce | Collective::Reduce | Collective::Broadcast
+            ),
+            Algorithm::Hierarchical => matches!(kind, Collective::AllReduce),
+        }
     }
 }
 
@@ -68,6 +126,8 @@ pub(crate) struct Run<'a> {
     pub dtype: Option<DType>,
     pub op: Option<ReduceOp>,
     pub root: usize,
+    /// The topology's groups of well-connected ranks, for hierarchical algorithms.
+    pub groups: &'a [Vec<usize>],
 }
 
 fn missing(what: &str, rank: usize) -> Error {
@@ -109,11 +169,11 @@ impl Run<'_> {
             .ok_or_else(|| Error::backend_message("collectives", "internal error: no dtype"))
     }
 
-    /// `n` element-aligned chunks of `bytes`, as (offset, length).
-    fn chunks(&self, bytes: u64) -> Vec<(u64, u64)> {
+    /// `parts` element-aligned chunks of `bytes`, as (offset, length).
+    fn chunks_of(&self, bytes: u64, parts: usize) -> Vec<(u64, u64)> {
         let elem = self.elem();
         let elems = bytes / elem;
-        let n = self.n() as u64;
+        let n = parts as u64;
         (0..n)
             .map(|i| {
                 let start = elems * i / n;
@@ -125,6 +185,15 @@ impl Run<'_> {
 
     /// Runs the operation.
     pub fn execute(&mut self) -> Result<()> {
+        if !self.algorithm.implements(self.kind) {
+            return Err(Error::backend_message(
+                "collectives",
+                format!(
+                    "internal error: {} does not implement {}",
+                    self.algorithm, self.kind
+                ),
+            ));
+        }
         match self.kind {
             Collective::AllReduce => self.all_reduce(),
             Collective::Reduce => self.reduce(),
@@ -140,66 +209,110 @@ impl Run<'_> {
         }
     }
 
+    /// Every rank, in order.
+    fn everyone(&self) -> Vec<usize> {
+        (0..self.n()).collect()
+    }
+
+    /// Each rank's send buffer, by rank.
+    fn sends(&self, ranks: &[usize]) -> Result<Vec<Slice>> {
+        ranks.iter().map(|&r| self.send(r)).collect()
+    }
+
+    /// Each rank's receive buffer, by rank.
+    fn recvs(&self, ranks: &[usize]) -> Result<Vec<Slice>> {
+        ranks.iter().map(|&r| self.recv(r)).collect()
+    }
+
     fn all_reduce(&mut self) -> Result<()> {
         let n = self.n();
-        let (op, dtype) = (self.combine(), self.dtype()?);
-        match self.algorithm {
-            Algorithm::Ring => {
-                if n == 1 {
-                    let (s, d) = (self.send(0)?, self.recv(0)?);
-                    self.transport.copy(self.ranks, 0, &s, 0, &d)?;
+        if n == 1 {
+            let (s, d) = (self.send(0)?, self.recv(0)?);
+            self.transport.copy(self.ranks, 0, &s, 0, &d)?;
+        } else {
+            match self.algorithm {
+                Algorithm::Ring => {
+                    let all = self.everyone();
+                    let (src, dst) = (self.sends(&all)?, self.recvs(&all)?);
+                    self.ring_all_reduce(&all, &src, &dst)?;
                 }
-                // Reduce-scatter: at step s rank r passes chunk r−s on — its own input at
-                // the first step, the partial it received at the step before later — and
-                // its successor writes `its input op that` into its receive buffer. Every
-                // rank receives every chunk but its own once here, and its own in the
-                // all-gather below, so no initial copy of the input is needed.
-                let chunks = self.chunks(self.bytes);
-                for step in 0..n - 1 {
-                    for r in 0..n {
-                        let next = (r + 1) % n;
-                        let (off, len) = chunks[(r + n - step) % n];
-                        let src = if step == 0 {
-                            self.send(r)?.sub(off, len)
-                        } else {
-                            self.recv(r)?.sub(off, len)
-                        };
-                        let base = self.send(next)?.sub(off, len);
-                        let dst = self.recv(next)?.sub(off, len);
-                        self.transport
-                            .reduce_onto(self.ranks, r, &src, next, &base, &dst, op, dtype)?;
-                    }
-                }
-                for step in 0..n - 1 {
-                    for r in 0..n {
-                        let next = (r + 1) % n;
-                        let (off, len) = chunks[(r + 1 + n - step) % n];
-                        let src = self.recv(r)?.sub(off, len);
-                        let dst = self.recv(next)?.sub(off, len);
-                        self.transport.copy(self.ranks, r, &src, next, &dst)?;
-                    }
-                }
-            }
-            Algorithm::Direct => {
-                // Sources must keep their values while every rank reads them: read from
-                // the send buffers, or from a copy of them when the operation is in place.
-                let sources = self.pristine_sources()?;
-                for (r, source) in sources.iter().enumerate() {
-                    let d = self.recv(r)?;
-                    self.transport.copy(self.ranks, r, source, r, &d)?;
-                }
-                for r in 0..n {
-                    let d = self.recv(r)?;
-                    for q in (0..n).filter(|&q| q != r) {
-                        self.transport
-                            .reduce(self.ranks, q, &sources[q], r, &d, op, dtype)?;
-                    }
-                }
+                Algorithm::Direct => self.direct_all_reduce()?,
+                Algorithm::HalvingDoubling => self.halving_all_reduce()?,
+                Algorithm::Tree => self.tree_all_reduce()?,
+                Algorithm::Hierarchical => self.hierarchical_all_reduce()?,
             }
         }
         for r in 0..n {
             let d = self.recv(r)?;
             self.finish_avg(r, &d)?;
+        }
+        Ok(())
+    }
+
+    /// A ring all-reduce among `members` (ranks, in ring order): `dst[k]` becomes the
+    /// reduction of every `src`; each `src[k]` and `dst[k]` are identical or disjoint.
+    fn ring_all_reduce(&mut self, members: &[usize], src: &[Slice], dst: &[Slice]) -> Result<()> {
+        let n = members.len();
+        let (op, dtype) = (self.combine(), self.dtype()?);
+        if n == 1 {
+            return self
+                .transport
+                .copy(self.ranks, members[0], &src[0], members[0], &dst[0]);
+        }
+        // Reduce-scatter: at step s member k passes chunk k−s on — its own input at the
+        // first step, the partial it received at the step before later — and its
+        // successor writes `its input op that` into its destination. Every member
+        // receives every chunk but its own once here, and its own in the all-gather
+        // below, so no initial copy of the input is needed.
+        let chunks = self.chunks_of(self.bytes, n);
+        for step in 0..n - 1 {
+            for k in 0..n {
+                let next = (k + 1) % n;
+                let (off, len) = chunks[(k + n - step) % n];
+                let from = if step == 0 { &src[k] } else { &dst[k] };
+                let base = src[next].sub(off, len);
+                let d = dst[next].sub(off, len);
+                self.transport.reduce_onto(
+                    self.ranks,
+                    members[k],
+                    &from.sub(off, len),
+                    members[next],
+                    &base,
+                    &d,
+                    op,
+                    dtype,
+                )?;
+            }
+        }
+        for step in 0..n - 1 {
+            for k in 0..n {
+                let next = (k + 1) % n;
+                let (off, len) = chunks[(k + 1 + n - step) % n];
+                let s = dst[k].sub(off, len);
+                let d = dst[next].sub(off, len);
+                self.transport
+                    .copy(self.ranks, members[k], &s, members[next], &d)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn direct_all_reduce(&mut self) -> Result<()> {
+        let n = self.n();
+        let (op, dtype) = (self.combine(), self.dtype()?);
+        // Sources must keep their values while every rank reads them: read from the send
+        // buffers, or from a copy of them when the operation is in place.
+        let sources = self.pristine_sources()?;
+        for (r, source) in sources.iter().enumerate() {
+            let d = self.recv(r)?;
+            self.transport.copy(self.ranks, r, source, r, &d)?;
+        }
+        for r in 0..n {
+            let d = self.recv(r)?;
+            for q in (0..n).filter(|&q| q != r) {
+                self.transport
+                    .reduce(self.ranks, q, &sources[q], r, &d, op, dtype)?;
+            }
         }
         Ok(())
     }
@@ -243,49 +356,70 @@ impl Run<'_> {
                         .reduce(self.ranks, q, &s, root, &target, op, dtype)?;
                 }
             }
-            Algorithm::Ring => {
-                // A chain ending at the root: the rank farthest from it starts, each rank
-                // adds its contribution to a working copy and passes it on, piece by piece
-                // so that the links work at once.
-                let mut work = Vec::with_capacity(n);
-                for k in 0..n {
-                    let r = (root + k) % n;
-                    let s = self.send(r)?;
-                    if r == root {
-                        if !target.same_as(&s) {
-                            self.transport.copy(self.ranks, r, &s, r, &target)?;
-                        }
-                        work.push(target.clone());
-                    } else {
-                        let t = self.transport.temp(self.ranks, r, s.len)?;
-                        self.transport.copy(self.ranks, r, &s, r, &t)?;
-                        work.push(t);
-                    }
-                }
-                for (off, len) in self.pieces() {
-                    for k in (1..n).rev() {
-                        let (a, b) = ((root + k) % n, (root + k - 1) % n);
-                        let src = work[k].sub(off, len);
-                        let dst = work[k - 1].sub(off, len);
-                        self.transport
-                            .reduce(self.ranks, a, &src, b, &dst, op, dtype)?;
-                    }
-                }
+            Algorithm::Tree => self.tree_reduce(&target)?,
+            _ => {
+                let members: Vec<usize> = (0..n).map(|k| (root + k) % n).collect();
+                self.chain_reduce(&members, &target)?;
             }
         }
         self.finish_avg(root, &target)
     }
 
+    /// A chain ending at `members[0]`, which ends with the reduction of every member's
+    /// send buffer in `target`: the last member starts, each member combines what it
+    /// receives with its own input into a working copy and passes that on, piece by piece
+    /// so that the links work at once.
+    fn chain_reduce(&mut self, members: &[usize], target: &Slice) -> Result<()> {
+        let g = members.len();
+        let (op, dtype) = (self.combine(), self.dtype()?);
+        let sends = self.sends(members)?;
+        if g == 1 {
+            return self
+                .transport
+                .copy(self.ranks, members[0], &sends[0], members[0], target);
+        }
+        let mut work = Vec::with_capacity(g);
+        for (k, &r) in members.iter().enumerate() {
+            if k == 0 {
+                work.push(target.clone());
+            } else if k == g - 1 {
+                work.push(sends[k].clone());
+            } else {
+                work.push(self.transport.temp(self.ranks, r, self.bytes)?);
+            }
+        }
+        for (off, len) in self.pieces() {
+            for k in (1..g).rev() {
+                self.transport.reduce_onto(
+                    self.ranks,
+                    members[k],
+                    &work[k].sub(off, len),
+                    members[k - 1],
+                    &sends[k - 1].sub(off, len),
+                    &work[k - 1].sub(off, len),
+                    op,
+                    dtype,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
     /// Element-aligned pieces of the buffer for pipelined chains.
     fn pieces(&self) -> Vec<(u64, u64)> {
+        self.pieces_of(0, self.bytes)
+    }
+
+    /// Element-aligned pieces of `[start, start + len)`.
+    fn pieces_of(&self, start: u64, len: u64) -> Vec<(u64, u64)> {
         let elem = self.elem();
         let piece = (self.transport.staged_piece.max(elem) / elem) * elem;
         let mut out = Vec::new();
         let mut off = 0;
-        while off < self.bytes {
-            let len = piece.min(self.bytes - off);
-            out.push((off, len));
-            off += len;
+        while off < len {
+            let l = piece.min(len - off);
+            out.push((start + off, l));
+            off += l;
         }
         out
     }
@@ -303,15 +437,28 @@ impl Run<'_> {
                     self.transport.copy(self.ranks, root, &src, r, &d)?;
                 }
             }
-            Algorithm::Ring => {
-                for (off, len) in self.pieces() {
-                    for k in 0..n - 1 {
-                        let (a, b) = ((root + k) % n, (root + k + 1) % n);
-                        let s = self.recv(a)?.sub(off, len);
-                        let d = self.recv(b)?.sub(off, len);
-                        self.transport.copy(self.ranks, a, &s, b, &d)?;
-                    }
-                }
+            Algorithm::Tree => self.tree_broadcast(&src)?,
+            _ => {
+                let members: Vec<usize> = (0..n).map(|k| (root + k) % n).collect();
+                self.chain_broadcast(&members, &src)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A pipelined chain from `members[0]`, whose data is `src`, through the others'
+    /// receive buffers in order.
+    fn chain_broadcast(&mut self, members: &[usize], src: &Slice) -> Result<()> {
+        for (off, len) in self.pieces() {
+            for k in 0..members.len().saturating_sub(1) {
+                let (a, b) = (members[k], members[k + 1]);
+                let s = if k == 0 {
+                    src.sub(off, len)
+                } else {
+                    self.recv(a)?.sub(off, len)
+                };
+                let d = self.recv(b)?.sub(off, len);
+                self.transport.copy(self.ranks, a, &s, b, &d)?;
             }
         }
         Ok(())
@@ -335,7 +482,8 @@ impl Run<'_> {
                     }
                 }
             }
-            Algorithm::Ring => {
+            Algorithm::HalvingDoubling => self.halving_all_gather()?,
+            _ => {
                 for step in 0..n - 1 {
                     for r in 0..n {
                         let next = (r + 1) % n;
@@ -370,7 +518,8 @@ impl Run<'_> {
                     }
                 }
             }
-            Algorithm::Ring => {
+            Algorithm::HalvingDoubling => self.halving_reduce_scatter()?,
+            _ => {
                 let mut work = Vec::with_capacity(n);
                 for r in 0..n {
                     let s = self.send(r)?;
