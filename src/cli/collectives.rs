@@ -519,7 +519,7 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
         let forced = Selector::parse(&format!("{}:{a}", o.collective.name()))?;
         selector.overrides.splice(0..0, forced.overrides);
     }
-    let topology = Topology::discover(&devices)?;
+    let topology = Topology::discover_calibrated(&devices)?;
     let comm = Communicator::with_topology(
         devices.clone(),
         topology,
@@ -533,7 +533,7 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
     if o.compare_algorithms {
         for a in xpu_collectives::Algorithm::ALL {
             let sel = Selector::parse(&format!("{}:{}", o.collective.name(), a.name()))?;
-            let t = Topology::discover(&devices)?;
+            let t = Topology::discover_calibrated(&devices)?;
             let c = Communicator::with_topology(
                 devices.clone(),
                 t,

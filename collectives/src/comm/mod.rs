@@ -168,9 +168,11 @@ impl std::fmt::Debug for Communicator {
 
 impl Communicator {
     /// A communicator whose rank `r` is `devices[r]`, with the machine's topology read
-    /// by hwloc. The same device may appear twice (two ranks on one device).
+    /// by hwloc and refined by cached calibration figures where there are some
+    /// ([`Topology::discover_calibrated`]). The same device may appear twice (two ranks on
+    /// one device).
     pub fn new(devices: Vec<Device>, options: CommOptions) -> Result<Self> {
-        let topology = Topology::discover(&devices)?;
+        let topology = Topology::discover_calibrated(&devices)?;
         Self::with_topology(devices, topology, options)
     }
 

@@ -244,6 +244,19 @@ impl Topology {
         ))
     }
 
+    /// [`Topology::discover`], then the measured figures the calibration cache holds for
+    /// this device set, if any ([`calibrate::default_cache_path`]; `xpu topo --calibrate`
+    /// writes it). A missing or unreadable cache leaves the estimates.
+    pub fn discover_calibrated(devices: &[Device]) -> Result<Self> {
+        let mut t = Self::discover(devices)?;
+        if let Some(path) = calibrate::default_cache_path() {
+            if let Ok(cache) = calibrate::load_cache(&path) {
+                calibrate::apply_cached(&mut t, &cache)?;
+            }
+        }
+        Ok(t)
+    }
+
     /// Classifies every pair of `devices` within the given machine description (from
     /// hwloc or a topology file).
     pub fn from_parts(host: HostTopology, mut devices: Vec<TopoDevice>) -> Self {
