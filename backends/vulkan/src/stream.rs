@@ -511,6 +511,8 @@ impl Drop for StreamShared {
 pub struct VulkanStream {
     pub(crate) shared: Arc<StreamShared>,
     staging: Arc<StagingPool>,
+    /// The completion thread, waited for when the stream is dropped.
+    completion: Option<std::thread::JoinHandle<()>>,
 }
 
 impl VulkanStream {
@@ -590,7 +592,7 @@ impl VulkanStream {
             progress: StreamProgress::new(),
         });
         let worker = shared.clone();
-        std::thread::Builder::new()
+        let completion = std::thread::Builder::new()
             .name(name)
             .spawn(move || worker.run_completion(rx))
             .map_err(|e| {
@@ -599,6 +601,7 @@ impl VulkanStream {
         Ok(VulkanStream {
             shared,
             staging: Arc::new(StagingPool::default()),
+            completion: Some(completion),
         })
     }
 
@@ -615,8 +618,31 @@ impl Drop for VulkanStream {
         }
         // Closing the channel lets the completion thread finish and exit.
         st.tx = None;
+        drop(st);
+        // Wait (bounded) for the thread to finish what was enqueued and exit. It may hold
+        // the last reference to the device, and destroying a Vulkan instance unloads the
+        // layers: done on a background thread while the process exits, that races the
+        // layers' exit handlers and crashes. Work held behind a gate that never opens
+        // must not hang the drop, hence the bound.
+        if let Some(thread) = self.completion.take() {
+            if thread.thread().id() == std::thread::current().id() {
+                return;
+            }
+            let deadline = std::time::Instant::now() + STREAM_DROP_WAIT;
+            let mut pause = Duration::from_micros(20);
+            while !thread.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(5));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            }
+        }
     }
 }
+
+/// How long dropping a stream waits for its completion thread.
+const STREAM_DROP_WAIT: Duration = Duration::from_secs(5);
 
 /// The buffer and byte offset of a validated slice.
 pub(crate) fn buffer_of(slice: &RawSlice) -> Result<Arc<VulkanBuffer>> {
