@@ -132,6 +132,22 @@ impl DeviceShared {
         }
     }
 
+    /// Releases a driver object from a `Drop`: binds the context, makes the call, and
+    /// records a failure for the next report (a drop cannot return it).
+    pub(crate) fn release(
+        &self,
+        what: &str,
+        call: &'static str,
+        f: impl FnOnce() -> sys::CUresult,
+    ) {
+        let result = self
+            .bind()
+            .and_then(|()| crate::driver::cu(&self.name, what, call, f));
+        if let Err(e) = result {
+            self.record_error(e);
+        }
+    }
+
     /// The recorded error, if any, now reported.
     pub(crate) fn take_error(&self) -> Option<Error> {
         lock(&self.deferred).take()

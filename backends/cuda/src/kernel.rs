@@ -38,19 +38,12 @@ impl KernelImpl for CudaKernel {
 impl Drop for CudaKernel {
     fn drop(&mut self) {
         let m = self.module;
-        let result = self.dev.bind().and_then(|()| {
-            // SAFETY: our module, unloaded once; launches hold the kernel until they
-            // complete, so none is pending.
-            cu(
-                &self.dev.name,
-                "unloading a kernel",
-                "cuModuleUnload",
-                || unsafe { sys::cuModuleUnload(m) },
-            )
-        });
-        if let Err(e) = result {
-            self.dev.record_error(e);
-        }
+        // SAFETY: our module, unloaded once; launches hold the kernel until they
+        // complete, so none is pending.
+        self.dev
+            .release("unloading a kernel", "cuModuleUnload", || unsafe {
+                sys::cuModuleUnload(m)
+            });
     }
 }
 

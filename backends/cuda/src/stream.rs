@@ -106,19 +106,12 @@ impl CuEvent {
 impl Drop for CuEvent {
     fn drop(&mut self) {
         let e = self.event;
-        let result = self.dev.bind().and_then(|()| {
-            // SAFETY: our event, destroyed once; the driver defers the release if the
-            // event is still pending.
-            cu(
-                &self.dev.name,
-                "destroying an event",
-                "cuEventDestroy_v2",
-                || unsafe { sys::cuEventDestroy_v2(e) },
-            )
-        });
-        if let Err(e) = result {
-            self.dev.record_error(e);
-        }
+        // SAFETY: our event, destroyed once; the driver defers the release if the
+        // event is still pending.
+        self.dev
+            .release("destroying an event", "cuEventDestroy_v2", || unsafe {
+                sys::cuEventDestroy_v2(e)
+            });
     }
 }
 
@@ -205,20 +198,14 @@ impl FlagWord {
 impl Drop for FlagWord {
     fn drop(&mut self) {
         let p = self.host.cast::<c_void>();
-        let result = self.dev.bind().and_then(|()| {
-            // SAFETY: from cuMemHostAlloc, freed once; the device no longer reads it
-            // (every wait on it is behind a checkpoint that holds this word until the
-            // device has passed it) and the helper thread has stopped writing it.
-            cu(
-                &self.dev.name,
-                "freeing the word for waits on other backends' events",
-                "cuMemFreeHost",
-                || unsafe { sys::cuMemFreeHost(p) },
-            )
-        });
-        if let Err(e) = result {
-            self.dev.record_error(e);
-        }
+        // SAFETY: from cuMemHostAlloc, freed once; the device no longer reads it (every
+        // wait on it is behind a checkpoint that holds this word until the device has
+        // passed it) and the helper thread has stopped writing it.
+        self.dev.release(
+            "freeing the word for waits on other backends' events",
+            "cuMemFreeHost",
+            || unsafe { sys::cuMemFreeHost(p) },
+        );
     }
 }
 
@@ -587,19 +574,12 @@ impl StreamShared {
 impl Drop for StreamShared {
     fn drop(&mut self) {
         let s = self.stream;
-        let result = self.dev.bind().and_then(|()| {
-            // SAFETY: the completion thread has finished every checkpoint (it holds an
-            // Arc to this value until it exits), so no xpu work is pending on it.
-            cu(
-                &self.dev.name,
-                "destroying a stream",
-                "cuStreamDestroy_v2",
-                || unsafe { sys::cuStreamDestroy_v2(s) },
-            )
-        });
-        if let Err(e) = result {
-            self.dev.record_error(e);
-        }
+        // SAFETY: the completion thread has finished every checkpoint (it holds an Arc
+        // to this value until it exits), so no xpu work is pending on it.
+        self.dev
+            .release("destroying a stream", "cuStreamDestroy_v2", || unsafe {
+                sys::cuStreamDestroy_v2(s)
+            });
     }
 }
 
