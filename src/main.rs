@@ -102,10 +102,10 @@ enum BenchCommand {
         #[arg(long = "coll", default_value = "allreduce")]
         collective: String,
         /// Smallest size in bytes (K, M, G suffixes).
-        #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = cli::collectives::parse_size)]
+        #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = xpu::parse_bytes)]
         min_bytes: u64,
         /// Largest size in bytes (K, M, G suffixes).
-        #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = cli::collectives::parse_size)]
+        #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = xpu::parse_bytes)]
         max_bytes: u64,
         /// Multiplier between sizes.
         #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]

@@ -122,6 +122,7 @@ mod memory;
 mod progress;
 mod registry;
 mod stream;
+mod units;
 mod validate;
 
 pub use device::{Device, Kernel};
@@ -141,3 +142,4 @@ pub use memory::{
 };
 pub use registry::{Availability, BackendStatus, Registry};
 pub use stream::Stream;
+pub use units::parse_bytes;

@@ -87,25 +87,6 @@ pub fn parse_dtype(text: &str) -> Result<DType> {
         })
 }
 
-/// Parses a size with an optional K, M or G suffix (binary), as nccl-tests' -b and -e.
-pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
-    let t = text.trim();
-    let (digits, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&t[..t.len() - 1], 10),
-        Some('M') => (&t[..t.len() - 1], 20),
-        Some('G') => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    digits
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .and_then(|v| v.checked_mul(1u64 << shift))
-        .ok_or_else(|| {
-            format!("`{text}` is not a size; write bytes with an optional K, M or G suffix")
-        })
-}
-
 /// One mode's figures of a row.
 #[derive(Debug, Clone, Copy, Serialize)]
 struct Figures {

@@ -45,33 +45,13 @@ fn parse_devices(v: &str) -> Result<u32> {
     }
 }
 
-/// Parses a byte count such as `1073741824`, `512M`, `2GiB` or `64k`.
+/// Parses a device memory size such as `1073741824`, `512M`, `2GiB` or `64k`
+/// ([`xpu_hal::parse_bytes`]); zero is refused.
 pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
-    let t = text.trim();
-    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, suffix) = t.split_at(digits_end);
-    let n: u64 = num.parse().map_err(|_| {
-        format!("`{text}` is not a byte count; write a whole number with an optional K, M, G or T suffix, e.g. 512M")
-    })?;
-    let shift = match suffix.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        "T" | "TB" | "TIB" => 40,
-        other => {
-            return Err(format!(
-                "`{text}` has an unknown size suffix `{other}`; use K, M, G or T"
-            ))
-        }
-    };
-    let bytes = n
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("`{text}` is too large"))?;
-    if bytes == 0 {
-        return Err(format!("`{text}` is zero; a device needs some memory"));
+    match xpu_hal::parse_bytes(text)? {
+        0 => Err(format!("`{text}` is zero; a device needs some memory")),
+        bytes => Ok(bytes),
     }
-    Ok(bytes)
 }
 
 /// Half of physical memory split between `devices`, at least 64 MiB each.

@@ -223,26 +223,14 @@ pub struct Selector {
 }
 
 fn parse_size(text: &str, spec: &str) -> Result<u64> {
-    let t = text.trim();
-    if t.eq_ignore_ascii_case("max") {
+    if text.trim().eq_ignore_ascii_case("max") {
         return Ok(u64::MAX);
     }
-    let (digits, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&t[..t.len() - 1], 10),
-        Some('M') => (&t[..t.len() - 1], 20),
-        Some('G') => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    digits
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .and_then(|v| v.checked_mul(1u64 << shift))
-        .ok_or_else(|| {
-            Error::invalid(format!(
-                "XPU_COLL_ALGO entry `{spec}`: `{text}` is not a size; write bytes with an optional K, M or G suffix, or max"
-            ))
-        })
+    xpu_hal::parse_bytes(text).map_err(|e| {
+        Error::invalid(format!(
+            "XPU_COLL_ALGO entry `{spec}`: `{text}` is not a size ({e}), or max"
+        ))
+    })
 }
 
 impl Selector {
