@@ -378,13 +378,7 @@ fn measure(comm: &Communicator, o: &Options, size: u64, in_place: bool) -> Resul
     for r in results {
         let (m, s, w) = r?;
         mean = mean.max(m);
-        if samples.is_empty() {
-            samples = s;
-        } else {
-            for (a, b) in samples.iter_mut().zip(s) {
-                *a = (*a).max(b);
-            }
-        }
+        slowest_of(&mut samples, s);
         wrong += w;
     }
     Ok(Measured {
@@ -435,18 +429,23 @@ fn ceiling(devices: &[Device], size: u64, iters: usize) -> Result<f64> {
     });
     let mut worst: Vec<Duration> = Vec::new();
     for t in times {
-        let t = t?;
-        if worst.is_empty() {
-            worst = t;
-        } else {
-            for (a, b) in worst.iter_mut().zip(t) {
-                *a = (*a).max(b);
-            }
-        }
+        slowest_of(&mut worst, t?);
     }
     worst.sort();
     let median = worst.get(worst.len() / 2).copied().unwrap_or_default();
     Ok(size as f64 / median.as_secs_f64().max(1e-12) / 1e9)
+}
+
+/// Folds one rank's per-iteration times into the slowest so far: an iteration of a
+/// collective takes as long as its slowest rank.
+fn slowest_of(slowest: &mut Vec<Duration>, times: Vec<Duration>) {
+    if slowest.is_empty() {
+        *slowest = times;
+    } else {
+        for (a, b) in slowest.iter_mut().zip(times) {
+            *a = (*a).max(b);
+        }
+    }
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
