@@ -11,6 +11,22 @@
 //! PCI tree) joined with what each backend reports about its devices, classified per pair
 //! into a [`LinkClass`] with a latency and a bandwidth, first estimated from the class and
 //! then measured by [`topology::calibrate`]. Algorithms are chosen from these figures.
+//!
+//! ## Communicators
+//!
+//! [`Communicator`] groups ranks, one device each; every rank calls the same operations
+//! in the same order through its [`Rank`] handle, usually from its own thread. The last
+//! rank to arrive checks that all asked for the same ([`OpDesc`]), picks an
+//! [`Algorithm`] with the α-β model of [`comm::select`] (overridable with
+//! `XPU_COLL_ALGO`), and enqueues the whole operation on every rank's stream; the data
+//! moves asynchronously there, through the device's own memory, a peer copy, or host
+//! staging between backends ([`comm`]'s transport). Timeouts name the ranks that never
+//! arrived, and [`Communicator::abort`] never waits.
+//!
+//! ## Checking
+//!
+//! [`check`] makes inputs whose reductions are exact in every dtype and order, so tests,
+//! the conformance profile and `xpu bench collectives` count wrong elements exactly.
 
 pub mod check;
 pub mod comm;
