@@ -1,4 +1,4 @@
-//! The algorithms, written with the two primitives of [`super::transport`].
+//! The algorithms, written with the two primitives of the transport (`comm/transport.rs`).
 //!
 //! - **ring** (this module): ranks pass chunks to their successor. All-reduce is a
 //!   reduce-scatter ring (n−1 steps, each rank reducing the chunk it receives) followed by
@@ -7,14 +7,14 @@
 //!   pipelined chains.
 //! - **direct** (this module): every rank reads what it needs straight from every other
 //!   rank — one step, the latency-optimal choice for small messages.
-//! - **halving-doubling** ([`halving`]): Rabenseifner's all-reduce, a reduce-scatter by
+//! - **halving-doubling** (`halving.rs`): Rabenseifner's all-reduce, a reduce-scatter by
 //!   recursive halving and an all-gather by recursive doubling, log₂ n steps each; also
 //!   reduce-scatter and all-gather on their own. Rank counts that are not a power of two
 //!   fold their extra ranks into partners first, as MPICH does.
-//! - **tree** ([`tree`]): NCCL's double binary tree for all-reduce (two complementary
+//! - **tree** (`tree.rs`): NCCL's double binary tree for all-reduce (two complementary
 //!   trees, each reducing half of the buffer up and broadcasting it down, in pieces), and
 //!   one binary tree rooted at the root for reduce and broadcast.
-//! - **hierarchical** ([`hierarchical`]): all-reduce within the topology's groups of
+//! - **hierarchical** (`hierarchical.rs`): all-reduce within the topology's groups of
 //!   well-connected devices to each group's leader, a ring among the leaders, and a
 //!   broadcast within each group.
 //!
