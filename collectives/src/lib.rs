@@ -34,5 +34,5 @@ pub mod topology;
 
 pub use comm::algorithms::Algorithm;
 pub use comm::op::{Collective, OpDesc, ReduceOp};
-pub use comm::{CommOptions, Communicator, Rank};
+pub use comm::{CommOptions, CommStats, Communicator, Rank};
 pub use topology::{Link, LinkClass, TopoDevice, Topology};

@@ -4,13 +4,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use xpu_collectives::check;
 use xpu_collectives::comm::select::Selector;
-use xpu_collectives::{Algorithm, Collective, CommOptions, Communicator, ReduceOp, Topology};
-use xpu_hal::{DType, Device, DeviceSelector, Error, Registry};
+use xpu_collectives::{
+    Algorithm, Collective, CommOptions, CommStats, Communicator, ReduceOp, Topology,
+};
+use xpu_hal::{
+    DType, Device, DeviceSelector, Error, KernelDesc, KernelSource, LaunchDims, Registry,
+};
 use xpu_host::{HostBackend, HostConfig};
 
 fn registry() -> Registry {
@@ -193,7 +198,6 @@ fn sweep(comm_for: impl Fn(&str) -> Communicator, dtypes: &[DType], sizes: &[usi
     for algo in Algorithm::ALL {
         let overrides = KINDS
             .iter()
-            .filter(|k| **k != Collective::AllToAll)
             .map(|k| format!("{}:{}", k.name(), algo.name()))
             .collect::<Vec<_>>()
             .join(",");
@@ -526,4 +530,128 @@ fn wrong_devices_streams_and_roots_are_refused() {
         CommOptions::default()
     )
     .is_err());
+}
+
+/// A host kernel that holds its stream until `release` is set.
+fn gate(device: &Device, release: Arc<AtomicBool>) -> xpu_hal::Kernel {
+    device
+        .load_kernel(KernelDesc {
+            name: "gate".into(),
+            entry_point: "gate".into(),
+            source: KernelSource::HostFunction(Arc::new(move |_| {
+                while !release.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                Ok(())
+            })),
+            params: vec![],
+        })
+        .unwrap()
+}
+
+#[test]
+fn idle_streams_run_in_shared_memory_and_busy_ones_are_enqueued() {
+    let c = comm(devices("host:0,1,2"), "", Duration::from_secs(60));
+    assert_eq!(
+        c.algorithm_for(Collective::AllReduce, 1 << 20).0,
+        Algorithm::SharedMemory
+    );
+    let wrong = run(
+        &c,
+        Collective::AllReduce,
+        DType::F32,
+        ReduceOp::Sum,
+        4099,
+        false,
+    );
+    assert_eq!(wrong, vec![0, 0, 0]);
+    assert_eq!(
+        c.stats(),
+        CommStats {
+            shared_memory: 1,
+            enqueued: 0
+        }
+    );
+    // Each stream is held busy until every rank has returned from the call, so the data
+    // is not ready when the ranks arrive: the operation must be enqueued behind the gate.
+    let n = c.size();
+    let release = Arc::new(AtomicBool::new(false));
+    let returned = AtomicUsize::new(0);
+    let elems = 4099;
+    std::thread::scope(|s| {
+        for rank in c.ranks() {
+            let (release, returned) = (release.clone(), &returned);
+            s.spawn(move || {
+                let r = rank.rank();
+                let device = rank.device().clone();
+                let stream = device.create_stream().unwrap();
+                let input = check::input(DType::F32, Some(ReduceOp::Sum), r, n, elems);
+                let a = device.allocate(input.len() as u64).unwrap();
+                stream.write(&a, &input).unwrap();
+                stream
+                    .launch(
+                        &gate(&device, release.clone()),
+                        LaunchDims::linear(1, 1),
+                        &[],
+                    )
+                    .unwrap();
+                rank.all_reduce(&a, &a, DType::F32, ReduceOp::Sum, &stream)
+                    .unwrap();
+                if returned.fetch_add(1, Ordering::AcqRel) + 1 == n {
+                    release.store(true, Ordering::Release);
+                }
+                stream.synchronize().unwrap();
+                let got = stream.read(&a).unwrap();
+                let want = check::reduced(DType::F32, ReduceOp::Sum, n, elems);
+                assert_eq!(check::wrong_elements(DType::F32, &got, &want), 0);
+            });
+        }
+    });
+    assert_eq!(
+        c.stats(),
+        CommStats {
+            shared_memory: 1,
+            enqueued: 1
+        }
+    );
+}
+
+#[test]
+fn a_rank_that_dies_between_operations_times_out_naming_it() {
+    let timeout = Duration::from_millis(300);
+    let c = comm(devices("host:0,1,2"), "", timeout);
+    let waited: Vec<Option<(Error, Duration)>> = std::thread::scope(|s| {
+        let hs: Vec<_> = c
+            .ranks()
+            .into_iter()
+            .map(|rank| {
+                s.spawn(move || {
+                    let stream = rank.device().create_stream().unwrap();
+                    let a = rank.device().allocate(1 << 16).unwrap();
+                    rank.all_reduce(&a, &a, DType::F32, ReduceOp::Sum, &stream)
+                        .unwrap();
+                    if rank.rank() == 1 {
+                        // The thread driving rank 1 dies after operation #0.
+                        return None;
+                    }
+                    let start = Instant::now();
+                    let e = rank
+                        .all_reduce(&a, &a, DType::F32, ReduceOp::Sum, &stream)
+                        .unwrap_err();
+                    Some((e, start.elapsed()))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (e, took) in waited.into_iter().flatten() {
+        let text = e.to_string();
+        assert!(matches!(e, Error::Timeout { .. }), "{text}");
+        assert!(
+            text.contains("rank 1 (host:1)") && text.contains("#1"),
+            "{text}"
+        );
+        // A guard against hanging, not a speed check.
+        assert!(took < timeout + Duration::from_secs(10), "{took:?}");
+    }
 }

@@ -65,6 +65,11 @@ pub struct Capabilities {
     /// [`crate::Allocation::resize`] grows and shrinks in place (expandable segments).
     /// `None` when it cannot.
     pub virtual_memory_granularity: Option<u64>,
+    /// Whether the CPU can read and write the device's allocations directly
+    /// ([`crate::Allocation::host_view`]): host memory, or a device that shares memory
+    /// with the host and maps it coherently. Collectives then let the ranks' threads move
+    /// the bytes themselves.
+    pub host_addressable: bool,
 }
 
 impl Capabilities {

@@ -137,8 +137,8 @@ pub use kernel::{
     KernelImpl, KernelParam, KernelSource, LaunchDims, RawKernelArg,
 };
 pub use memory::{
-    downcast_raw, Allocation, BufferSlice, HostBuffer, HostMemory, HostSlice, RawAllocation,
-    RawSlice,
+    downcast_raw, Allocation, BufferSlice, HostBuffer, HostMemory, HostSlice, HostView,
+    RawAllocation, RawSlice,
 };
 pub use registry::{Availability, BackendStatus, Registry};
 pub use stream::Stream;

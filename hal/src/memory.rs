@@ -47,8 +47,65 @@ pub trait RawAllocation: Any + Send + Sync {
         let _ = new_size;
         Err(Error::unsupported("this allocation cannot be resized"))
     }
+    /// The address at which the CPU reads and writes this memory directly, when it can:
+    /// host memory, or device memory mapped host-visible and coherent on a device that
+    /// shares memory with the host. Such devices report
+    /// [`crate::Capabilities::host_addressable`]. The contents seen there are the
+    /// device's once the stream work writing them has completed, and writes there are
+    /// seen by work enqueued afterwards. The default: `None`.
+    fn host_address(&self) -> Option<std::ptr::NonNull<u8>> {
+        None
+    }
     /// The allocation as `Any`, for the owning backend to downcast.
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
+}
+
+/// Direct CPU access to an allocation ([`Allocation::host_view`]): its address, and a
+/// reference that keeps the memory alive as long as the view is, even if the allocation
+/// is freed meanwhile.
+///
+/// The view hands out a raw pointer; reading or writing through it is `unsafe` and
+/// races with device work on the same bytes exactly as another stream would: touch the
+/// bytes only while no enqueued work uses them (the streams that wrote them are idle or
+/// synchronized).
+#[derive(Clone)]
+pub struct HostView {
+    _memory: Arc<dyn RawAllocation>,
+    base: std::ptr::NonNull<u8>,
+    len: u64,
+}
+
+// SAFETY: a view is an address plus an owning reference to thread-safe backend memory;
+// it creates no references into the bytes, and every access through the address is the
+// caller's `unsafe` code, bound by the stream ordering rules above.
+unsafe impl Send for HostView {}
+// SAFETY: as above; shared references expose only the address and the length.
+unsafe impl Sync for HostView {}
+
+impl HostView {
+    /// The allocation's first byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
+    /// The bytes the allocation had backed when the view was made.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the allocation was empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl fmt::Debug for HostView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostView")
+            .field("base", &self.base)
+            .field("len", &self.len)
+            .finish()
+    }
 }
 
 /// Downcasts a raw allocation to the backend's concrete type. A failure means memory of
@@ -228,6 +285,22 @@ impl Allocation {
                 self.inner.id, self.inner.device
             ))),
         }
+    }
+
+    /// Direct CPU access to the memory, when its device has it
+    /// ([`crate::Capabilities::host_addressable`]); `None` otherwise, for a zero-size
+    /// allocation, and once the allocation is freed. See [`HostView`] for the rules.
+    pub fn host_view(&self) -> Option<HostView> {
+        let raw = match &*self.inner.state.lock().unwrap_or_else(|p| p.into_inner()) {
+            AllocState::Live(Some(raw)) => raw.clone(),
+            AllocState::Live(None) | AllocState::Freed => return None,
+        };
+        let base = raw.host_address()?;
+        Some(HostView {
+            len: self.size(),
+            base,
+            _memory: raw,
+        })
     }
 
     /// The bytes `[offset, offset + len)` of this allocation. Bounds are checked when the

@@ -33,6 +33,8 @@ struct CapabilitiesJson {
     kernel_arg_alignment: u64,
     /// Bytes per granule of growable allocations; `null` without virtual memory.
     virtual_memory_granularity: Option<u64>,
+    /// Whether the CPU reads and writes the device's memory directly.
+    host_addressable: bool,
 }
 
 #[derive(Serialize)]
@@ -72,6 +74,7 @@ fn device_json(d: &Device) -> DeviceJson {
             max_streams: caps.max_streams,
             kernel_arg_alignment: caps.kernel_arg_alignment,
             virtual_memory_granularity: caps.virtual_memory_granularity,
+            host_addressable: caps.host_addressable,
         },
     }
 }

@@ -299,6 +299,7 @@ impl CudaDevice {
                 max_streams: u32::MAX,
                 kernel_arg_alignment: 1,
                 virtual_memory_granularity: vmm_granularity,
+                host_addressable: false,
             },
             extra: vec![
                 format!("compute_capability={major}.{minor}"),

@@ -123,6 +123,7 @@ impl DeviceImpl for HostDevice {
                 max_streams: u32::MAX,
                 kernel_arg_alignment: 1,
                 virtual_memory_granularity: page_size(),
+                host_addressable: true,
             },
             extra: vec![format!(
                 "threads={}",

@@ -215,6 +215,10 @@ impl RawAllocation for HostAllocation {
         self.size.load(Ordering::Acquire)
     }
 
+    fn host_address(&self) -> Option<NonNull<u8>> {
+        Some(self.ptr)
+    }
+
     fn resize(&self, new_size: u64) -> Result<()> {
         let Backing::Mapped { reserved, resize } = &self.backing else {
             return Err(Error::unsupported(

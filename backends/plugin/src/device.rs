@@ -172,6 +172,7 @@ fn properties(shared: &DeviceShared) -> Result<(DeviceInfo, Option<String>)> {
             max_streams: u32::MAX,
             kernel_arg_alignment: p.kernel_arg_alignment.max(1),
             virtual_memory_granularity: None,
+            host_addressable: false,
         },
         extra: Vec::new(),
     };

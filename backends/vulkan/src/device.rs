@@ -239,6 +239,18 @@ impl VulkanDevice {
             int64: physical.int64,
         };
         let p = &physical.properties;
+        let unified_memory = matches!(
+            p.device_type,
+            vk::PhysicalDeviceType::CPU | vk::PhysicalDeviceType::INTEGRATED_GPU
+        );
+        // Device data lands in memory the CPU maps coherently (see `memory_type`).
+        let host_addressable = unified_memory && {
+            use vk::MemoryPropertyFlags as F;
+            let wanted = F::DEVICE_LOCAL | F::HOST_VISIBLE | F::HOST_COHERENT;
+            physical.memory.memory_types[..physical.memory.memory_type_count as usize]
+                .iter()
+                .any(|t| t.property_flags.contains(wanted))
+        };
         let info = DeviceInfo {
             name: physical.name.clone(),
             kind: match p.device_type {
@@ -268,6 +280,7 @@ impl VulkanDevice {
                 max_streams: u32::MAX,
                 kernel_arg_alignment: p.limits.min_storage_buffer_offset_alignment.max(1),
                 virtual_memory_granularity: None,
+                host_addressable,
             },
             extra: vec![
                 format!("subgroup_size={}", physical.subgroup_size),
@@ -276,13 +289,7 @@ impl VulkanDevice {
                     p.limits.max_storage_buffer_range
                 ),
                 format!("queues={}", physical.queue_count),
-                format!(
-                    "unified_memory={}",
-                    matches!(
-                        p.device_type,
-                        vk::PhysicalDeviceType::CPU | vk::PhysicalDeviceType::INTEGRATED_GPU
-                    )
-                ),
+                format!("unified_memory={unified_memory}"),
             ],
         };
         Ok(VulkanDevice {
@@ -296,10 +303,7 @@ impl VulkanDevice {
                 memory_properties: physical.memory,
                 limits: p.limits,
                 features: shader_features,
-                unified_memory: matches!(
-                    p.device_type,
-                    vk::PhysicalDeviceType::CPU | vk::PhysicalDeviceType::INTEGRATED_GPU
-                ),
+                unified_memory,
                 timestamp_period: (physical.timestamp_bits > 0
                     && p.limits.timestamp_compute_and_graphics == vk::TRUE)
                     .then_some(f64::from(p.limits.timestamp_period)),

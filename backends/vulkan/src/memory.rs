@@ -189,6 +189,10 @@ impl RawAllocation for VulkanBuffer {
         self.size
     }
 
+    fn host_address(&self) -> Option<NonNull<u8>> {
+        self.host_direct().and_then(NonNull::new)
+    }
+
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
         self
     }

@@ -36,12 +36,13 @@
 pub mod algorithms;
 pub mod op;
 pub mod select;
+mod shared_memory;
 mod transport;
+mod wait;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use crossbeam_utils::Backoff;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -51,7 +52,9 @@ use crate::topology::Topology;
 use algorithms::{Algorithm, RankBuffers, Run};
 use op::{Collective, OpDesc, ReduceOp};
 use select::{CostModel, Selector};
+use shared_memory::{HostBuffers, HostRange, Work};
 use transport::{RankIo, Slice, Transport};
+use wait::Spinner;
 
 /// How long a rank waiting for the others spins before it sleeps.
 const SPIN: Duration = Duration::from_micros(100);
@@ -102,11 +105,23 @@ impl Default for CommOptions {
     }
 }
 
+/// How a communicator's collectives have run so far ([`Communicator::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommStats {
+    /// Operations the ranks' threads ran in shared memory.
+    pub shared_memory: u64,
+    /// Operations enqueued on the ranks' streams.
+    pub enqueued: u64,
+}
+
 /// One rank's arrival at a collective.
 struct Arrival {
     desc: std::result::Result<OpDesc, Error>,
     io: RankIo,
     buffers: RankBuffers,
+    /// The CPU's view of the buffers, when all of them have one and the rank's stream
+    /// was idle on arrival (see `shared_memory/`).
+    host: Option<HostBuffers>,
 }
 
 struct Pending {
@@ -126,6 +141,9 @@ struct State {
     pending: Option<Pending>,
     /// The result of the latest finished collective, for ranks that waited on it.
     finished: Option<(u64, std::result::Result<(), Error>)>,
+    /// The latest collective run by the ranks' threads in shared memory, for the ranks
+    /// that waited on it to run their shares.
+    shared: Option<(u64, Arc<Work>)>,
     /// Set once the communicator can no longer be used.
     failed: Option<Error>,
     /// Unmatched sends per (from, to).
@@ -140,9 +158,16 @@ struct Shared {
     state: Mutex<State>,
     arrived: Condvar,
     aborted: AtomicBool,
-    /// One past the sequence number of the latest finished collective, for waiters that
-    /// spin before they sleep.
+    /// One past the sequence number of the latest finished (or planned, in shared
+    /// memory) collective, for waiters that spin before they sleep.
     finished_seq: AtomicU64,
+    /// Ranks asleep on `arrived`, so that waking nobody costs no system call.
+    sleepers: AtomicUsize,
+    /// How the ranks' threads wait for each other.
+    spinner: Spinner,
+    /// Operations run in shared memory, and enqueued.
+    ran_shared: AtomicU64,
+    ran_enqueued: AtomicU64,
     transport: Mutex<Transport>,
     /// The communicator's own stream per rank, created on first use.
     aux: Mutex<Vec<Option<Stream>>>,
@@ -199,7 +224,15 @@ impl Communicator {
             ));
         }
         let n = devices.len();
-        let model = CostModel::from_topology(&topology);
+        let mut model = CostModel::from_topology(&topology);
+        if devices.iter().all(|d| d.capabilities().host_addressable) {
+            model.shared_memory_beta = Some(
+                (0..n)
+                    .filter_map(|r| topology.link(r, r).ok())
+                    .map(|l| select::beta(l.bandwidth_gbps))
+                    .fold(0.0, f64::max),
+            );
+        }
         Ok(Communicator {
             shared: Arc::new(Shared {
                 transport: Mutex::new(Transport::new(&devices)),
@@ -211,12 +244,17 @@ impl Communicator {
                     next_seq: vec![0; n],
                     pending: None,
                     finished: None,
+                    shared: None,
                     failed: None,
                     posted: HashMap::new(),
                 }),
                 arrived: Condvar::new(),
                 aborted: AtomicBool::new(false),
                 finished_seq: AtomicU64::new(0),
+                sleepers: AtomicUsize::new(0),
+                spinner: Spinner::new(n),
+                ran_shared: AtomicU64::new(0),
+                ran_enqueued: AtomicU64::new(0),
                 aux: Mutex::new(vec![None; n]),
             }),
         })
@@ -280,6 +318,14 @@ impl Communicator {
                 .get_or_insert_with(|| Error::aborted("the communicator was aborted"));
         }
         self.shared.arrived.notify_all();
+    }
+
+    /// How many operations ran in shared memory and how many were enqueued.
+    pub fn stats(&self) -> CommStats {
+        CommStats {
+            shared_memory: self.shared.ran_shared.load(Ordering::Relaxed),
+            enqueued: self.shared.ran_enqueued.load(Ordering::Relaxed),
+        }
     }
 
     /// Whether the communicator has failed (timeout, desync or abort).
@@ -351,8 +397,23 @@ impl Shared {
                     "internal error: no pending operation",
                 ));
             };
+            // Planned under the lock, so that a waiting rank finds either the operation
+            // still pending or its share.
+            if let Some(work) = self.plan_shared(seq, &pending) {
+                let work = Arc::new(work);
+                self.ran_shared.fetch_add(1, Ordering::Relaxed);
+                st.shared = Some((seq, work.clone()));
+                drop(st);
+                // After unlocking: a spinning rank that sees this takes the lock at once.
+                self.finished_seq.store(seq + 1, Ordering::Release);
+                self.wake();
+                return work.participate(rank, self.spinner);
+            }
             drop(st);
             let result = self.run(seq, pending);
+            if result.is_ok() {
+                self.ran_enqueued.fetch_add(1, Ordering::Relaxed);
+            }
             let mut st = self.lock();
             if let Err(e) = &result {
                 if matches!(e, Error::Aborted { .. }) || st.failed.is_some() {
@@ -364,26 +425,28 @@ impl Shared {
             st.finished = Some((seq, result.clone()));
             self.finished_seq.store(seq + 1, Ordering::Release);
             drop(st);
-            self.arrived.notify_all();
+            self.wake();
             return result;
         }
         let deadline = Instant::now() + self.options.timeout;
-        // Spin briefly before sleeping: waking a sleeping thread costs tens of
-        // microseconds here, more than a small collective takes.
+        // Spin briefly before sleeping (see `wait.rs`).
         drop(st);
-        let backoff = Backoff::new();
-        let spin_until = Instant::now() + SPIN;
-        while self.finished_seq.load(Ordering::Acquire) <= seq
-            && !self.aborted.load(Ordering::Acquire)
-            && Instant::now() < spin_until
-        {
-            backoff.snooze();
-        }
+        self.spinner.spin(SPIN, || {
+            self.finished_seq.load(Ordering::Acquire) > seq || self.aborted.load(Ordering::Acquire)
+        });
         let mut st = self.lock();
         loop {
             if let Some((done, result)) = &st.finished {
                 if *done == seq {
                     return result.clone();
+                }
+            }
+            // Before failures: the other ranks wait for this rank's share.
+            if let Some((planned, work)) = &st.shared {
+                if *planned == seq {
+                    let work = work.clone();
+                    drop(st);
+                    return work.participate(rank, self.spinner);
                 }
             }
             self.check_failed(&st)?;
@@ -395,12 +458,58 @@ impl Shared {
                 self.arrived.notify_all();
                 return Err(error);
             }
+            self.sleepers.fetch_add(1, Ordering::AcqRel);
             st = self
                 .arrived
                 .wait_timeout(st, deadline - now)
                 .map(|(g, _)| g)
                 .unwrap_or_else(|p| p.into_inner().0);
+            self.sleepers.fetch_sub(1, Ordering::AcqRel);
         }
+    }
+
+    /// Wakes the ranks asleep on `arrived`, if any. Call after changing the state under
+    /// its lock: a rank that went to sleep before that change is counted by then.
+    fn wake(&self) {
+        if self.sleepers.load(Ordering::Acquire) > 0 {
+            self.arrived.notify_all();
+        }
+    }
+
+    /// The operation as shares for the ranks' threads, when it can run that way: every
+    /// rank brought host views of idle buffers, all asked for the same thing, and no
+    /// override names another algorithm.
+    fn plan_shared(&self, seq: u64, pending: &Pending) -> Option<Work> {
+        if self.aborted.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut descs = Vec::with_capacity(pending.arrivals.len());
+        let mut buffers = Vec::with_capacity(pending.arrivals.len());
+        let mut host = Vec::with_capacity(pending.arrivals.len());
+        for a in &pending.arrivals {
+            let a = a.as_ref()?;
+            descs.push(*a.desc.as_ref().ok()?);
+            buffers.push(a.buffers.clone());
+            host.push(a.host.clone()?);
+        }
+        let first = descs[0];
+        if descs.iter().any(|d| *d != first) {
+            return None;
+        }
+        if let Some(forced) = self.options.selector.forced(first.kind, first.bytes) {
+            if forced != Algorithm::SharedMemory {
+                return None;
+            }
+        }
+        let work = Work::plan(&first, &buffers, &host)?;
+        tracing::debug!(
+            seq,
+            op = %first,
+            algorithm = Algorithm::SharedMemory.name(),
+            reason = "every buffer is host-addressable and every stream idle",
+            "collective algorithm chosen"
+        );
+        Some(work)
     }
 
     fn timeout_error(&self, st: &State, seq: u64) -> Error {
@@ -474,10 +583,13 @@ impl Shared {
                 self.rank_name(r)
             )));
         }
-        let (algorithm, why) = self
-            .options
-            .selector
-            .choose(&self.model, first.kind, first.bytes);
+        // Shared memory was not possible (`plan_shared`): the best enqueued algorithm.
+        let (algorithm, why) =
+            self.options
+                .selector
+                .choose_where(&self.model, first.kind, first.bytes, |a| {
+                    a != Algorithm::SharedMemory
+                });
         tracing::debug!(
             seq,
             op = %first,
@@ -632,8 +744,33 @@ impl Rank {
                 },
             ),
         };
-        self.shared
-            .collective(self.rank, Arrival { desc, io, buffers })
+        let host = self.host_buffers(&io, &buffers);
+        self.shared.collective(
+            self.rank,
+            Arrival {
+                desc,
+                io,
+                buffers,
+                host,
+            },
+        )
+    }
+
+    /// The CPU's view of the rank's buffers, when the device has one and the stream is
+    /// idle, so that the data is ready now.
+    fn host_buffers(&self, io: &RankIo, buffers: &RankBuffers) -> Option<HostBuffers> {
+        if !io.device.capabilities().host_addressable {
+            return None;
+        }
+        let view = |s: &Option<Slice>| match s {
+            None => Some(None),
+            Some(s) => HostRange::of(s).map(Some),
+        };
+        let host = HostBuffers {
+            send: view(&buffers.send)?,
+            recv: view(&buffers.recv)?,
+        };
+        matches!(io.stream.query(), Ok(true)).then_some(host)
     }
 
     /// Every rank's `recv` becomes the reduction over ranks of their `send`. `send` and

@@ -16,6 +16,9 @@
 //! | all-gather, reduce-scatter | ring | (n−1)·(α_r + S·β_r) |
 //! | all-gather, reduce-scatter | direct | α + (n−1)·S·β |
 //! | all-gather, reduce-scatter | halving-doubling | (L + 2f)·α + ((p−1)/p + f)·n·S·β |
+//! | all-reduce | shared memory | α_m + S·β_m |
+//! | reduce, broadcast | shared memory | α_m + (n+1)/(2n)·S·β_m |
+//! | all-gather, reduce-scatter, all-to-all | shared memory | α_m + (n+1)/2·S·β_m |
 //!
 //! where `p` is the largest power of two not above n, `L = log₂ p`, `f` is 1 when n is
 //! not a power of two (the extra ranks' fold and unfold) and 0 otherwise, `P` is the
@@ -26,8 +29,14 @@
 //! ([`Topology::groups`]): `m` groups of at most `g` ranks, α_g and β_g from the slowest
 //! link within a group, α_l and β_l from the slowest link between neighbouring leaders.
 //! With one group, or a group per rank, it runs the ring and costs the same. All-to-all
-//! and barriers have one algorithm (direct); an algorithm has no estimate for an
+//! and barriers have one enqueued algorithm (direct); an algorithm has no estimate for an
 //! operation it does not implement.
+//!
+//! Shared memory (`shared_memory/`) is chosen whenever it has an estimate, which it has
+//! only when every device is host addressable: α_m is two rendezvous of running threads ([`SHARED_MEMORY_ALPHA`]) and
+//! β_m the slowest device's copy within its own memory; the factors are the bytes each
+//! rank reads and writes, in units of one copy of S. It runs only when every buffer has
+//! a host view and every stream is idle; otherwise the best enqueued algorithm runs.
 //!
 //! `XPU_COLL_ALGO` overrides the model per operation and size range: a comma list of
 //! `OPERATION:ALGORITHM[:MIN-MAX]`, sizes in bytes with optional `K`, `M`, `G` (binary)
@@ -42,6 +51,10 @@ use crate::topology::Topology;
 
 /// Pieces of pipelined chains and trees, bytes (the model's `P`).
 pub const CHAIN_PIECE: u64 = 4 << 20;
+
+/// The latency of a shared-memory operation, µs (the model's α_m): an arrival and a
+/// completion rendezvous of threads that spin.
+pub const SHARED_MEMORY_ALPHA: f64 = 1.0;
 
 /// The figures the model needs, read once from the topology.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -60,6 +73,9 @@ pub struct CostModel {
     pub tree_depth: usize,
     /// The hierarchical algorithm's groups, when they make it differ from the ring.
     pub groups: Option<GroupFigures>,
+    /// µs per byte of the slowest device's copy within its own memory (β_m), when every
+    /// device is host addressable and shared-memory execution can run.
+    pub shared_memory_beta: Option<f64>,
 }
 
 /// What the model knows of the topology's groups.
@@ -80,7 +96,7 @@ pub struct GroupFigures {
 }
 
 /// µs per byte at `gbps` GB/s.
-fn beta(gbps: f64) -> f64 {
+pub(crate) fn beta(gbps: f64) -> f64 {
     1.0 / (gbps.max(1e-6) * 1e3)
 }
 
@@ -137,6 +153,7 @@ impl CostModel {
             all_beta,
             tree_depth: double_tree_depth(n),
             groups: figures,
+            shared_memory_beta: None,
         }
     }
 
@@ -145,6 +162,17 @@ impl CostModel {
     pub fn estimate(&self, kind: Collective, algorithm: Algorithm, bytes: u64) -> Option<f64> {
         if !algorithm.implements(kind) {
             return None;
+        }
+        if algorithm == Algorithm::SharedMemory {
+            let bm = self.shared_memory_beta?;
+            let (n, s) = (self.n.max(1) as f64, bytes as f64);
+            let copies = match kind {
+                Collective::AllReduce => 1.0,
+                Collective::Reduce | Collective::Broadcast => (n + 1.0) / (2.0 * n),
+                Collective::Barrier => 0.0,
+                _ => (n + 1.0) / 2.0,
+            };
+            return Some(SHARED_MEMORY_ALPHA + copies * s * bm);
         }
         let n = self.n as f64;
         let s = bytes as f64;
@@ -190,6 +218,7 @@ impl CostModel {
                 };
                 d * a + (2.0 * s + (d - 1.0).max(0.0) * q) * b
             }
+            (_, Algorithm::SharedMemory) => return None,
             (_, Algorithm::Hierarchical) => match self.groups {
                 None => ring_all_reduce,
                 Some(gf) => {
@@ -255,7 +284,7 @@ impl Selector {
             let kind: Collective = op.parse()?;
             let algorithm = Algorithm::from_name(algo).ok_or_else(|| {
                 Error::invalid(format!(
-                    "XPU_COLL_ALGO entry `{spec}`: unknown algorithm `{algo}`; expected ring, direct, halving-doubling, tree or hierarchical"
+                    "XPU_COLL_ALGO entry `{spec}`: unknown algorithm `{algo}`; expected ring, direct, halving-doubling, tree, hierarchical or shared-memory"
                 ))
             })?;
             let (min, max) = match range {
@@ -292,19 +321,46 @@ impl Selector {
         }
     }
 
-    /// The algorithm for `kind` on `bytes` per rank, and why it was chosen.
-    pub fn choose(&self, model: &CostModel, kind: Collective, bytes: u64) -> (Algorithm, String) {
-        if let Some(o) = self
-            .overrides
+    /// The algorithm an override names for `kind` on `bytes` per rank, if one matches
+    /// (whether or not the algorithm implements the operation).
+    pub fn forced(&self, kind: Collective, bytes: u64) -> Option<Algorithm> {
+        self.overrides
             .iter()
             .find(|o| o.kind == kind && (o.min..=o.max).contains(&bytes))
-        {
-            if model.estimate(kind, o.algorithm, bytes).is_some() {
-                return (o.algorithm, "XPU_COLL_ALGO".to_string());
+            .map(|o| o.algorithm)
+    }
+
+    /// The algorithm for `kind` on `bytes` per rank, and why it was chosen.
+    pub fn choose(&self, model: &CostModel, kind: Collective, bytes: u64) -> (Algorithm, String) {
+        self.choose_where(model, kind, bytes, |_| true)
+    }
+
+    /// [`Selector::choose`] among the algorithms `allowed` accepts (overrides naming
+    /// others are ignored).
+    pub fn choose_where(
+        &self,
+        model: &CostModel,
+        kind: Collective,
+        bytes: u64,
+        allowed: impl Fn(Algorithm) -> bool,
+    ) -> (Algorithm, String) {
+        if let Some(a) = self.forced(kind, bytes) {
+            if allowed(a) && model.estimate(kind, a, bytes).is_some() {
+                return (a, "XPU_COLL_ALGO".to_string());
+            }
+        }
+        // Shared memory moves the fewest bytes and enqueues nothing: wherever it can run,
+        // it is the choice (it falls back to the model's best when a stream is busy).
+        if allowed(Algorithm::SharedMemory) {
+            if let Some(t) = model.estimate(kind, Algorithm::SharedMemory, bytes) {
+                return (
+                    Algorithm::SharedMemory,
+                    format!("every device is host addressable: {t:.1} µs"),
+                );
             }
         }
         let mut best: Option<(Algorithm, f64)> = None;
-        for a in Algorithm::ALL {
+        for a in Algorithm::ALL.into_iter().filter(|&a| allowed(a)) {
             if let Some(t) = model.estimate(kind, a, bytes) {
                 // Prefer the ring on near ties: it pipelines and spreads the load.
                 let t = if a == Algorithm::Ring { t * 0.99 } else { t };
@@ -333,7 +389,39 @@ mod tests {
             all_beta: 1.0 / 10_000.0,
             tree_depth: crate::comm::algorithms::double_tree_depth(n),
             groups: None,
+            shared_memory_beta: None,
         }
+    }
+
+    #[test]
+    fn shared_memory_is_estimated_only_where_every_device_is_host_addressable() {
+        let mut m = model(4);
+        assert_eq!(
+            m.estimate(Collective::AllReduce, Algorithm::SharedMemory, 1 << 20),
+            None
+        );
+        let s = Selector::default();
+        assert_ne!(
+            s.choose(&m, Collective::AllReduce, 64).0,
+            Algorithm::SharedMemory
+        );
+        m.shared_memory_beta = Some(1.0 / 10_000.0);
+        for bytes in [8, 1 << 20, 256 << 20] {
+            assert_eq!(
+                s.choose(&m, Collective::AllReduce, bytes).0,
+                Algorithm::SharedMemory,
+                "{bytes} bytes"
+            );
+        }
+        // The enqueueing path chooses among the others.
+        let (a, _) = s.choose_where(&m, Collective::AllReduce, 8, |a| {
+            a != Algorithm::SharedMemory
+        });
+        assert_ne!(a, Algorithm::SharedMemory);
+        assert_eq!(
+            m.estimate(Collective::SendRecv, Algorithm::SharedMemory, 8),
+            None
+        );
     }
 
     #[test]
@@ -448,7 +536,8 @@ mod tests {
 
     #[test]
     fn algorithms_estimate_exactly_what_they_implement() {
-        let m = model(4);
+        let mut m = model(4);
+        m.shared_memory_beta = Some(1.0 / 10_000.0);
         for kind in Collective::ALL {
             for a in Algorithm::ALL {
                 assert_eq!(

@@ -376,11 +376,15 @@ fn algorithms(kind: Collective) -> Vec<Algorithm> {
         .collect()
 }
 
-/// Whether `algorithm` runs the thorough plan on the self and backend sets: ring and
-/// direct do; the others, which are built from the same transfers and reductions, run
-/// the short plan everywhere so that the profile stays quick.
+/// Whether `algorithm` runs the thorough plan on the self and backend sets: ring,
+/// direct and shared memory do; the others, which are built from the same transfers and
+/// reductions as ring and direct, run the short plan everywhere so that the profile
+/// stays quick.
 fn thorough_for(algorithm: Algorithm) -> bool {
-    matches!(algorithm, Algorithm::Ring | Algorithm::Direct)
+    matches!(
+        algorithm,
+        Algorithm::Ring | Algorithm::Direct | Algorithm::SharedMemory
+    )
 }
 
 /// One dtype per element size, for operations that only move bytes.
@@ -513,7 +517,13 @@ fn run_family(ctx: &CaseContext, family: Family, set: SetKind) -> CaseOutcome {
 
 fn sweep(kind: Collective, devices: &[Device], topology: &Topology, thorough: bool) -> CaseOutcome {
     let mut wrong: Vec<String> = Vec::new();
+    let host_addressable = devices.iter().all(|d| d.capabilities().host_addressable);
     for algorithm in algorithms(kind) {
+        if algorithm == Algorithm::SharedMemory && !host_addressable {
+            // Only communicators whose every device is host addressable have it; the
+            // others run the remaining algorithms.
+            continue;
+        }
         let comm = communicator(
             devices,
             topology,
@@ -541,6 +551,13 @@ fn sweep(kind: Collective, devices: &[Device], topology: &Topology, thorough: bo
             Ok(found)
         })?;
         wrong.extend(per_rank.into_iter().flatten());
+        let stats = comm.stats();
+        if algorithm == Algorithm::SharedMemory && stats.shared_memory == 0 {
+            return Err(CaseError::fail(format!(
+                "{kind} forced to shared memory over idle streams never ran in shared memory ({} enqueued)",
+                stats.enqueued
+            )));
+        }
     }
     if wrong.is_empty() {
         return Ok(());

@@ -55,6 +55,11 @@ pub(crate) const CASES: &[Case] = &[
         no_aliasing,
     ),
     Case::core(
+        "memory.host_view",
+        "a host-addressable device's memory reads and writes through its host view, which outlives free; other devices give no view",
+        host_view,
+    ),
+    Case::core(
         "memory.growable_capability",
         "without virtual memory allocate_growable is unsupported; with it sizes round up to the granularity and plain allocations do not resize",
         growable_capability,
@@ -368,6 +373,58 @@ fn no_aliasing(ctx: &CaseContext) -> CaseOutcome {
         )?;
     }
     Ok(())
+}
+
+fn host_view(ctx: &CaseContext) -> CaseOutcome {
+    let len = 4097usize;
+    let a = ctx.device.allocate(len as u64)?;
+    if !ctx.device.capabilities().host_addressable {
+        return ensure(a.host_view().is_none(), || {
+            "the device does not report host_addressable, yet an allocation gave a host view"
+                .to_string()
+        });
+    }
+    let stream = ctx.device.create_stream()?;
+    let want = pattern(71, len);
+    stream.write(&a, &want)?;
+    stream.synchronize()?;
+    let view = a.host_view().ok_or_else(|| {
+        CaseError::fail("the device reports host_addressable, but an allocation gave no host view")
+    })?;
+    ensure(view.len() == len as u64, || {
+        format!(
+            "the host view is {} bytes; the allocation is {len}",
+            view.len()
+        )
+    })?;
+    // SAFETY: the view spans `len` bytes and the stream that wrote them is synchronized;
+    // nothing else touches the allocation.
+    let seen = unsafe { std::slice::from_raw_parts(view.as_ptr(), len) }.to_vec();
+    check_bytes(
+        &seen,
+        &want,
+        "bytes written by the stream, read through the host view",
+    )?;
+    let written = pattern(72, len);
+    // SAFETY: as above; no work is enqueued on the allocation.
+    unsafe { std::ptr::copy_nonoverlapping(written.as_ptr(), view.as_ptr(), len) };
+    check_bytes(
+        &stream.read(&a)?,
+        &written,
+        "bytes written through the host view, read by the stream",
+    )?;
+    a.free()?;
+    ensure(a.host_view().is_none(), || {
+        "a freed allocation still gave a host view".to_string()
+    })?;
+    // The view keeps the memory alive after free.
+    // SAFETY: the view holds the backend memory; nothing else uses it any more.
+    let kept = unsafe { std::slice::from_raw_parts(view.as_ptr(), len) }.to_vec();
+    check_bytes(&kept, &written, "bytes read through a view after free")?;
+    let empty = ctx.device.allocate(0)?;
+    ensure(empty.host_view().is_none(), || {
+        "a zero-size allocation gave a host view".to_string()
+    })
 }
 
 /// The device's growable-allocation granularity, or a skip: the device has no virtual

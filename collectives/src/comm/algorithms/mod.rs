@@ -28,9 +28,9 @@ mod tree;
 pub(crate) use hierarchical::is_hierarchical;
 pub(crate) use tree::double_tree_depth;
 
-use xpu_hal::{dtype, BinaryOp, DType, Error, Result, Scalar};
+use xpu_hal::{BinaryOp, DType, Error, Result};
 
-use super::op::{Collective, ReduceOp};
+use super::op::{avg_factor, Collective, ReduceOp};
 use super::transport::{RankIo, Slice, Transport};
 
 /// Which algorithm runs an operation.
@@ -46,19 +46,25 @@ pub enum Algorithm {
     Tree,
     /// Within groups of well-connected devices, then among the groups' leaders.
     Hierarchical,
+    /// The ranks' own threads read and write each other's memory directly
+    /// (`shared_memory/`); only when every buffer is host addressable and every stream
+    /// idle.
+    SharedMemory,
 }
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 5] = [
+    pub const ALL: [Algorithm; 6] = [
         Algorithm::Ring,
         Algorithm::Direct,
         Algorithm::HalvingDoubling,
         Algorithm::Tree,
         Algorithm::Hierarchical,
+        Algorithm::SharedMemory,
     ];
 
-    /// The lowercase name (`ring`, `direct`, `halving-doubling`, `tree`, `hierarchical`).
+    /// The lowercase name (`ring`, `direct`, `halving-doubling`, `tree`, `hierarchical`,
+    /// `shared-memory`).
     pub const fn name(self) -> &'static str {
         match self {
             Algorithm::Ring => "ring",
@@ -66,6 +72,7 @@ impl Algorithm {
             Algorithm::HalvingDoubling => "halving-doubling",
             Algorithm::Tree => "tree",
             Algorithm::Hierarchical => "hierarchical",
+            Algorithm::SharedMemory => "shared-memory",
         }
     }
 
@@ -98,6 +105,7 @@ impl Algorithm {
                 Collective::AllReduce | Collective::Reduce | Collective::Broadcast
             ),
             Algorithm::Hierarchical => matches!(kind, Collective::AllReduce),
+            Algorithm::SharedMemory => !matches!(kind, Collective::SendRecv),
         }
     }
 }
@@ -128,6 +136,14 @@ pub(crate) struct Run<'a> {
     pub root: usize,
     /// The topology's groups of well-connected ranks, for hierarchical algorithms.
     pub groups: &'a [Vec<usize>],
+}
+
+/// Shared-memory execution runs in the ranks' threads (`shared_memory/`), never here.
+fn not_enqueued() -> Error {
+    Error::backend_message(
+        "collectives",
+        "internal error: shared-memory execution reached the enqueueing path",
+    )
 }
 
 fn missing(what: &str, rank: usize) -> Error {
@@ -185,6 +201,9 @@ impl Run<'_> {
 
     /// Runs the operation.
     pub fn execute(&mut self) -> Result<()> {
+        if self.algorithm == Algorithm::SharedMemory {
+            return Err(not_enqueued());
+        }
         if !self.algorithm.implements(self.kind) {
             return Err(Error::backend_message(
                 "collectives",
@@ -240,6 +259,7 @@ impl Run<'_> {
                 Algorithm::HalvingDoubling => self.halving_all_reduce()?,
                 Algorithm::Tree => self.tree_all_reduce()?,
                 Algorithm::Hierarchical => self.hierarchical_all_reduce()?,
+                Algorithm::SharedMemory => return Err(not_enqueued()),
             }
         }
         for r in 0..n {
@@ -588,20 +608,12 @@ impl Run<'_> {
             return Ok(());
         }
         let dtype = self.dtype()?;
-        let n = self.n() as f64;
         let stream = self.ranks[rank].stream.clone();
-        let alpha = match dtype {
-            DType::F32 => Some(Scalar::F32((1.0 / n) as f32)),
-            DType::F64 => Some(Scalar::F64(1.0 / n)),
-            DType::F16 => Some(Scalar::F16(dtype::f16_from_f64(1.0 / n))),
-            DType::BF16 => Some(Scalar::BF16(dtype::bf16_from_f64(1.0 / n))),
-            _ => None,
-        };
-        if let Some(alpha) = alpha {
-            return stream.scale(buf.buf(), buf.buf(), alpha);
+        let factor = avg_factor(dtype, self.n());
+        if factor.dtype() == dtype {
+            return stream.scale(buf.buf(), buf.buf(), factor);
         }
-        // Integers: through f64, multiplying by the next f64 above 1/n so that exact
-        // quotients never fall just below an integer before the truncating cast.
+        // Integers: through f64 (see `avg_factor`).
         let device = &self.ranks[rank].device;
         if !device.capabilities().supports_dtype(DType::F64) {
             return Err(Error::unsupported(format!(
@@ -612,7 +624,7 @@ impl Run<'_> {
         let count = buf.len / dtype.size() as u64;
         let wide = self.transport.temp(self.ranks, rank, count * 8)?;
         stream.cast(buf.buf(), dtype, wide.buf(), DType::F64)?;
-        stream.scale(wide.buf(), wide.buf(), Scalar::F64((1.0 / n).next_up()))?;
+        stream.scale(wide.buf(), wide.buf(), factor)?;
         stream.cast(wide.buf(), DType::F64, buf.buf(), dtype)
     }
 }

@@ -1,0 +1,55 @@
+//! Short waits between the ranks' threads.
+//!
+//! Waking a sleeping thread costs tens of microseconds on small virtual machines, and
+//! even `sched_yield` costs microseconds there — more than a small collective takes. So
+//! a rank that waits for others spins, re-reading the condition, for a bounded time. It
+//! spins outright when every rank can have a core of its own; when ranks outnumber the
+//! cores, spinning would keep the awaited thread off its core, so it backs off to
+//! yielding at once.
+
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::Backoff;
+
+/// How a group of `ranks` threads waits for each other on this machine.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Spinner {
+    /// Whether every rank can run on a core of its own.
+    exclusive: bool,
+}
+
+impl Spinner {
+    pub fn new(ranks: usize) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        Spinner {
+            exclusive: ranks <= cores,
+        }
+    }
+
+    /// Spins until `done()` holds or `budget` has passed; returns whether it holds.
+    pub fn spin(&self, budget: Duration, done: impl Fn() -> bool) -> bool {
+        let start = Instant::now();
+        if self.exclusive {
+            loop {
+                // Read the clock only every few dozen polls: it costs more than a poll.
+                for _ in 0..32 {
+                    if done() {
+                        return true;
+                    }
+                    std::hint::spin_loop();
+                }
+                if start.elapsed() >= budget {
+                    return done();
+                }
+            }
+        }
+        let backoff = Backoff::new();
+        while !done() {
+            if start.elapsed() >= budget {
+                return false;
+            }
+            backoff.snooze();
+        }
+        true
+    }
+}
