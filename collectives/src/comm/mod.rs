@@ -37,6 +37,7 @@ pub mod algorithms;
 pub mod op;
 pub mod select;
 mod shared_memory;
+mod staging;
 mod transport;
 mod wait;
 
@@ -53,6 +54,7 @@ use algorithms::{Algorithm, RankBuffers, Run};
 use op::{Collective, OpDesc, ReduceOp};
 use select::{CostModel, Selector};
 use shared_memory::{HostBuffers, HostRange, Work};
+use staging::Staged;
 use transport::{RankIo, Slice, Transport};
 use wait::Spinner;
 
@@ -165,6 +167,10 @@ struct Shared {
     sleepers: AtomicUsize,
     /// How the ranks' threads wait for each other.
     spinner: Spinner,
+    /// Per rank: whether it may stage its buffers through host memory for shared-memory
+    /// execution (`staging.rs`), and its staging buffers between operations.
+    may_stage: Vec<bool>,
+    staging: Vec<Mutex<Vec<xpu_hal::HostBuffer>>>,
     /// Operations run in shared memory, and enqueued.
     ran_shared: AtomicU64,
     ran_enqueued: AtomicU64,
@@ -224,11 +230,35 @@ impl Communicator {
             ));
         }
         let n = devices.len();
+        // A rank may stage through host memory when its device is not host addressable
+        // and every path between it and the others crosses host memory anyway.
+        let may_stage: Vec<bool> = (0..n)
+            .map(|r| {
+                !devices[r].capabilities().host_addressable
+                    && (0..n).filter(|&q| q != r).all(|q| {
+                        [(r, q), (q, r)].iter().all(|&(a, b)| {
+                            topology
+                                .link(a, b)
+                                .is_ok_and(|l| l.class == crate::topology::LinkClass::HostStaged)
+                        })
+                    })
+            })
+            .collect();
         let mut model = CostModel::from_topology(&topology);
-        if devices.iter().all(|d| d.capabilities().host_addressable) {
+        // Shared memory runs when every rank is host addressable or may stage; it moves
+        // data as fast as the slowest of the devices' own copies and the staged ranks'
+        // links.
+        let addressable = |r: usize| devices[r].capabilities().host_addressable;
+        if (0..n).all(|r| addressable(r) || may_stage[r]) {
+            let local = (0..n).filter_map(|r| topology.link(r, r).ok());
+            let staged = (0..n)
+                .filter(|&r| may_stage[r])
+                .flat_map(|r| (0..n).filter(move |&q| q != r).map(move |q| (r, q)))
+                .flat_map(|(r, q)| [topology.link(r, q).ok(), topology.link(q, r).ok()])
+                .flatten();
             model.shared_memory_beta = Some(
-                (0..n)
-                    .filter_map(|r| topology.link(r, r).ok())
+                local
+                    .chain(staged)
                     .map(|l| select::beta(l.bandwidth_gbps))
                     .fold(0.0, f64::max),
             );
@@ -253,6 +283,8 @@ impl Communicator {
                 finished_seq: AtomicU64::new(0),
                 sleepers: AtomicUsize::new(0),
                 spinner: Spinner::new(n),
+                may_stage,
+                staging: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
                 ran_shared: AtomicU64::new(0),
                 ran_enqueued: AtomicU64::new(0),
                 aux: Mutex::new(vec![None; n]),
@@ -369,8 +401,9 @@ impl Shared {
         format!("rank {r} ({})", self.devices[r].id())
     }
 
-    /// Arrives at the next collective; returns when it has been enqueued on every rank.
-    fn collective(&self, rank: usize, arrival: Arrival) -> Result<()> {
+    /// Arrives at the next collective; returns when it has been enqueued on every rank,
+    /// or run in shared memory (then `true`).
+    fn collective(&self, rank: usize, arrival: Arrival) -> Result<bool> {
         let mut st = self.lock();
         self.check_failed(&st)?;
         let seq = st.next_seq[rank];
@@ -407,7 +440,7 @@ impl Shared {
                 // After unlocking: a spinning rank that sees this takes the lock at once.
                 self.finished_seq.store(seq + 1, Ordering::Release);
                 self.wake();
-                return work.participate(rank, self.spinner);
+                return work.participate(rank, self.spinner).map(|()| true);
             }
             drop(st);
             let result = self.run(seq, pending);
@@ -426,7 +459,7 @@ impl Shared {
             self.finished_seq.store(seq + 1, Ordering::Release);
             drop(st);
             self.wake();
-            return result;
+            return result.map(|()| false);
         }
         let deadline = Instant::now() + self.options.timeout;
         // Spin briefly before sleeping (see `wait.rs`).
@@ -438,7 +471,7 @@ impl Shared {
         loop {
             if let Some((done, result)) = &st.finished {
                 if *done == seq {
-                    return result.clone();
+                    return result.clone().map(|()| false);
                 }
             }
             // Before failures: the other ranks wait for this rank's share.
@@ -446,7 +479,7 @@ impl Shared {
                 if *planned == seq {
                     let work = work.clone();
                     drop(st);
-                    return work.participate(rank, self.spinner);
+                    return work.participate(rank, self.spinner).map(|()| true);
                 }
             }
             self.check_failed(&st)?;
@@ -744,8 +777,19 @@ impl Rank {
                 },
             ),
         };
-        let host = self.host_buffers(&io, &buffers);
-        self.shared.collective(
+        let mut staged: Option<Staged> = None;
+        let host = match &desc {
+            Ok(d) => {
+                // The root of an in-place broadcast reads its receive buffer.
+                let recv_is_input = d.kind == Collective::Broadcast
+                    && d.root == Some(self.rank)
+                    && buffers.send.is_none();
+                self.host_buffers(&io, &buffers, recv_is_input, &mut staged)
+            }
+            Err(_) => None,
+        };
+        let stream = io.stream.clone();
+        let shared = self.shared.collective(
             self.rank,
             Arrival {
                 desc,
@@ -753,14 +797,41 @@ impl Rank {
                 buffers,
                 host,
             },
-        )
+        );
+        let Some(staged) = staged else {
+            return shared.map(|_| ());
+        };
+        let uploaded = match shared {
+            Ok(true) => staged.upload(&stream),
+            Ok(false) => Ok(()),
+            Err(e) => Err(e),
+        };
+        self.shared.staging[self.rank]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(staged.into_buffers());
+        uploaded
     }
 
     /// The CPU's view of the rank's buffers, when the device has one and the stream is
     /// idle, so that the data is ready now.
-    fn host_buffers(&self, io: &RankIo, buffers: &RankBuffers) -> Option<HostBuffers> {
+    fn host_buffers(
+        &self,
+        io: &RankIo,
+        buffers: &RankBuffers,
+        recv_is_input: bool,
+        staged: &mut Option<Staged>,
+    ) -> Option<HostBuffers> {
         if !io.device.capabilities().host_addressable {
-            return None;
+            if !self.shared.may_stage[self.rank] || !matches!(io.stream.query(), Ok(true)) {
+                return None;
+            }
+            let mut pool = self.shared.staging[self.rank]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let (host, s) = staging::stage(&io.stream, buffers, recv_is_input, &mut pool)?;
+            *staged = Some(s);
+            return Some(host);
         }
         let view = |s: &Option<Slice>| match s {
             None => Some(None),

@@ -517,13 +517,7 @@ fn run_family(ctx: &CaseContext, family: Family, set: SetKind) -> CaseOutcome {
 
 fn sweep(kind: Collective, devices: &[Device], topology: &Topology, thorough: bool) -> CaseOutcome {
     let mut wrong: Vec<String> = Vec::new();
-    let host_addressable = devices.iter().all(|d| d.capabilities().host_addressable);
     for algorithm in algorithms(kind) {
-        if algorithm == Algorithm::SharedMemory && !host_addressable {
-            // Only communicators whose every device is host addressable have it; the
-            // others run the remaining algorithms.
-            continue;
-        }
         let comm = communicator(
             devices,
             topology,
@@ -531,6 +525,11 @@ fn sweep(kind: Collective, devices: &[Device], topology: &Topology, thorough: bo
             SWEEP_TIMEOUT,
         )?;
         let chosen = comm.algorithm_for(kind, 4).0;
+        if algorithm == Algorithm::SharedMemory && chosen != algorithm {
+            // Only communicators whose every rank is host addressable, or may stage
+            // through host memory, have it; the others run the remaining algorithms.
+            continue;
+        }
         if chosen != algorithm {
             return Err(CaseError::fail(format!(
                 "forcing {kind} to {algorithm} through an override chose {chosen}"

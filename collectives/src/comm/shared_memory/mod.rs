@@ -49,13 +49,21 @@ const STREAM_BYTES: usize = 8 << 20;
 /// How long a rank that finished its share spins for the others before yielding.
 const SHARE_SPIN: std::time::Duration = std::time::Duration::from_millis(1);
 
-/// A rank's buffer as the CPU sees it: the view keeps the memory alive.
+/// A rank's buffer as the CPU sees it: its own memory through a host view (which keeps
+/// it alive), or a host staging copy its rank keeps alive until the operation is over.
 #[derive(Clone, Debug)]
 pub(crate) struct HostRange {
-    view: HostView,
-    offset: u64,
+    base: *mut u8,
     len: u64,
+    view: Option<HostView>,
 }
+
+// SAFETY: the address points into memory kept alive by `view`, or by the arriving rank
+// until every share of the operation is done; ranges are only dereferenced by shares,
+// under the planner's rules.
+unsafe impl Send for HostRange {}
+// SAFETY: as above; shared references expose no references into the memory.
+unsafe impl Sync for HostRange {}
 
 impl HostRange {
     /// The CPU's view of `slice`, if its memory has one.
@@ -63,17 +71,25 @@ impl HostRange {
         let view = slice.alloc.host_view()?;
         let end = slice.offset.checked_add(slice.len)?;
         (end <= view.len()).then(|| HostRange {
-            view,
-            offset: slice.offset,
+            base: view.as_ptr().wrapping_add(slice.offset as usize),
             len: slice.len,
+            view: Some(view),
         })
+    }
+
+    /// `len` bytes of host memory at `base`, which the caller keeps alive and otherwise
+    /// untouched until the operation that uses the range is over.
+    pub fn staged(base: *mut u8, len: u64) -> HostRange {
+        HostRange {
+            base,
+            len,
+            view: None,
+        }
     }
 
     /// The address of byte `at` of the range.
     fn at(&self, at: u64) -> *mut u8 {
-        self.view
-            .as_ptr()
-            .wrapping_add((self.offset + at.min(self.len)) as usize)
+        self.base.wrapping_add(at.min(self.len) as usize)
     }
 }
 
@@ -264,7 +280,7 @@ impl Work {
             .iter()
             .flat_map(|h| [h.send.as_ref(), h.recv.as_ref()])
             .flatten()
-            .map(|r| r.view.clone())
+            .filter_map(|r| r.view.clone())
             .collect();
         Some(Work {
             ranks: n,
