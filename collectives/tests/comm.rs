@@ -655,3 +655,79 @@ fn a_rank_that_dies_between_operations_times_out_naming_it() {
         assert!(took < timeout + Duration::from_secs(10), "{took:?}");
     }
 }
+
+#[test]
+fn small_operations_on_busy_streams_run_in_stream_order() {
+    // Each stream is held by a gate until every rank has returned from its calls, so the
+    // small operations run later, on the streams' workers; they must still be exact.
+    let c = comm(devices("host:0,1,2"), "", Duration::from_secs(60));
+    let n = c.size();
+    let release = Arc::new(AtomicBool::new(false));
+    let returned = AtomicUsize::new(0);
+    let elems = 100;
+    std::thread::scope(|s| {
+        for rank in c.ranks() {
+            let (release, returned) = (release.clone(), &returned);
+            s.spawn(move || {
+                let r = rank.rank();
+                let device = rank.device().clone();
+                let stream = device.create_stream().unwrap();
+                let input = check::input(DType::I32, Some(ReduceOp::Sum), r, n, elems);
+                let a = device.allocate(input.len() as u64).unwrap();
+                let b = device.allocate(input.len() as u64).unwrap();
+                stream.write(&a, &input).unwrap();
+                stream
+                    .launch(
+                        &gate(&device, release.clone()),
+                        LaunchDims::linear(1, 1),
+                        &[],
+                    )
+                    .unwrap();
+                // Two in a row: the second reads what the first wrote.
+                rank.all_reduce(&a, &b, DType::I32, ReduceOp::Sum, &stream)
+                    .unwrap();
+                rank.broadcast(None, &b, 0, &stream).unwrap();
+                if returned.fetch_add(1, Ordering::AcqRel) + 1 == n {
+                    release.store(true, Ordering::Release);
+                }
+                stream.synchronize().unwrap();
+                let want = check::reduced(DType::I32, ReduceOp::Sum, n, elems);
+                let got = stream.read(&b).unwrap();
+                assert_eq!(check::wrong_elements(DType::I32, &got, &want), 0);
+            });
+        }
+    });
+    assert_eq!(c.stats().shared_memory, 2);
+}
+
+#[test]
+fn a_small_call_against_a_large_one_is_a_desync_on_both() {
+    let c = comm(devices("host:0,1"), "", Duration::from_secs(60));
+    let start = Instant::now();
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = c
+            .ranks()
+            .into_iter()
+            .map(|rank| {
+                s.spawn(move || {
+                    let stream = rank.device().create_stream().unwrap();
+                    // Rank 0's call takes the small path, rank 1's the rendezvous.
+                    let elems = if rank.rank() == 0 { 16 } else { 1 << 20 };
+                    let a = rank.device().allocate(elems * 4).unwrap();
+                    rank.all_reduce(&a, &a, DType::F32, ReduceOp::Sum, &stream)
+                        .unwrap_err()
+                        .to_string()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // A guard against waiting for the timeout, not a speed check.
+    assert!(start.elapsed() < Duration::from_secs(30));
+    for e in &errors {
+        assert!(
+            e.contains("desync") && e.contains("16 × f32") && e.contains("1048576 × f32"),
+            "{e}"
+        );
+    }
+}

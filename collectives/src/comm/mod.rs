@@ -37,6 +37,7 @@ pub mod algorithms;
 pub mod op;
 pub mod select;
 mod shared_memory;
+mod small;
 mod staging;
 mod transport;
 mod wait;
@@ -54,6 +55,7 @@ use algorithms::{Algorithm, RankBuffers, Run};
 use op::{Collective, OpDesc, ReduceOp};
 use select::{CostModel, Selector};
 use shared_memory::{HostBuffers, HostRange, Work};
+use small::Slots;
 use staging::Staged;
 use transport::{RankIo, Slice, Transport};
 use wait::Spinner;
@@ -139,7 +141,6 @@ struct Posted {
 }
 
 struct State {
-    next_seq: Vec<u64>,
     pending: Option<Pending>,
     /// The result of the latest finished collective, for ranks that waited on it.
     finished: Option<(u64, std::result::Result<(), Error>)>,
@@ -167,6 +168,14 @@ struct Shared {
     sleepers: AtomicUsize,
     /// How the ranks' threads wait for each other.
     spinner: Spinner,
+    /// Per rank: the sequence number of its next operation.
+    seqs: Vec<AtomicU64>,
+    /// Set with `State::failed`, readable without the lock.
+    failed_flag: AtomicBool,
+    /// The slots of small operations, when every device runs host functions.
+    slots: Option<Slots>,
+    /// Per rank: the latest operation it refused on the small path's terms, and why.
+    refusals: Vec<Mutex<Option<(u64, Error)>>>,
     /// Per rank: whether it may stage its buffers through host memory for shared-memory
     /// execution (`staging.rs`), and its staging buffers between operations.
     may_stage: Vec<bool>,
@@ -263,6 +272,13 @@ impl Communicator {
                     .fold(0.0, f64::max),
             );
         }
+        // Small operations go through slots where every rank runs host functions.
+        let slots = (n > 1
+            && devices.iter().all(|d| {
+                d.capabilities()
+                    .supports_kernel_format(xpu_hal::KernelFormat::HostFunction)
+            }))
+        .then(|| Slots::new(n));
         Ok(Communicator {
             shared: Arc::new(Shared {
                 transport: Mutex::new(Transport::new(&devices)),
@@ -271,7 +287,6 @@ impl Communicator {
                 model,
                 options,
                 state: Mutex::new(State {
-                    next_seq: vec![0; n],
                     pending: None,
                     finished: None,
                     shared: None,
@@ -283,6 +298,10 @@ impl Communicator {
                 finished_seq: AtomicU64::new(0),
                 sleepers: AtomicUsize::new(0),
                 spinner: Spinner::new(n),
+                seqs: (0..n).map(|_| AtomicU64::new(0)).collect(),
+                failed_flag: AtomicBool::new(false),
+                slots,
+                refusals: (0..n).map(|_| Mutex::new(None)).collect(),
                 may_stage,
                 staging: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
                 ran_shared: AtomicU64::new(0),
@@ -345,6 +364,7 @@ impl Communicator {
     /// the streams is not cancelled. Returns without waiting for any rank or device.
     pub fn abort(&self) {
         self.shared.aborted.store(true, Ordering::Release);
+        self.shared.failed_flag.store(true, Ordering::Release);
         if let Ok(mut st) = self.shared.state.try_lock() {
             st.failed
                 .get_or_insert_with(|| Error::aborted("the communicator was aborted"));
@@ -403,11 +423,9 @@ impl Shared {
 
     /// Arrives at the next collective; returns when it has been enqueued on every rank,
     /// or run in shared memory (then `true`).
-    fn collective(&self, rank: usize, arrival: Arrival) -> Result<bool> {
+    fn collective(&self, rank: usize, seq: u64, arrival: Arrival) -> Result<bool> {
         let mut st = self.lock();
         self.check_failed(&st)?;
-        let seq = st.next_seq[rank];
-        st.next_seq[rank] += 1;
         let n = self.devices.len();
         let pending = st.pending.get_or_insert_with(|| Pending {
             seq,
@@ -452,7 +470,7 @@ impl Shared {
                 if matches!(e, Error::Aborted { .. }) || st.failed.is_some() {
                     // Already failed (or aborted while enqueueing): keep the first error.
                 } else if !matches!(e, Error::InvalidArgument { .. }) {
-                    st.failed = Some(e.clone());
+                    self.set_failed(&mut st, e.clone());
                 }
             }
             st.finished = Some((seq, result.clone()));
@@ -486,7 +504,7 @@ impl Shared {
             let now = Instant::now();
             if now >= deadline {
                 let error = self.timeout_error(&st, seq);
-                st.failed = Some(error.clone());
+                self.set_failed(&mut st, error.clone());
                 drop(st);
                 self.arrived.notify_all();
                 return Err(error);
@@ -560,27 +578,62 @@ impl Shared {
             .flatten()
             .find_map(|a| a.desc.as_ref().ok())
             .map_or_else(|| "the operation".to_string(), |d| d.to_string());
-        let missing: Vec<String> = pending
+        let missing: Vec<usize> = pending
             .arrivals
             .iter()
             .enumerate()
             .filter(|(_, a)| a.is_none())
-            .map(|(r, _)| self.rank_name(r))
+            .map(|(r, _)| r)
             .collect();
-        let waited: Vec<String> = pending
-            .arrivals
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| a.is_some())
-            .map(|(r, _)| r.to_string())
+        self.timeout_message(&what, seq, &missing)
+    }
+
+    /// The timeout of operation `seq` (`what`) that the ranks `missing` never called.
+    fn timeout_message(&self, what: &str, seq: u64, missing: &[usize]) -> Error {
+        let names: Vec<String> = missing.iter().map(|&r| self.rank_name(r)).collect();
+        let waited: Vec<String> = (0..self.devices.len())
+            .filter(|r| !missing.contains(r))
+            .map(|r| r.to_string())
             .collect();
         Error::Timeout {
             message: format!(
                 "{what} #{seq} timed out after {:.1} s: {} never called it (ranks {} waited); the communicator is now failed: abort it and make a new one",
                 self.options.timeout.as_secs_f64(),
-                missing.join(", "),
+                names.join(", "),
                 waited.join(", ")
             ),
+        }
+    }
+
+    /// The error of operation `seq` on every rank when `rank` refused it (`why`).
+    fn refused(&self, seq: u64, rank: usize, why: Option<&Error>) -> Error {
+        Error::invalid(format!(
+            "operation #{seq} was refused on every rank because {} passed invalid arguments{}",
+            self.rank_name(rank),
+            why.map_or_else(String::new, |e| format!(": {e}"))
+        ))
+    }
+
+    /// Fails the communicator with `error` (keeping an earlier failure).
+    fn set_failed(&self, st: &mut State, error: Error) {
+        st.failed.get_or_insert(error);
+        self.failed_flag.store(true, Ordering::Release);
+    }
+
+    /// Fails the communicator with `error` and wakes every waiting rank.
+    fn fail(&self, error: Error) {
+        let mut st = self.lock();
+        self.set_failed(&mut st, error);
+        drop(st);
+        self.arrived.notify_all();
+    }
+
+    /// Why the communicator can no longer be used.
+    fn failure(&self) -> Error {
+        let st = self.lock();
+        match self.check_failed(&st) {
+            Err(e) => e,
+            Ok(()) => Error::aborted("the communicator failed"),
         }
     }
 
@@ -598,12 +651,7 @@ impl Shared {
             };
             match a.desc {
                 Ok(d) => descs.push(d),
-                Err(e) => {
-                    return Err(Error::invalid(format!(
-                        "operation #{seq} was refused on every rank because {} passed invalid arguments: {e}",
-                        self.rank_name(r)
-                    )))
-                }
+                Err(e) => return Err(self.refused(seq, r, Some(&e))),
             }
             ios.push(a.io);
             buffers.push(a.buffers);
@@ -777,6 +825,27 @@ impl Rank {
                 },
             ),
         };
+        let sh = &self.shared;
+        if sh.aborted.load(Ordering::Acquire) || sh.failed_flag.load(Ordering::Acquire) {
+            return Err(sh.failure());
+        }
+        let seq = sh.seqs[self.rank].fetch_add(1, Ordering::Relaxed);
+        if let Some(slots) = &sh.slots {
+            match &desc {
+                Ok(d) if self.small_path(d) => return self.small(slots, seq, *d, &buffers, &io),
+                // SAFETY: this rank's own slot, once for `seq`, in order.
+                Ok(d) => unsafe { slots.publish(self.rank, seq, Some(*d), None) },
+                Err(e) => {
+                    // Refused here: go the way the others went, so they learn of it.
+                    sh.refuse(slots, self.rank, seq, e);
+                    sh.await_slots(slots, seq, "the operation")?;
+                    let theirs = (0..self.size()).find_map(|q| slots.desc(q, seq));
+                    if theirs.is_some_and(|d| self.small_path(&d)) {
+                        return Err(sh.refused(seq, self.rank, Some(e)));
+                    }
+                }
+            }
+        }
         let mut staged: Option<Staged> = None;
         let host = match &desc {
             Ok(d) => {
@@ -791,6 +860,7 @@ impl Rank {
         let stream = io.stream.clone();
         let shared = self.shared.collective(
             self.rank,
+            seq,
             Arrival {
                 desc,
                 io,
@@ -811,6 +881,84 @@ impl Rank {
             .unwrap_or_else(|p| p.into_inner())
             .extend(staged.into_buffers());
         uploaded
+    }
+
+    /// Whether `desc` takes the small path (`small.rs`): it fits the slots, and no
+    /// override names an enqueued algorithm for it. The same on every rank.
+    fn small_path(&self, desc: &OpDesc) -> bool {
+        small::fits(desc, self.size())
+            && matches!(
+                self.shared.options.selector.forced(desc.kind, desc.bytes),
+                None | Some(Algorithm::SharedMemory)
+            )
+    }
+
+    /// Runs a small operation through the slots: now when the stream is idle, else as a
+    /// host function on the stream, in stream order.
+    fn small(
+        &self,
+        slots: &Slots,
+        seq: u64,
+        desc: OpDesc,
+        buffers: &RankBuffers,
+        io: &RankIo,
+    ) -> Result<()> {
+        let view = |s: &Option<Slice>| match s {
+            None => Some(None),
+            Some(s) if s.len == 0 => Some(Some(HostRange::staged(
+                std::ptr::NonNull::dangling().as_ptr(),
+                0,
+            ))),
+            Some(s) => HostRange::of(s).map(Some),
+        };
+        let host = match (view(&buffers.send), view(&buffers.recv)) {
+            (Some(send), Some(recv)) => HostBuffers { send, recv },
+            _ => {
+                // SAFETY: this rank's own slot, once for `seq`, in order.
+                unsafe { slots.publish(self.rank, seq, None, None) };
+                return Err(Error::backend_message(
+                    "collectives",
+                    format!(
+                        "internal error: memory of {} has no host view",
+                        self.device().id()
+                    ),
+                ));
+            }
+        };
+        let sh = &self.shared;
+        if matches!(io.stream.query(), Ok(true)) {
+            let result = sh.exchange(slots, self.rank, seq, desc, &host);
+            if result.is_ok() && self.rank == 0 {
+                sh.ran_shared.fetch_add(1, Ordering::Relaxed);
+            }
+            return result;
+        }
+        let shared = self.shared.clone();
+        let rank = self.rank;
+        let exchange = move |_: &mut xpu_hal::HostKernelContext<'_>| {
+            let Some(slots) = shared.slots.as_ref() else {
+                return Err("internal error: the communicator has no slots".to_string());
+            };
+            let result = shared.exchange(slots, rank, seq, desc, &host);
+            if result.is_ok() && rank == 0 {
+                shared.ran_shared.fetch_add(1, Ordering::Relaxed);
+            }
+            result.map_err(|e| e.to_string())
+        };
+        let launched = io
+            .device
+            .load_kernel(xpu_hal::KernelDesc {
+                name: "collective exchange".into(),
+                entry_point: "exchange".into(),
+                source: xpu_hal::KernelSource::HostFunction(Arc::new(exchange)),
+                params: Vec::new(),
+            })
+            .and_then(|k| io.stream.launch(&k, xpu_hal::LaunchDims::linear(1, 1), &[]));
+        if launched.is_err() {
+            // SAFETY: this rank's own slot, once for `seq`, in order.
+            unsafe { slots.publish(self.rank, seq, None, None) };
+        }
+        launched
     }
 
     /// The CPU's view of the rank's buffers, when the device has one and the stream is
@@ -1176,7 +1324,7 @@ impl Rank {
                         self.shared.rank_name(peer)
                     ),
                 };
-                st.failed = Some(error.clone());
+                self.shared.set_failed(&mut st, error.clone());
                 drop(st);
                 self.shared.arrived.notify_all();
                 return Err(error);

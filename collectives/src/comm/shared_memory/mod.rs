@@ -88,7 +88,7 @@ impl HostRange {
     }
 
     /// The address of byte `at` of the range.
-    fn at(&self, at: u64) -> *mut u8 {
+    pub(crate) fn at(&self, at: u64) -> *mut u8 {
         self.base.wrapping_add(at.min(self.len) as usize)
     }
 }
@@ -329,6 +329,36 @@ impl Work {
             }
         }
     }
+}
+
+/// `dest` (`len` bytes) becomes the reduction of `sources` (each `len` bytes) by
+/// `desc`'s operation, averages included, with the arithmetic of the shares.
+///
+/// # Safety
+///
+/// Every address must be valid for `len` bytes, aligned to `desc`'s dtype, and not
+/// written by anyone else meanwhile; `dest` may equal a source but not partly overlap
+/// one.
+pub(crate) unsafe fn reduce_into(
+    desc: &OpDesc,
+    ranks: usize,
+    sources: &[*mut u8],
+    dest: *mut u8,
+    len: usize,
+) -> Result<()> {
+    let (Some(dtype), Some(op)) = (desc.dtype, desc.op) else {
+        return Err(Error::backend_message(
+            "collectives",
+            "internal error: a reduction without a dtype or an operation",
+        ));
+    };
+    let r = Reduction {
+        op: op.combine(),
+        dtype,
+        avg: (op == ReduceOp::Avg).then(|| avg_factor(dtype, ranks)),
+    };
+    with_dtype!(DType, dtype, T => reduce_task::<T>(sources, &[dest], len, r));
+    Ok(())
 }
 
 /// Copies the task's only source to every destination.

@@ -1,0 +1,282 @@
+//! Small operations on host ranks: a lock-free exchange through per-rank slots.
+//!
+//! For an operation whose input is at most [`SMALL_BYTES`] on a communicator whose every
+//! device runs host functions (host devices), each rank copies its input into its own
+//! slot of communicator memory, publishes the operation's description beside it, and
+//! sets its flag to the operation's sequence number + 1. It then waits until every
+//! rank's flag has reached that number, checks that all described the same operation,
+//! and computes its own result from the slots. There is no lock and no completion
+//! rendezvous: the inputs were copied, and each rank writes only its own output. This is
+//! the shape of NCCL's LL protocol and of MPI's shared-memory transports, and it costs a
+//! few cache-line transfers per operation.
+//!
+//! Slots are double-buffered by the parity of the sequence number. A rank reuses parity
+//! `p` at operation `s + 2` only after every flag reached `s + 2`, that is after every
+//! rank has left operation `s`, so no slot is overwritten while it is read.
+//!
+//! The rank's thread runs the exchange when its stream is idle; otherwise it enqueues a
+//! host function that runs it on the stream's worker in stream order, and returns.
+//!
+//! Every operation, small or not, publishes its description, so that a rank in a small
+//! operation sees a desync with a rank that called something else, and a rank that
+//! passed invalid arguments learns which way the others went.
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::CachePadded;
+use xpu_hal::{Error, Result};
+
+use super::op::{Collective, OpDesc};
+use super::shared_memory::{reduce_into, HostBuffers};
+use super::{Shared, SPIN};
+
+/// The largest input, in bytes, an operation may have to take the small path.
+pub(crate) const SMALL_BYTES: usize = 4096;
+
+const WORDS: usize = SMALL_BYTES / 8;
+
+/// One rank's slot.
+struct Slot {
+    /// One more than the sequence number of the latest operation this rank published.
+    flag: CachePadded<AtomicU64>,
+    /// Per parity: what the rank called (`None`: invalid arguments).
+    desc: [UnsafeCell<Option<OpDesc>>; 2],
+    /// Per parity: the rank's input, 8-byte aligned.
+    data: [UnsafeCell<[u64; WORDS]>; 2],
+}
+
+/// Every rank's slot.
+pub(crate) struct Slots {
+    slots: Vec<Slot>,
+}
+
+// SAFETY: a slot's description and data for parity `p` are written only by its own rank,
+// before the release store of its flag, and read by others only after an acquire load
+// shows the flag; they are rewritten only two operations later, when every rank has
+// left the operation that read them (see the module docs).
+unsafe impl Sync for Slots {}
+// SAFETY: as above; the cells hold plain data.
+unsafe impl Send for Slots {}
+
+impl Slots {
+    pub fn new(ranks: usize) -> Self {
+        Slots {
+            slots: (0..ranks)
+                .map(|_| Slot {
+                    flag: CachePadded::new(AtomicU64::new(0)),
+                    desc: [UnsafeCell::new(None), UnsafeCell::new(None)],
+                    data: [UnsafeCell::new([0; WORDS]), UnsafeCell::new([0; WORDS])],
+                })
+                .collect(),
+        }
+    }
+
+    /// Publishes `rank`'s arrival at operation `seq`: its description and, for the
+    /// small path, its input (`len` bytes at `input`).
+    ///
+    /// # Safety
+    ///
+    /// Only `rank`'s own caller may publish for it, once per sequence number, in order;
+    /// `input` must be valid for `len <= SMALL_BYTES` bytes.
+    pub unsafe fn publish(
+        &self,
+        rank: usize,
+        seq: u64,
+        desc: Option<OpDesc>,
+        input: Option<(*const u8, usize)>,
+    ) {
+        let Some(slot) = self.slots.get(rank) else {
+            return;
+        };
+        let p = (seq % 2) as usize;
+        // SAFETY: this rank alone writes its parity-`p` cells, and nobody reads them now
+        // (module docs); `input` is valid for `len` bytes, at most the slot's size.
+        unsafe {
+            *slot.desc[p].get() = desc;
+            if let Some((from, len)) = input {
+                let to = slot.data[p].get().cast::<u8>();
+                std::ptr::copy_nonoverlapping(from, to, len.min(SMALL_BYTES));
+            }
+        }
+        slot.flag.store(seq + 1, Ordering::Release);
+    }
+
+    /// The ranks whose flag has not reached operation `seq` yet.
+    pub fn missing(&self, seq: u64) -> impl Iterator<Item = usize> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(move |(_, s)| s.flag.load(Ordering::Acquire) <= seq)
+            .map(|(r, _)| r)
+    }
+
+    /// Whether every rank has published operation `seq`.
+    pub fn all_arrived(&self, seq: u64) -> bool {
+        self.slots
+            .iter()
+            .all(|s| s.flag.load(Ordering::Acquire) > seq)
+    }
+
+    /// What `rank` published for operation `seq`. Call only once
+    /// [`Slots::all_arrived`] returned `true` for `seq`, before leaving the operation.
+    pub fn desc(&self, rank: usize, seq: u64) -> Option<OpDesc> {
+        let slot = self.slots.get(rank)?;
+        // SAFETY: the flag showed `seq` (acquire), so the write happened before, and the
+        // cell is not rewritten until this rank leaves the operation (module docs).
+        unsafe { *slot.desc[(seq % 2) as usize].get() }
+    }
+
+    /// The address of `rank`'s input for operation `seq`, under the same rule.
+    pub fn data(&self, rank: usize, seq: u64) -> *mut u8 {
+        match self.slots.get(rank) {
+            Some(slot) => slot.data[(seq % 2) as usize].get().cast::<u8>(),
+            None => std::ptr::null_mut(),
+        }
+    }
+}
+
+/// The input length of an operation on the small path: what each rank publishes.
+pub(crate) fn input_bytes(desc: &OpDesc, ranks: usize) -> u64 {
+    match desc.kind {
+        Collective::ReduceScatter | Collective::AllToAll => desc.bytes * ranks as u64,
+        Collective::Barrier => 0,
+        _ => desc.bytes,
+    }
+}
+
+/// Whether an operation is small enough for the slots.
+pub(crate) fn fits(desc: &OpDesc, ranks: usize) -> bool {
+    desc.kind != Collective::SendRecv && input_bytes(desc, ranks) <= SMALL_BYTES as u64
+}
+
+impl Shared {
+    /// Publishes that `rank` refused operation `seq` with `error`, for the others to
+    /// report.
+    pub(super) fn refuse(&self, slots: &Slots, rank: usize, seq: u64, error: &Error) {
+        if let Some(r) = self.refusals.get(rank) {
+            *r.lock().unwrap_or_else(|p| p.into_inner()) = Some((seq, error.clone()));
+        }
+        // SAFETY: this rank's own slot, once for `seq`, in order.
+        unsafe { slots.publish(rank, seq, None, None) };
+    }
+
+    /// Runs operation `seq` of `rank` through the slots; `host` are the rank's buffers.
+    pub(super) fn exchange(
+        &self,
+        slots: &Slots,
+        rank: usize,
+        seq: u64,
+        desc: OpDesc,
+        host: &HostBuffers,
+    ) -> Result<()> {
+        let n = self.devices.len();
+        let root = desc.root.unwrap_or(0);
+        let input = match desc.kind {
+            Collective::Barrier => None,
+            Collective::Broadcast if rank != root => None,
+            Collective::Broadcast => host.send.as_ref().or(host.recv.as_ref()),
+            _ => host.send.as_ref(),
+        };
+        let len = input_bytes(&desc, n) as usize;
+        // SAFETY: this rank publishes its own slot, once for `seq`, in order; the input
+        // range is at least `len` bytes (validated) and at most SMALL_BYTES (`fits`).
+        unsafe {
+            slots.publish(
+                rank,
+                seq,
+                Some(desc),
+                input.map(|h| (h.at(0).cast_const(), len)),
+            )
+        };
+        self.await_slots(slots, seq, &desc.to_string())?;
+        for q in 0..n {
+            match slots.desc(q, seq) {
+                Some(d) if d == desc => {}
+                None => {
+                    let why = self.refusals[q]
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .as_ref()
+                        .filter(|(s, _)| *s == seq)
+                        .map(|(_, e)| e.clone());
+                    return Err(self.refused(seq, q, why.as_ref()));
+                }
+                Some(d) => {
+                    let e = Error::invalid(format!(
+                        "desync at operation #{seq}: {} called {desc} but {} called {d}; every rank must call the same operations in the same order",
+                        self.rank_name(rank),
+                        self.rank_name(q)
+                    ));
+                    // A rank that went the other way waits in the rendezvous: fail the
+                    // communicator so that it returns too.
+                    if !fits(&d, n) {
+                        self.fail(e.clone());
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let out = host.recv.as_ref().map_or(std::ptr::null_mut(), |h| h.at(0));
+        let bytes = desc.bytes as usize;
+        let data = |q: usize| slots.data(q, seq);
+        // What this rank's output is made of: reductions of slot ranges, or copies of
+        // slot ranges to places in the output (offset in the slot, offset in the output).
+        let reduce_at = |offset: usize| -> Vec<*mut u8> {
+            (0..n).map(|q| data(q).wrapping_add(offset)).collect()
+        };
+        let sources = match desc.kind {
+            Collective::AllReduce => Some(reduce_at(0)),
+            Collective::Reduce if rank == root => Some(reduce_at(0)),
+            Collective::ReduceScatter => Some(reduce_at(rank * bytes)),
+            _ => None,
+        };
+        let copies: Vec<(usize, usize, usize)> = match desc.kind {
+            // The root's own receive buffer is already the data when in place.
+            Collective::Broadcast if input.is_none_or(|h| h.at(0) != out) => vec![(root, 0, 0)],
+            Collective::AllGather => (0..n).map(|q| (q, 0, q * bytes)).collect(),
+            Collective::AllToAll => (0..n).map(|q| (q, rank * bytes, q * bytes)).collect(),
+            _ => Vec::new(),
+        };
+        if let Some(sources) = sources {
+            // SAFETY: the slot data of `seq` stays unchanged until this rank leaves the
+            // operation (module docs) and holds each rank's input, validated to cover
+            // these ranges; `out` is this rank's own receive buffer of `bytes`, which
+            // nothing else writes now; slots and output are disjoint.
+            unsafe { reduce_into(&desc, n, &sources, out, bytes) }?;
+        }
+        for (q, from, to) in copies {
+            if out.is_null() {
+                break;
+            }
+            // SAFETY: as above; each copy stays within rank `q`'s published input and
+            // this rank's validated receive buffer.
+            unsafe { std::ptr::copy_nonoverlapping(data(q).add(from), out.add(to), bytes) };
+        }
+        Ok(())
+    }
+
+    /// Waits until every rank published `seq`, or fails: the communicator failed or was
+    /// aborted meanwhile, or the timeout passed (then it fails, naming the missing ranks).
+    pub(super) fn await_slots(&self, slots: &Slots, seq: u64, what: &str) -> Result<()> {
+        let stop =
+            || self.aborted.load(Ordering::Acquire) || self.failed_flag.load(Ordering::Acquire);
+        if !self.spinner.spin(SPIN, || slots.all_arrived(seq) || stop()) {
+            let deadline = Instant::now() + self.options.timeout;
+            while !slots.all_arrived(seq) && !stop() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+        if slots.all_arrived(seq) {
+            return Ok(());
+        }
+        if stop() {
+            return Err(self.failure());
+        }
+        let missing: Vec<usize> = slots.missing(seq).collect();
+        let e = self.timeout_message(what, seq, &missing);
+        self.fail(e.clone());
+        Err(e)
+    }
+}
