@@ -5,7 +5,8 @@
 //! Each size runs `-w` warm-up iterations, then `-n` iterations back to back on every
 //! rank's stream followed by one synchronization (the `time` column: the mean, as
 //! nccl-tests reports it), then `-n` iterations synchronized one by one (the p50 and p99
-//! latencies). `algbw` is size / time; `busbw` applies nccl-tests' factor (2(n−1)/n for
+//! latencies: each starts on every rank together after a barrier and lasts until the
+//! slowest rank's stream has finished it, as MPI benchmarks time a call). `algbw` is size / time; `busbw` applies nccl-tests' factor (2(n−1)/n for
 //! all-reduce, (n−1)/n for all-gather, reduce-scatter and all-to-all, 1 otherwise), so
 //! busbw compares with the hardware's bandwidth whatever the rank count. The reference
 //! column, `ceiling`, is the bandwidth of every rank copying the same number of bytes
@@ -334,12 +335,14 @@ fn measure(comm: &Communicator, o: &Options, size: u64, in_place: bool) -> Resul
                     barrier.wait();
                     let mean = start.elapsed() / o.iters.max(1) as u32;
                     let mut samples = Vec::with_capacity(o.iters);
+                    // Each sample starts together and ends when this rank's part is
+                    // done (as MPI benchmarks time a call between barriers); the
+                    // slowest rank's time is the iteration's.
                     for _ in 0..o.iters {
                         barrier.wait();
                         let t = Instant::now();
                         enqueue(&rank, o, &send, &recv, in_place, &stream)?;
                         stream.synchronize()?;
-                        barrier.wait();
                         samples.push(t.elapsed());
                     }
                     let mut wrong = 0;
@@ -413,7 +416,6 @@ fn ceiling(devices: &[Device], size: u64, iters: usize) -> Result<f64> {
                         let t = Instant::now();
                         stream.copy(&a, &b)?;
                         stream.synchronize()?;
-                        barrier.wait();
                         out.push(t.elapsed());
                     }
                     Ok(out)

@@ -190,7 +190,7 @@ impl Shared {
                 input.map(|h| (h.at(0).cast_const(), len)),
             )
         };
-        self.await_slots(slots, seq, &desc.to_string())?;
+        self.await_slots(slots, seq, &desc)?;
         for q in 0..n {
             match slots.desc(q, seq) {
                 Some(d) if d == desc => {}
@@ -259,7 +259,12 @@ impl Shared {
 
     /// Waits until every rank published `seq`, or fails: the communicator failed or was
     /// aborted meanwhile, or the timeout passed (then it fails, naming the missing ranks).
-    pub(super) fn await_slots(&self, slots: &Slots, seq: u64, what: &str) -> Result<()> {
+    pub(super) fn await_slots(
+        &self,
+        slots: &Slots,
+        seq: u64,
+        what: &dyn std::fmt::Display,
+    ) -> Result<()> {
         let stop =
             || self.aborted.load(Ordering::Acquire) || self.failed_flag.load(Ordering::Acquire);
         if !self.spinner.spin(SPIN, || slots.all_arrived(seq) || stop()) {
@@ -275,7 +280,7 @@ impl Shared {
             return Err(self.failure());
         }
         let missing: Vec<usize> = slots.missing(seq).collect();
-        let e = self.timeout_message(what, seq, &missing);
+        let e = self.timeout_message(&what.to_string(), seq, &missing);
         self.fail(e.clone());
         Err(e)
     }
