@@ -221,6 +221,10 @@ pub trait StreamImpl: Send + Sync {
     /// `Ok(true)` when all enqueued work is done, `Ok(false)` while some is pending; the
     /// first error since the last report otherwise.
     fn query(&self) -> Result<bool>;
+
+    /// The stream as `Any`, for the owning backend's extensions (a vendor collective
+    /// library enqueueing on the native stream) to downcast.
+    fn as_any(&self) -> &dyn Any;
 }
 
 /// A point on a stream's timeline. Thread-safe.

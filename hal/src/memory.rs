@@ -343,6 +343,15 @@ pub struct BufferSlice<'a> {
     pub len: u64,
 }
 
+impl BufferSlice<'_> {
+    /// Checks that the slice is memory of `device`, live and in bounds, and returns the
+    /// backend memory behind it (`None` when it is empty). For a backend's extensions that
+    /// hand device memory to a vendor library outside the stream operations.
+    pub fn resolve(&self, device: &crate::Device) -> Result<Option<RawSlice>> {
+        crate::validate::resolve(device, self, "the buffer")
+    }
+}
+
 impl<'a> From<&'a Allocation> for BufferSlice<'a> {
     fn from(a: &'a Allocation) -> Self {
         a.whole()

@@ -46,8 +46,8 @@ pub struct Options {
     pub dtype: DType,
     /// Root of rooted operations.
     pub root: usize,
-    /// Force an algorithm (`ring`, `direct`, `halving-doubling`, `tree`, `hierarchical`)
-    /// instead of the cost model's choice.
+    /// Force an algorithm (`ring`, `direct`, `halving-doubling`, `tree`, `hierarchical`,
+    /// `shared-memory`, `nccl`) instead of the cost model's choice.
     pub algorithm: Option<String>,
     /// Also time every algorithm at each size and report whether the cost model chose
     /// the fastest.

@@ -244,6 +244,10 @@ impl StreamImpl for FaultyStream {
     fn query(&self) -> Result<bool> {
         self.inner.query()
     }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 struct FaultyEvent {

@@ -105,6 +105,7 @@ pub mod driver;
 mod event;
 mod kernel;
 mod memory;
+pub mod nccl;
 mod nvrtc;
 mod stream;
 

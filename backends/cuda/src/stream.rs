@@ -844,6 +844,10 @@ impl StreamImpl for CudaStream {
         self.shared.take_error()?;
         Ok(done)
     }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 #[cfg(test)]

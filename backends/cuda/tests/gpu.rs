@@ -204,3 +204,53 @@ fn foreign_waits_block_neither_the_caller_nor_other_streams_host_steps() {
     assert_eq!(a.read(&buf).unwrap(), vec![0xAB; 4096]);
     hs.synchronize().unwrap();
 }
+
+#[test]
+fn nccl_groups_refuse_other_devices_and_run_on_gpus() {
+    use xpu_cuda::nccl::{NcclGroup, NcclOp, NcclPart, NcclReduce};
+    // Without a GPU: a group of host devices is refused with the reason, not a panic.
+    let mut r = Registry::new();
+    r.register(Arc::new(HostBackend::new(HostConfig {
+        devices: 2,
+        capacity: 1 << 20,
+    })))
+    .unwrap();
+    let hosts = r
+        .devices(&DeviceSelector::parse("host:0,1").unwrap())
+        .unwrap();
+    let e = NcclGroup::new(&hosts).unwrap_err();
+    assert!(e.to_string().contains("host:0 is not a CUDA device"), "{e}");
+    let Some((cuda, _)) = devices() else { return };
+    if let Err(reason) = xpu_cuda::nccl::available() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let e = NcclGroup::new(&[cuda.clone(), cuda.clone()]).unwrap_err();
+    assert!(e.to_string().contains("twice"), "{e}");
+    // One rank: an all-reduce is a copy, and an average divides by one.
+    let group = NcclGroup::new(std::slice::from_ref(&cuda)).unwrap();
+    let stream = cuda.create_stream().unwrap();
+    let values: Vec<u8> = (0..1024u32)
+        .flat_map(|i| (i as f32).to_le_bytes())
+        .collect();
+    let send = cuda.allocate(values.len() as u64).unwrap();
+    let recv = cuda.allocate(values.len() as u64).unwrap();
+    stream.write(&send, &values).unwrap();
+    let part = NcclPart {
+        stream: &stream,
+        send: Some(send.whole()),
+        recv: Some(recv.whole()),
+    };
+    group
+        .run(
+            NcclOp::AllReduce {
+                count: 1024,
+                dtype: xpu_hal::DType::F32,
+                op: NcclReduce::Avg,
+            },
+            &[part],
+        )
+        .unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(stream.read(&recv).unwrap(), values);
+}

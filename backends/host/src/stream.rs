@@ -179,6 +179,10 @@ impl StreamImpl for HostStream {
         self.queue.timeline().take_error()?;
         Ok(done)
     }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 impl HostStream {

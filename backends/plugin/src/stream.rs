@@ -533,6 +533,10 @@ impl StreamImpl for PluginStream {
             Err(e) => Err(explain(e, &self.shared.foreign, true)),
         }
     }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 /// The context of an [`xpu_external_event`]: the foreign event and where to put its

@@ -872,4 +872,8 @@ impl StreamImpl for VulkanStream {
         self.shared.take_error()?;
         Ok(done)
     }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }

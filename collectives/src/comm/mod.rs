@@ -174,6 +174,8 @@ struct Shared {
     failed_flag: AtomicBool,
     /// The slots of small operations, when every device runs host functions.
     slots: Option<Slots>,
+    /// NCCL communicators, when every rank is a distinct CUDA device and NCCL loads.
+    nccl: Option<xpu_cuda::nccl::NcclGroup>,
     /// Per rank: the latest operation it refused on the small path's terms, and why.
     refusals: Vec<Mutex<Option<(u64, Error)>>>,
     /// Per rank: whether it may stage its buffers through host memory for shared-memory
@@ -272,6 +274,19 @@ impl Communicator {
                     .fold(0.0, f64::max),
             );
         }
+        // All-CUDA communicators delegate to NCCL where it is installed.
+        let nccl = if n > 1 && devices.iter().all(|d| d.backend() == "cuda") {
+            match xpu_cuda::nccl::NcclGroup::new(&devices) {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    tracing::debug!(error = %e, "NCCL is not used; the xpu algorithms run");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        model.nccl = nccl.is_some();
         // Small operations go through slots where every rank runs host functions.
         let slots = (n > 1
             && devices.iter().all(|d| {
@@ -301,6 +316,7 @@ impl Communicator {
                 seqs: (0..n).map(|_| AtomicU64::new(0)).collect(),
                 failed_flag: AtomicBool::new(false),
                 slots,
+                nccl,
                 refusals: (0..n).map(|_| Mutex::new(None)).collect(),
                 may_stage,
                 staging: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
@@ -349,6 +365,18 @@ impl Communicator {
                 rank,
             })
             .collect()
+    }
+
+    /// Whether the communicator can run `algorithm` at all: shared memory needs every
+    /// rank host addressable (or staging through host memory), NCCL an all-CUDA
+    /// communicator with libnccl; the others always can (for the operations they
+    /// implement).
+    pub fn offers(&self, algorithm: Algorithm) -> bool {
+        match algorithm {
+            Algorithm::SharedMemory => self.shared.model.shared_memory_beta.is_some(),
+            Algorithm::Nccl => self.shared.nccl.is_some(),
+            _ => true,
+        }
     }
 
     /// The algorithm an operation of `bytes` per rank would use, and why.
@@ -691,6 +719,7 @@ impl Shared {
             op: first.op,
             root: first.root.unwrap_or(0),
             groups: &groups,
+            nccl: self.nccl.as_ref(),
         };
         run.execute().map_err(|e| {
             Error::aborted(format!(

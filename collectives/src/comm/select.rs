@@ -76,6 +76,9 @@ pub struct CostModel {
     /// µs per byte of the slowest device's copy within its own memory (β_m), when every
     /// device is host addressable and shared-memory execution can run.
     pub shared_memory_beta: Option<f64>,
+    /// Whether the communicator has an NCCL group (every device a distinct CUDA device,
+    /// libnccl installed).
+    pub nccl: bool,
 }
 
 /// What the model knows of the topology's groups.
@@ -154,6 +157,7 @@ impl CostModel {
             tree_depth: double_tree_depth(n),
             groups: figures,
             shared_memory_beta: None,
+            nccl: false,
         }
     }
 
@@ -162,6 +166,16 @@ impl CostModel {
     pub fn estimate(&self, kind: Collective, algorithm: Algorithm, bytes: u64) -> Option<f64> {
         if !algorithm.implements(kind) {
             return None;
+        }
+        if algorithm == Algorithm::Nccl {
+            // NCCL picks its own algorithm; the model only says it is there, as the ring
+            // it would be at worst.
+            if !self.nccl {
+                return None;
+            }
+            let n = self.n as f64;
+            let s = bytes as f64;
+            return Some(2.0 * (n - 1.0) * (self.ring_alpha + s / n.max(1.0) * self.ring_beta));
         }
         if algorithm == Algorithm::SharedMemory {
             let bm = self.shared_memory_beta?;
@@ -218,7 +232,7 @@ impl CostModel {
                 };
                 d * a + (2.0 * s + (d - 1.0).max(0.0) * q) * b
             }
-            (_, Algorithm::SharedMemory) => return None,
+            (_, Algorithm::SharedMemory | Algorithm::Nccl) => return None,
             (_, Algorithm::Hierarchical) => match self.groups {
                 None => ring_all_reduce,
                 Some(gf) => {
@@ -284,7 +298,7 @@ impl Selector {
             let kind: Collective = op.parse()?;
             let algorithm = Algorithm::from_name(algo).ok_or_else(|| {
                 Error::invalid(format!(
-                    "XPU_COLL_ALGO entry `{spec}`: unknown algorithm `{algo}`; expected ring, direct, halving-doubling, tree, hierarchical or shared-memory"
+                    "XPU_COLL_ALGO entry `{spec}`: unknown algorithm `{algo}`; expected ring, direct, halving-doubling, tree, hierarchical, shared-memory or nccl"
                 ))
             })?;
             let (min, max) = match range {
@@ -349,6 +363,13 @@ impl Selector {
                 return (a, "XPU_COLL_ALGO".to_string());
             }
         }
+        // NCCL, where the communicator has it, is tuned for its GPUs beyond this model.
+        if allowed(Algorithm::Nccl) && model.estimate(kind, Algorithm::Nccl, bytes).is_some() {
+            return (
+                Algorithm::Nccl,
+                "every rank is a CUDA device and NCCL is installed".to_string(),
+            );
+        }
         // Shared memory moves the fewest bytes and enqueues nothing: wherever it can run,
         // it is the choice (it falls back to the model's best when a stream is busy).
         if allowed(Algorithm::SharedMemory) {
@@ -390,7 +411,33 @@ mod tests {
             tree_depth: crate::comm::algorithms::double_tree_depth(n),
             groups: None,
             shared_memory_beta: None,
+            nccl: false,
         }
+    }
+
+    #[test]
+    fn nccl_is_chosen_exactly_where_the_communicator_has_it() {
+        let mut m = model(4);
+        let s = Selector::default();
+        assert_eq!(m.estimate(Collective::AllReduce, Algorithm::Nccl, 64), None);
+        assert_ne!(s.choose(&m, Collective::AllReduce, 64).0, Algorithm::Nccl);
+        // An override cannot conjure it up.
+        let forced = Selector::parse("allreduce:nccl").unwrap();
+        assert_ne!(
+            forced.choose(&m, Collective::AllReduce, 64).0,
+            Algorithm::Nccl
+        );
+        m.nccl = true;
+        assert_eq!(s.choose(&m, Collective::AllReduce, 64).0, Algorithm::Nccl);
+        assert_eq!(s.choose(&m, Collective::AllToAll, 64).0, Algorithm::Nccl);
+        // Barriers stay with the enqueued events.
+        assert_ne!(s.choose(&m, Collective::Barrier, 0).0, Algorithm::Nccl);
+        // Overrides naming another algorithm still win.
+        let ring = Selector::parse("allreduce:ring").unwrap();
+        assert_eq!(
+            ring.choose(&m, Collective::AllReduce, 64).0,
+            Algorithm::Ring
+        );
     }
 
     #[test]
@@ -538,6 +585,7 @@ mod tests {
     fn algorithms_estimate_exactly_what_they_implement() {
         let mut m = model(4);
         m.shared_memory_beta = Some(1.0 / 10_000.0);
+        m.nccl = true;
         for kind in Collective::ALL {
             for a in Algorithm::ALL {
                 assert_eq!(

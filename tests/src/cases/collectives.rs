@@ -524,12 +524,12 @@ fn sweep(kind: Collective, devices: &[Device], topology: &Topology, thorough: bo
             &format!("{}:{}", kind.name(), algorithm.name()),
             SWEEP_TIMEOUT,
         )?;
-        let chosen = comm.algorithm_for(kind, 4).0;
-        if algorithm == Algorithm::SharedMemory && chosen != algorithm {
-            // Only communicators whose every rank is host addressable, or may stage
-            // through host memory, have it; the others run the remaining algorithms.
+        if !comm.offers(algorithm) {
+            // Shared memory needs every rank host addressable (or staging through host
+            // memory), NCCL an all-CUDA communicator: the others run the rest.
             continue;
         }
+        let chosen = comm.algorithm_for(kind, 4).0;
         if chosen != algorithm {
             return Err(CaseError::fail(format!(
                 "forcing {kind} to {algorithm} through an override chose {chosen}"

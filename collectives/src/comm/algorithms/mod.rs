@@ -23,6 +23,7 @@
 
 mod halving;
 mod hierarchical;
+mod nccl;
 mod tree;
 
 pub(crate) use hierarchical::is_hierarchical;
@@ -50,21 +51,25 @@ pub enum Algorithm {
     /// (`shared_memory/`); only when every buffer is host addressable and every stream
     /// idle.
     SharedMemory,
+    /// NCCL, for communicators of distinct CUDA devices when libnccl is installed
+    /// (`nccl.rs`).
+    Nccl,
 }
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 6] = [
+    pub const ALL: [Algorithm; 7] = [
         Algorithm::Ring,
         Algorithm::Direct,
         Algorithm::HalvingDoubling,
         Algorithm::Tree,
         Algorithm::Hierarchical,
         Algorithm::SharedMemory,
+        Algorithm::Nccl,
     ];
 
     /// The lowercase name (`ring`, `direct`, `halving-doubling`, `tree`, `hierarchical`,
-    /// `shared-memory`).
+    /// `shared-memory`, `nccl`).
     pub const fn name(self) -> &'static str {
         match self {
             Algorithm::Ring => "ring",
@@ -73,6 +78,7 @@ impl Algorithm {
             Algorithm::Tree => "tree",
             Algorithm::Hierarchical => "hierarchical",
             Algorithm::SharedMemory => "shared-memory",
+            Algorithm::Nccl => "nccl",
         }
     }
 
@@ -106,6 +112,7 @@ impl Algorithm {
             ),
             Algorithm::Hierarchical => matches!(kind, Collective::AllReduce),
             Algorithm::SharedMemory => !matches!(kind, Collective::SendRecv),
+            Algorithm::Nccl => !matches!(kind, Collective::SendRecv | Collective::Barrier),
         }
     }
 }
@@ -136,6 +143,8 @@ pub(crate) struct Run<'a> {
     pub root: usize,
     /// The topology's groups of well-connected ranks, for hierarchical algorithms.
     pub groups: &'a [Vec<usize>],
+    /// The communicator's NCCL group, when it has one.
+    pub nccl: Option<&'a xpu_cuda::nccl::NcclGroup>,
 }
 
 /// Shared-memory execution runs in the ranks' threads (`shared_memory/`), never here.
@@ -204,6 +213,9 @@ impl Run<'_> {
         if self.algorithm == Algorithm::SharedMemory {
             return Err(not_enqueued());
         }
+        if self.algorithm == Algorithm::Nccl {
+            return self.nccl();
+        }
         if !self.algorithm.implements(self.kind) {
             return Err(Error::backend_message(
                 "collectives",
@@ -259,7 +271,7 @@ impl Run<'_> {
                 Algorithm::HalvingDoubling => self.halving_all_reduce()?,
                 Algorithm::Tree => self.tree_all_reduce()?,
                 Algorithm::Hierarchical => self.hierarchical_all_reduce()?,
-                Algorithm::SharedMemory => return Err(not_enqueued()),
+                Algorithm::SharedMemory | Algorithm::Nccl => return Err(not_enqueued()),
             }
         }
         for r in 0..n {
