@@ -10,9 +10,10 @@
 //! the shape of NCCL's LL protocol and of MPI's shared-memory transports, and it costs a
 //! few cache-line transfers per operation.
 //!
-//! Slots are double-buffered by the parity of the sequence number. A rank reuses parity
-//! `p` at operation `s + 2` only after every flag reached `s + 2`, that is after every
-//! rank has left operation `s`, so no slot is overwritten while it is read.
+//! Slots, flags and descriptions are double-buffered by the parity of the sequence
+//! number; a parity's flag and description share one cache line. A rank reuses parity `p`
+//! at operation `s + 2` only after every rank published `s + 1`, that is after every rank
+//! has left operation `s`, so nothing is overwritten while it is read.
 //!
 //! The rank's thread runs the exchange when its stream is idle; otherwise it enqueues a
 //! host function that runs it on the stream's worker in stream order, and returns.
@@ -25,7 +26,6 @@ use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crossbeam_utils::CachePadded;
 use xpu_hal::{Error, Result};
 
 use super::op::{Collective, OpDesc};
@@ -37,14 +37,39 @@ pub(crate) const SMALL_BYTES: usize = 4096;
 
 const WORDS: usize = SMALL_BYTES / 8;
 
+/// A rank's header for one parity, in one cache line: a reader that sees the flag has
+/// the description in the same transfer.
+#[repr(C, align(64))]
+struct Header {
+    /// One more than the sequence number of the latest operation of this parity the rank
+    /// published.
+    flag: AtomicU64,
+    /// What the rank called (`None`: invalid arguments).
+    desc: UnsafeCell<Option<OpDesc>>,
+}
+
+/// One parity of a rank's slot: the header, then the input right after it, so that the
+/// line after the header arrives with it.
+#[repr(C, align(64))]
+struct Half {
+    header: Header,
+    data: UnsafeCell<[u64; WORDS]>,
+}
+
 /// One rank's slot.
 struct Slot {
-    /// One more than the sequence number of the latest operation this rank published.
-    flag: CachePadded<AtomicU64>,
-    /// Per parity: what the rank called (`None`: invalid arguments).
-    desc: [UnsafeCell<Option<OpDesc>>; 2],
-    /// Per parity: the rank's input, 8-byte aligned.
-    data: [UnsafeCell<[u64; WORDS]>; 2],
+    halves: [Half; 2],
+}
+
+impl Slot {
+    /// Whether the rank has published operation `seq` (or a later one of its parity).
+    fn published(&self, seq: u64) -> bool {
+        self.halves[(seq % 2) as usize]
+            .header
+            .flag
+            .load(Ordering::Acquire)
+            > seq
+    }
 }
 
 /// Every rank's slot.
@@ -65,9 +90,13 @@ impl Slots {
         Slots {
             slots: (0..ranks)
                 .map(|_| Slot {
-                    flag: CachePadded::new(AtomicU64::new(0)),
-                    desc: [UnsafeCell::new(None), UnsafeCell::new(None)],
-                    data: [UnsafeCell::new([0; WORDS]), UnsafeCell::new([0; WORDS])],
+                    halves: [0, 1].map(|_| Half {
+                        header: Header {
+                            flag: AtomicU64::new(0),
+                            desc: UnsafeCell::new(None),
+                        },
+                        data: UnsafeCell::new([0; WORDS]),
+                    }),
                 })
                 .collect(),
         }
@@ -94,13 +123,13 @@ impl Slots {
         // SAFETY: this rank alone writes its parity-`p` cells, and nobody reads them now
         // (module docs); `input` is valid for `len` bytes, at most the slot's size.
         unsafe {
-            *slot.desc[p].get() = desc;
+            *slot.halves[p].header.desc.get() = desc;
             if let Some((from, len)) = input {
-                let to = slot.data[p].get().cast::<u8>();
+                let to = slot.halves[p].data.get().cast::<u8>();
                 std::ptr::copy_nonoverlapping(from, to, len.min(SMALL_BYTES));
             }
         }
-        slot.flag.store(seq + 1, Ordering::Release);
+        slot.halves[p].header.flag.store(seq + 1, Ordering::Release);
     }
 
     /// The ranks whose flag has not reached operation `seq` yet.
@@ -108,15 +137,13 @@ impl Slots {
         self.slots
             .iter()
             .enumerate()
-            .filter(move |(_, s)| s.flag.load(Ordering::Acquire) <= seq)
+            .filter(move |(_, s)| !s.published(seq))
             .map(|(r, _)| r)
     }
 
     /// Whether every rank has published operation `seq`.
     pub fn all_arrived(&self, seq: u64) -> bool {
-        self.slots
-            .iter()
-            .all(|s| s.flag.load(Ordering::Acquire) > seq)
+        self.slots.iter().all(|s| s.published(seq))
     }
 
     /// What `rank` published for operation `seq`. Call only once
@@ -125,13 +152,13 @@ impl Slots {
         let slot = self.slots.get(rank)?;
         // SAFETY: the flag showed `seq` (acquire), so the write happened before, and the
         // cell is not rewritten until this rank leaves the operation (module docs).
-        unsafe { *slot.desc[(seq % 2) as usize].get() }
+        unsafe { *slot.halves[(seq % 2) as usize].header.desc.get() }
     }
 
     /// The address of `rank`'s input for operation `seq`, under the same rule.
     pub fn data(&self, rank: usize, seq: u64) -> *mut u8 {
         match self.slots.get(rank) {
-            Some(slot) => slot.data[(seq % 2) as usize].get().cast::<u8>(),
+            Some(slot) => slot.halves[(seq % 2) as usize].data.get().cast::<u8>(),
             None => std::ptr::null_mut(),
         }
     }
