@@ -731,3 +731,67 @@ fn a_small_call_against_a_large_one_is_a_desync_on_both() {
         );
     }
 }
+
+#[test]
+fn small_operations_keep_their_order_across_streams() {
+    // Operation #0 is queued behind a gate on one stream while #1, #2 and #3 are called on
+    // another, idle stream: each rank still goes through its operations in order (#1 waits
+    // until #0 ran), and every result is exact.
+    let c = comm(devices("host:0,1"), "", Duration::from_secs(60));
+    let n = c.size();
+    let release = Arc::new(AtomicBool::new(false));
+    let elems = 64;
+    std::thread::scope(|s| {
+        let opener = release.clone();
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            opener.store(true, Ordering::Release);
+        });
+        for rank in c.ranks() {
+            let release = release.clone();
+            s.spawn(move || {
+                let r = rank.rank();
+                let device = rank.device().clone();
+                let (gated, idle) = (
+                    device.create_stream().unwrap(),
+                    device.create_stream().unwrap(),
+                );
+                let input = check::input(DType::I64, Some(ReduceOp::Sum), r, n, elems);
+                let bufs: Vec<_> = (0..4)
+                    .map(|_| device.allocate(input.len() as u64).unwrap())
+                    .collect();
+                gated.write(&bufs[0], &input).unwrap();
+                idle.write(&bufs[2], &input).unwrap();
+                gated
+                    .launch(&gate(&device, release), LaunchDims::linear(1, 1), &[])
+                    .unwrap();
+                rank.all_reduce(&bufs[0], &bufs[1], DType::I64, ReduceOp::Sum, &gated)
+                    .unwrap();
+                for k in 0..3 {
+                    let (a, b) = if k % 2 == 0 {
+                        (&bufs[2], &bufs[3])
+                    } else {
+                        (&bufs[3], &bufs[2])
+                    };
+                    rank.all_reduce(a, b, DType::I64, ReduceOp::Sum, &idle)
+                        .unwrap();
+                }
+                gated.synchronize().unwrap();
+                idle.synchronize().unwrap();
+                // #0 gives the sum S; #1 S again (from the same inputs); #2 n·S; #3 n²·S.
+                let want = check::reduced(DType::I64, ReduceOp::Sum, n, elems);
+                let scaled: Vec<u8> = want
+                    .chunks_exact(8)
+                    .flat_map(|c| {
+                        let v = i64::from_le_bytes(c.try_into().unwrap());
+                        (v * (n * n) as i64).to_le_bytes()
+                    })
+                    .collect();
+                let first = gated.read(&bufs[1]).unwrap();
+                assert_eq!(check::wrong_elements(DType::I64, &first, &want), 0);
+                let last = gated.read(&bufs[3]).unwrap();
+                assert_eq!(check::wrong_elements(DType::I64, &last, &scaled), 0);
+            });
+        }
+    });
+}

@@ -693,7 +693,12 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
             break;
         }
         let next = size.saturating_mul(o.step_factor).min(o.max_bytes);
-        size = (next / unit).max(1) * unit;
+        let next = (next / unit).max(1) * unit;
+        // A maximum that is not a whole number of units rounds back down: stop there.
+        if next <= size {
+            break;
+        }
+        size = next;
     }
     if !o.json && compared > 0 {
         println!(

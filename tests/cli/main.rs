@@ -446,3 +446,33 @@ fn version_and_case_list() {
     assert_eq!(code, 0);
     assert!(out.lines().count() >= 40, "{out}");
 }
+
+#[test]
+fn the_collectives_bench_stops_at_a_maximum_that_is_not_whole_elements() {
+    // 4099 bytes round down to 4096 (1024 floats); the sweep must end there, checked.
+    let (code, out, err) = run(xpu(&[
+        "bench",
+        "collectives",
+        "-b",
+        "1K",
+        "-e",
+        "4099",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--json",
+    ])
+    .env("XPU_COLL_TIMEOUT", "60"));
+    assert_eq!(code, 0, "{out}{err}");
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let sizes: Vec<u64> = rows.iter().map(|r| r["size"].as_u64().unwrap()).collect();
+    assert_eq!(sizes, vec![1024, 2048, 4096], "{out}");
+    assert!(
+        rows.iter().all(|r| r["out_of_place"]["wrong"] == 0),
+        "{out}"
+    );
+}

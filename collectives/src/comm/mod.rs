@@ -170,6 +170,9 @@ struct Shared {
     spinner: Spinner,
     /// Per rank: the sequence number of its next operation.
     seqs: Vec<AtomicU64>,
+    /// Per rank: one more than the latest operation it is through with on the slots
+    /// (`small.rs`).
+    through: Vec<AtomicU64>,
     /// Set with `State::failed`, readable without the lock.
     failed_flag: AtomicBool,
     /// The slots of small operations, when every device runs host functions.
@@ -314,6 +317,7 @@ impl Communicator {
                 sleepers: AtomicUsize::new(0),
                 spinner: Spinner::new(n),
                 seqs: (0..n).map(|_| AtomicU64::new(0)).collect(),
+                through: (0..n).map(|_| AtomicU64::new(0)).collect(),
                 failed_flag: AtomicBool::new(false),
                 slots,
                 nccl,
@@ -862,11 +866,10 @@ impl Rank {
         if let Some(slots) = &sh.slots {
             match &desc {
                 Ok(d) if self.small_path(d) => return self.small(slots, seq, *d, &buffers, &io),
-                // SAFETY: this rank's own slot, once for `seq`, in order.
-                Ok(d) => unsafe { slots.publish(self.rank, seq, Some(*d), None) },
+                Ok(d) => sh.announce(slots, self.rank, seq, Some(*d))?,
                 Err(e) => {
                     // Refused here: go the way the others went, so they learn of it.
-                    sh.refuse(slots, self.rank, seq, e);
+                    sh.refuse(slots, self.rank, seq, e)?;
                     sh.await_slots(slots, seq, &"the operation")?;
                     let theirs = (0..self.size()).find_map(|q| slots.desc(q, seq));
                     if theirs.is_some_and(|d| self.small_path(&d)) {
@@ -943,8 +946,7 @@ impl Rank {
         let host = match (view(&buffers.send), view(&buffers.recv)) {
             (Some(send), Some(recv)) => HostBuffers { send, recv },
             _ => {
-                // SAFETY: this rank's own slot, once for `seq`, in order.
-                unsafe { slots.publish(self.rank, seq, None, None) };
+                self.shared.announce(slots, self.rank, seq, None)?;
                 return Err(Error::backend_message(
                     "collectives",
                     format!(
@@ -984,8 +986,7 @@ impl Rank {
             })
             .and_then(|k| io.stream.launch(&k, xpu_hal::LaunchDims::linear(1, 1), &[]));
         if launched.is_err() {
-            // SAFETY: this rank's own slot, once for `seq`, in order.
-            unsafe { slots.publish(self.rank, seq, None, None) };
+            sh.announce(slots, self.rank, seq, None)?;
         }
         launched
     }

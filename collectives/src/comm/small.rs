@@ -11,9 +11,13 @@
 //! few cache-line transfers per operation.
 //!
 //! Slots, flags and descriptions are double-buffered by the parity of the sequence
-//! number; a parity's flag and description share one cache line. A rank reuses parity `p`
-//! at operation `s + 2` only after every rank published `s + 1`, that is after every rank
-//! has left operation `s`, so nothing is overwritten while it is read.
+//! number; a parity's flag and description share one cache line. Each rank publishes its
+//! operations strictly in order, each only once it is through with the one before (for a
+//! small operation: has read the slots; the rank's `through` counter). So a rank that
+//! reuses parity `p` at operation `s + 2` — which it reaches only after every rank
+//! published `s + 1` — knows every rank is through with `s`, and nothing is overwritten
+//! while it is read. Exchanges queued on streams (below) keep this order too, even across
+//! streams: each waits for the rank's previous operation before it publishes.
 //!
 //! The rank's thread runs the exchange when its stream is idle; otherwise it enqueues a
 //! host function that runs it on the stream's worker in stream order, and returns.
@@ -164,6 +168,15 @@ impl Slots {
     }
 }
 
+/// Marks a rank through with an operation when dropped.
+struct Through<'a>(&'a AtomicU64, u64);
+
+impl Drop for Through<'_> {
+    fn drop(&mut self) {
+        self.0.store(self.1, Ordering::Release);
+    }
+}
+
 /// The input length of an operation on the small path: what each rank publishes.
 pub(crate) fn input_bytes(desc: &OpDesc, ranks: usize) -> u64 {
     match desc.kind {
@@ -181,12 +194,59 @@ pub(crate) fn fits(desc: &OpDesc, ranks: usize) -> bool {
 impl Shared {
     /// Publishes that `rank` refused operation `seq` with `error`, for the others to
     /// report.
-    pub(super) fn refuse(&self, slots: &Slots, rank: usize, seq: u64, error: &Error) {
+    pub(super) fn refuse(&self, slots: &Slots, rank: usize, seq: u64, error: &Error) -> Result<()> {
         if let Some(r) = self.refusals.get(rank) {
             *r.lock().unwrap_or_else(|p| p.into_inner()) = Some((seq, error.clone()));
         }
-        // SAFETY: this rank's own slot, once for `seq`, in order.
-        unsafe { slots.publish(rank, seq, None, None) };
+        self.announce(slots, rank, seq, None)
+    }
+
+    /// Publishes `rank`'s description of operation `seq`, which reads no slots, once the
+    /// rank is through with the operation before; the rank is then through with this one.
+    pub(super) fn announce(
+        &self,
+        slots: &Slots,
+        rank: usize,
+        seq: u64,
+        desc: Option<OpDesc>,
+    ) -> Result<()> {
+        self.wait_through(rank, seq)?;
+        // SAFETY: this rank's own slot, for `seq`, after its previous operation.
+        unsafe { slots.publish(rank, seq, desc, None) };
+        self.through[rank].store(seq + 1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Waits until `rank` is through with every operation before `seq` (at once, unless
+    /// an earlier small operation of it is still queued on a stream).
+    fn wait_through(&self, rank: usize, seq: u64) -> Result<()> {
+        let through = &self.through[rank];
+        let done = || through.load(Ordering::Acquire) >= seq;
+        if done() {
+            return Ok(());
+        }
+        let stop =
+            || self.aborted.load(Ordering::Acquire) || self.failed_flag.load(Ordering::Acquire);
+        let deadline = Instant::now() + self.options.timeout;
+        while !done() {
+            if stop() {
+                return Err(self.failure());
+            }
+            if Instant::now() >= deadline {
+                let e = Error::Timeout {
+                    message: format!(
+                        "operation #{} of {} did not finish within {:.1} s, so #{seq} could not start; the communicator is now failed: abort it and make a new one",
+                        seq.saturating_sub(1),
+                        self.rank_name(rank),
+                        self.options.timeout.as_secs_f64()
+                    ),
+                };
+                self.fail(e.clone());
+                return Err(e);
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        Ok(())
     }
 
     /// Runs operation `seq` of `rank` through the slots; `host` are the rank's buffers.
@@ -207,8 +267,12 @@ impl Shared {
             _ => host.send.as_ref(),
         };
         let len = input_bytes(&desc, n) as usize;
-        // SAFETY: this rank publishes its own slot, once for `seq`, in order; the input
-        // range is at least `len` bytes (validated) and at most SMALL_BYTES (`fits`).
+        self.wait_through(rank, seq)?;
+        // Through with this operation once its slots are read, whatever the outcome.
+        let _through = Through(&self.through[rank], seq + 1);
+        // SAFETY: this rank publishes its own slot, once for `seq`, after its previous
+        // operation; the input range is at least `len` bytes (validated) and at most
+        // SMALL_BYTES (`fits`).
         unsafe {
             slots.publish(
                 rank,
