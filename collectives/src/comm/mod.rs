@@ -827,7 +827,7 @@ impl Rank {
         &self.shared.devices[self.rank]
     }
 
-    fn io(&self, stream: &Stream) -> Result<RankIo> {
+    fn check_stream(&self, stream: &Stream) -> Result<()> {
         if stream.device() != self.device() {
             return Err(Error::invalid(format!(
                 "the stream is on {}, but rank {} is {}; enqueue on a stream of the rank's device",
@@ -836,6 +836,11 @@ impl Rank {
                 self.device().id()
             )));
         }
+        Ok(())
+    }
+
+    fn io(&self, stream: &Stream) -> Result<RankIo> {
+        self.check_stream(stream)?;
         Ok(RankIo {
             device: self.device().clone(),
             stream: stream.clone(),
@@ -847,7 +852,7 @@ impl Rank {
         stream: &Stream,
         build: impl FnOnce() -> Result<(OpDesc, RankBuffers)>,
     ) -> Result<()> {
-        let io = self.io(stream)?;
+        self.check_stream(stream)?;
         let (desc, buffers) = match build() {
             Ok((d, b)) => (Ok(d), b),
             Err(e) => (
@@ -865,7 +870,7 @@ impl Rank {
         let seq = sh.seqs[self.rank].fetch_add(1, Ordering::Relaxed);
         if let Some(slots) = &sh.slots {
             match &desc {
-                Ok(d) if self.small_path(d) => return self.small(slots, seq, *d, &buffers, &io),
+                Ok(d) if self.small_path(d) => return self.small(slots, seq, *d, &buffers, stream),
                 Ok(d) => sh.announce(slots, self.rank, seq, Some(*d))?,
                 Err(e) => {
                     // Refused here: go the way the others went, so they learn of it.
@@ -878,6 +883,7 @@ impl Rank {
                 }
             }
         }
+        let io = self.io(stream)?;
         let mut staged: Option<Staged> = None;
         let host = match &desc {
             Ok(d) => {
@@ -933,7 +939,7 @@ impl Rank {
         seq: u64,
         desc: OpDesc,
         buffers: &RankBuffers,
-        io: &RankIo,
+        stream: &Stream,
     ) -> Result<()> {
         let view = |s: &Option<Slice>| match s {
             None => Some(None),
@@ -957,7 +963,7 @@ impl Rank {
             }
         };
         let sh = &self.shared;
-        if matches!(io.stream.query(), Ok(true)) {
+        if matches!(stream.query(), Ok(true)) {
             let result = sh.exchange(slots, self.rank, seq, desc, &host);
             if result.is_ok() && self.rank == 0 {
                 sh.ran_shared.fetch_add(1, Ordering::Relaxed);
@@ -976,15 +982,15 @@ impl Rank {
             }
             result.map_err(|e| e.to_string())
         };
-        let launched = io
-            .device
+        let launched = self
+            .device()
             .load_kernel(xpu_hal::KernelDesc {
                 name: "collective exchange".into(),
                 entry_point: "exchange".into(),
                 source: xpu_hal::KernelSource::HostFunction(Arc::new(exchange)),
                 params: Vec::new(),
             })
-            .and_then(|k| io.stream.launch(&k, xpu_hal::LaunchDims::linear(1, 1), &[]));
+            .and_then(|k| stream.launch(&k, xpu_hal::LaunchDims::linear(1, 1), &[]));
         if launched.is_err() {
             sh.announce(slots, self.rank, seq, None)?;
         }
