@@ -23,6 +23,21 @@
 //! staging between backends ([`comm`]'s transport). Timeouts name the ranks that never
 //! arrived, and [`Communicator::abort`] never waits.
 //!
+//! Three faster paths take over where they can:
+//!
+//! - **small operations** (≤ 4 KiB) on host ranks skip the rendezvous: each rank copies
+//!   its input into a slot, raises a flag, and computes its own result from the others'
+//!   slots (an LL-style exchange of a few cache lines);
+//! - **shared memory**: when every rank's memory is addressable by the CPU (host memory,
+//!   or a device sharing it) — or reachable only through host memory anyway, then staged
+//!   once each way — and every stream is idle, the ranks' own threads reduce straight from
+//!   each other's buffers into each other's outputs in one pass, and the call returns with
+//!   the operation done;
+//! - **NCCL**: a communicator of CUDA devices hands operations to NCCL when it is
+//!   installed ([`Algorithm::Nccl`]), after the same rendezvous.
+//!
+//! [`Communicator::stats`] counts which way operations ran.
+//!
 //! ## Checking
 //!
 //! [`check`] makes inputs whose reductions are exact in every dtype and order, so tests,
