@@ -41,22 +41,18 @@ pub(crate) const SMALL_BYTES: usize = 4096;
 
 const WORDS: usize = SMALL_BYTES / 8;
 
-/// A rank's header for one parity, in one cache line: a reader that sees the flag has
-/// the description in the same transfer.
+/// One parity of a rank's slot: the flag, the description and the input, contiguous
+/// from the start of a cache line, so that a reader that sees the flag has the
+/// description and the first bytes of the input in the same transfer (the whole input,
+/// for the smallest messages).
 #[repr(C, align(64))]
-struct Header {
+struct Half {
     /// One more than the sequence number of the latest operation of this parity the rank
     /// published.
     flag: AtomicU64,
     /// What the rank called (`None`: invalid arguments).
     desc: UnsafeCell<Option<OpDesc>>,
-}
-
-/// One parity of a rank's slot: the header, then the input right after it, so that the
-/// line after the header arrives with it.
-#[repr(C, align(64))]
-struct Half {
-    header: Header,
+    /// The input (8-byte aligned).
     data: UnsafeCell<[u64; WORDS]>,
 }
 
@@ -68,11 +64,7 @@ struct Slot {
 impl Slot {
     /// Whether the rank has published operation `seq` (or a later one of its parity).
     fn published(&self, seq: u64) -> bool {
-        self.halves[(seq % 2) as usize]
-            .header
-            .flag
-            .load(Ordering::Acquire)
-            > seq
+        self.halves[(seq % 2) as usize].flag.load(Ordering::Acquire) > seq
     }
 }
 
@@ -95,10 +87,8 @@ impl Slots {
             slots: (0..ranks)
                 .map(|_| Slot {
                     halves: [0, 1].map(|_| Half {
-                        header: Header {
-                            flag: AtomicU64::new(0),
-                            desc: UnsafeCell::new(None),
-                        },
+                        flag: AtomicU64::new(0),
+                        desc: UnsafeCell::new(None),
                         data: UnsafeCell::new([0; WORDS]),
                     }),
                 })
@@ -127,13 +117,13 @@ impl Slots {
         // SAFETY: this rank alone writes its parity-`p` cells, and nobody reads them now
         // (module docs); `input` is valid for `len` bytes, at most the slot's size.
         unsafe {
-            *slot.halves[p].header.desc.get() = desc;
+            *slot.halves[p].desc.get() = desc;
             if let Some((from, len)) = input {
                 let to = slot.halves[p].data.get().cast::<u8>();
                 std::ptr::copy_nonoverlapping(from, to, len.min(SMALL_BYTES));
             }
         }
-        slot.halves[p].header.flag.store(seq + 1, Ordering::Release);
+        slot.halves[p].flag.store(seq + 1, Ordering::Release);
     }
 
     /// The ranks whose flag has not reached operation `seq` yet.
@@ -156,7 +146,7 @@ impl Slots {
         let slot = self.slots.get(rank)?;
         // SAFETY: the flag showed `seq` (acquire), so the write happened before, and the
         // cell is not rewritten until this rank leaves the operation (module docs).
-        unsafe { *slot.halves[(seq % 2) as usize].header.desc.get() }
+        unsafe { *slot.halves[(seq % 2) as usize].desc.get() }
     }
 
     /// The address of `rank`'s input for operation `seq`, under the same rule.
@@ -374,5 +364,21 @@ impl Shared {
         let e = self.timeout_message(&what.to_string(), seq, &missing);
         self.fail(e.clone());
         Err(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flag_description_and_first_input_bytes_share_a_cache_line() {
+        let data = std::mem::offset_of!(Half, data);
+        assert!(
+            data + 8 <= 64,
+            "the input starts at byte {data} of the line"
+        );
+        assert_eq!(data % 8, 0);
+        assert_eq!(std::mem::align_of::<Half>(), 64);
     }
 }
