@@ -1,0 +1,680 @@
+//! [`Rank`]: one rank's handle, and the operations its thread calls. Each operation
+//! checks its arguments, then takes the small path (`small.rs`) or arrives at the
+//! rendezvous (`mod.rs`), staging its buffers through host memory first where that lets
+//! the operation run in shared memory (`staging.rs`).
+
+use super::*;
+
+/// One rank of a communicator: the handle its driving thread calls operations on.
+#[derive(Clone)]
+pub struct Rank {
+    pub(super) shared: Arc<Shared>,
+    pub(super) rank: usize,
+}
+
+impl std::fmt::Debug for Rank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rank")
+            .field("rank", &self.rank)
+            .field("device", &self.device().id().to_string())
+            .finish()
+    }
+}
+
+/// Checks that a slice is usable by this rank: on its device, not freed.
+fn check_slice(device: &Device, b: &BufferSlice<'_>, what: &str) -> Result<Slice> {
+    if b.allocation.device() != device.id() {
+        return Err(Error::invalid(format!(
+            "the {what} is on {}, but this rank's device is {}; pass memory of the rank's own device",
+            b.allocation.device(),
+            device.id()
+        )));
+    }
+    if b.allocation.is_freed() {
+        return Err(Error::invalid(format!(
+            "the {what} was freed; keep it alive until the operation is enqueued"
+        )));
+    }
+    match b.offset.checked_add(b.len) {
+        Some(end) if end <= b.allocation.size() => Ok(Slice::from_buffer(b)),
+        _ => Err(Error::invalid(format!(
+            "the {what} [{}..+{}) is out of bounds of its {}-byte allocation",
+            b.offset,
+            b.len,
+            b.allocation.size()
+        ))),
+    }
+}
+
+fn check_len(len: u64, expected: u64, what: &str) -> Result<()> {
+    if len != expected {
+        return Err(Error::invalid(format!(
+            "the {what} is {len} bytes but must be {expected}"
+        )));
+    }
+    Ok(())
+}
+
+fn check_dtype(device: &Device, bytes: u64, dtype: DType, what: &str) -> Result<()> {
+    if !bytes.is_multiple_of(dtype.size() as u64) {
+        return Err(Error::invalid(format!(
+            "the {what} is {bytes} bytes, not a whole number of {} elements ({} bytes each)",
+            dtype.name(),
+            dtype.size()
+        )));
+    }
+    if !device.capabilities().supports_dtype(dtype) {
+        return Err(Error::unsupported(format!(
+            "{} cannot reduce {} (not in its builtin dtypes); use a dtype every rank supports",
+            device.id(),
+            dtype.name()
+        )));
+    }
+    Ok(())
+}
+
+/// Send and receive must be identical (in place) or disjoint.
+fn check_aliasing(send: &Slice, recv: &Slice) -> Result<()> {
+    if send.overlaps(recv) && !send.same_as(recv) {
+        return Err(Error::invalid(
+            "the send and receive buffers partly overlap; pass the same range (in place) or disjoint ranges",
+        ));
+    }
+    Ok(())
+}
+
+impl Rank {
+    /// This rank's number.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.shared.devices.len()
+    }
+
+    /// This rank's device.
+    pub fn device(&self) -> &Device {
+        &self.shared.devices[self.rank]
+    }
+
+    fn check_stream(&self, stream: &Stream) -> Result<()> {
+        if stream.device() != self.device() {
+            return Err(Error::invalid(format!(
+                "the stream is on {}, but rank {} is {}; enqueue on a stream of the rank's device",
+                stream.device().id(),
+                self.rank,
+                self.device().id()
+            )));
+        }
+        Ok(())
+    }
+
+    fn io(&self, stream: &Stream) -> Result<RankIo> {
+        self.check_stream(stream)?;
+        Ok(RankIo {
+            device: self.device().clone(),
+            stream: stream.clone(),
+        })
+    }
+
+    fn arrive(
+        &self,
+        stream: &Stream,
+        build: impl FnOnce() -> Result<(OpDesc, RankBuffers)>,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        let (desc, buffers) = match build() {
+            Ok((d, b)) => (Ok(d), b),
+            Err(e) => (
+                Err(e),
+                RankBuffers {
+                    send: None,
+                    recv: None,
+                },
+            ),
+        };
+        let sh = &self.shared;
+        if sh.aborted.load(Ordering::Acquire) || sh.failed_flag.load(Ordering::Acquire) {
+            return Err(sh.failure());
+        }
+        let seq = sh.seqs[self.rank].fetch_add(1, Ordering::Relaxed);
+        if let Some(slots) = &sh.slots {
+            match &desc {
+                Ok(d) if self.small_path(d) => return self.small(slots, seq, *d, &buffers, stream),
+                Ok(d) => sh.announce(slots, self.rank, seq, Some(*d))?,
+                Err(e) => {
+                    // Refused here: go the way the others went, so they learn of it.
+                    sh.refuse(slots, self.rank, seq, e)?;
+                    sh.await_slots(slots, seq, &"the operation")?;
+                    let theirs = (0..self.size()).find_map(|q| slots.desc(q, seq));
+                    if theirs.is_some_and(|d| self.small_path(&d)) {
+                        return Err(sh.refused(seq, self.rank, Some(e)));
+                    }
+                }
+            }
+        }
+        let io = self.io(stream)?;
+        let mut staged: Option<Staged> = None;
+        let host = match &desc {
+            Ok(d) => {
+                // The root of an in-place broadcast reads its receive buffer.
+                let recv_is_input = d.kind == Collective::Broadcast
+                    && d.root == Some(self.rank)
+                    && buffers.send.is_none();
+                self.host_buffers(&io, &buffers, recv_is_input, &mut staged)
+            }
+            Err(_) => None,
+        };
+        let stream = io.stream.clone();
+        let shared = self.shared.collective(
+            self.rank,
+            seq,
+            Arrival {
+                desc,
+                io,
+                buffers,
+                host,
+            },
+        );
+        let Some(staged) = staged else {
+            return shared.map(|_| ());
+        };
+        let uploaded = match shared {
+            Ok(true) => staged.upload(&stream),
+            Ok(false) => Ok(()),
+            Err(e) => Err(e),
+        };
+        self.shared.staging[self.rank]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(staged.into_buffers());
+        uploaded
+    }
+
+    /// Whether `desc` takes the small path (`small.rs`): it fits the slots, and no
+    /// override names an enqueued algorithm for it. The same on every rank.
+    fn small_path(&self, desc: &OpDesc) -> bool {
+        small::fits(desc, self.size())
+            && matches!(
+                self.shared.options.selector.forced(desc.kind, desc.bytes),
+                None | Some(Algorithm::SharedMemory)
+            )
+    }
+
+    /// Runs a small operation through the slots: now when the stream is idle, else as a
+    /// host function on the stream, in stream order.
+    fn small(
+        &self,
+        slots: &Slots,
+        seq: u64,
+        desc: OpDesc,
+        buffers: &RankBuffers,
+        stream: &Stream,
+    ) -> Result<()> {
+        let view = |s: &Option<Slice>| match s {
+            None => Some(None),
+            Some(s) if s.len == 0 => Some(Some(HostRange::staged(
+                std::ptr::NonNull::dangling().as_ptr(),
+                0,
+            ))),
+            Some(s) => HostRange::of(s).map(Some),
+        };
+        let host = match (view(&buffers.send), view(&buffers.recv)) {
+            (Some(send), Some(recv)) => HostBuffers { send, recv },
+            _ => {
+                self.shared.announce(slots, self.rank, seq, None)?;
+                return Err(Error::backend_message(
+                    "collectives",
+                    format!(
+                        "internal error: memory of {} has no host view",
+                        self.device().id()
+                    ),
+                ));
+            }
+        };
+        let sh = &self.shared;
+        if matches!(stream.query(), Ok(true)) {
+            let result = sh.exchange(slots, self.rank, seq, desc, &host);
+            if result.is_ok() && self.rank == 0 {
+                sh.ran_shared.fetch_add(1, Ordering::Relaxed);
+            }
+            return result;
+        }
+        let shared = self.shared.clone();
+        let rank = self.rank;
+        let exchange = move |_: &mut xpu_hal::HostKernelContext<'_>| {
+            let Some(slots) = shared.slots.as_ref() else {
+                return Err("internal error: the communicator has no slots".to_string());
+            };
+            let result = shared.exchange(slots, rank, seq, desc, &host);
+            if result.is_ok() && rank == 0 {
+                shared.ran_shared.fetch_add(1, Ordering::Relaxed);
+            }
+            result.map_err(|e| e.to_string())
+        };
+        let launched = self
+            .device()
+            .load_kernel(xpu_hal::KernelDesc {
+                name: "collective exchange".into(),
+                entry_point: "exchange".into(),
+                source: xpu_hal::KernelSource::HostFunction(Arc::new(exchange)),
+                params: Vec::new(),
+            })
+            .and_then(|k| stream.launch(&k, xpu_hal::LaunchDims::linear(1, 1), &[]));
+        if launched.is_err() {
+            sh.announce(slots, self.rank, seq, None)?;
+        }
+        launched
+    }
+
+    /// The CPU's view of the rank's buffers, when the device has one and the stream is
+    /// idle, so that the data is ready now.
+    fn host_buffers(
+        &self,
+        io: &RankIo,
+        buffers: &RankBuffers,
+        recv_is_input: bool,
+        staged: &mut Option<Staged>,
+    ) -> Option<HostBuffers> {
+        if !io.device.capabilities().host_addressable {
+            if !self.shared.may_stage[self.rank] || !matches!(io.stream.query(), Ok(true)) {
+                return None;
+            }
+            let mut pool = self.shared.staging[self.rank]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let (host, s) = staging::stage(&io.stream, buffers, recv_is_input, &mut pool)?;
+            *staged = Some(s);
+            return Some(host);
+        }
+        let view = |s: &Option<Slice>| match s {
+            None => Some(None),
+            Some(s) => HostRange::of(s).map(Some),
+        };
+        let host = HostBuffers {
+            send: view(&buffers.send)?,
+            recv: view(&buffers.recv)?,
+        };
+        matches!(io.stream.query(), Ok(true)).then_some(host)
+    }
+
+    /// Every rank's `recv` becomes the reduction over ranks of their `send`. `send` and
+    /// `recv` have the same length, a whole number of `dtype` elements; pass the same
+    /// range for an in-place operation.
+    pub fn all_reduce<'a, 'b>(
+        &self,
+        send: impl Into<BufferSlice<'a>>,
+        recv: impl Into<BufferSlice<'b>>,
+        dtype: DType,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (send, recv) = (send.into(), recv.into());
+        self.arrive(stream, || {
+            let s = check_slice(self.device(), &send, "send buffer")?;
+            let r = check_slice(self.device(), &recv, "receive buffer")?;
+            check_len(r.len, s.len, "receive buffer (the send buffer's length)")?;
+            check_dtype(self.device(), s.len, dtype, "send buffer")?;
+            check_aliasing(&s, &r)?;
+            Ok((
+                OpDesc {
+                    kind: Collective::AllReduce,
+                    bytes: s.len,
+                    dtype: Some(dtype),
+                    op: Some(op),
+                    root: None,
+                },
+                RankBuffers {
+                    send: Some(s),
+                    recv: Some(r),
+                },
+            ))
+        })
+    }
+
+    /// The root's `recv` becomes the reduction over ranks of their `send`. `recv` is
+    /// needed on the root only (others pass `None`).
+    pub fn reduce<'a, 'b>(
+        &self,
+        send: impl Into<BufferSlice<'a>>,
+        recv: Option<BufferSlice<'b>>,
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let send = send.into();
+        self.arrive(stream, || {
+            self.check_root(root)?;
+            let s = check_slice(self.device(), &send, "send buffer")?;
+            check_dtype(self.device(), s.len, dtype, "send buffer")?;
+            let r = match (recv, self.rank == root) {
+                (Some(b), true) => {
+                    let r = check_slice(self.device(), &b, "receive buffer")?;
+                    check_len(r.len, s.len, "receive buffer (the send buffer's length)")?;
+                    check_aliasing(&s, &r)?;
+                    Some(r)
+                }
+                (None, true) => {
+                    return Err(Error::invalid(
+                        "the root of a reduce needs a receive buffer",
+                    ))
+                }
+                (_, false) => None,
+            };
+            Ok((
+                OpDesc {
+                    kind: Collective::Reduce,
+                    bytes: s.len,
+                    dtype: Some(dtype),
+                    op: Some(op),
+                    root: Some(root),
+                },
+                RankBuffers {
+                    send: Some(s),
+                    recv: r,
+                },
+            ))
+        })
+    }
+
+    /// Every rank's `recv` becomes the root's data: the root's `send`, or its `recv` when
+    /// it passes no `send` (in place). Other ranks pass `None` for `send`.
+    pub fn broadcast<'a, 'b>(
+        &self,
+        send: Option<BufferSlice<'a>>,
+        recv: impl Into<BufferSlice<'b>>,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let recv = recv.into();
+        self.arrive(stream, || {
+            self.check_root(root)?;
+            let r = check_slice(self.device(), &recv, "receive buffer")?;
+            let s = match send {
+                Some(b) if self.rank == root => {
+                    let s = check_slice(self.device(), &b, "send buffer")?;
+                    check_len(s.len, r.len, "send buffer (the receive buffer's length)")?;
+                    check_aliasing(&s, &r)?;
+                    Some(s)
+                }
+                _ => None,
+            };
+            Ok((
+                OpDesc {
+                    kind: Collective::Broadcast,
+                    bytes: r.len,
+                    dtype: None,
+                    op: None,
+                    root: Some(root),
+                },
+                RankBuffers {
+                    send: s,
+                    recv: Some(r),
+                },
+            ))
+        })
+    }
+
+    /// Every rank's `recv` (size × `send`'s length) becomes all ranks' `send`, in rank
+    /// order.
+    pub fn all_gather<'a, 'b>(
+        &self,
+        send: impl Into<BufferSlice<'a>>,
+        recv: impl Into<BufferSlice<'b>>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (send, recv) = (send.into(), recv.into());
+        self.arrive(stream, || {
+            let s = check_slice(self.device(), &send, "send buffer")?;
+            let r = check_slice(self.device(), &recv, "receive buffer")?;
+            check_len(r.len, s.len * self.size() as u64, "receive buffer (ranks × the send buffer)")?;
+            let own = r.sub(self.rank as u64 * s.len, s.len);
+            if s.overlaps(&r) && !s.same_as(&own) {
+                return Err(Error::invalid(
+                    "the send buffer overlaps the receive buffer other than at this rank's own block; pass that block (in place) or disjoint ranges",
+                ));
+            }
+            Ok((
+                OpDesc {
+                    kind: Collective::AllGather,
+                    bytes: s.len,
+                    dtype: None,
+                    op: None,
+                    root: None,
+                },
+                RankBuffers { send: Some(s), recv: Some(r) },
+            ))
+        })
+    }
+
+    /// Rank `r`'s `recv` becomes block `r` of the reduction over ranks of their `send`
+    /// (size × `recv`'s length).
+    pub fn reduce_scatter<'a, 'b>(
+        &self,
+        send: impl Into<BufferSlice<'a>>,
+        recv: impl Into<BufferSlice<'b>>,
+        dtype: DType,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (send, recv) = (send.into(), recv.into());
+        self.arrive(stream, || {
+            let s = check_slice(self.device(), &send, "send buffer")?;
+            let r = check_slice(self.device(), &recv, "receive buffer")?;
+            check_len(s.len, r.len * self.size() as u64, "send buffer (ranks × the receive buffer)")?;
+            check_dtype(self.device(), r.len, dtype, "receive buffer")?;
+            let own = s.sub(self.rank as u64 * r.len, r.len);
+            if s.overlaps(&r) && !r.same_as(&own) {
+                return Err(Error::invalid(
+                    "the receive buffer overlaps the send buffer other than at this rank's own block; pass that block (in place) or disjoint ranges",
+                ));
+            }
+            Ok((
+                OpDesc {
+                    kind: Collective::ReduceScatter,
+                    bytes: r.len,
+                    dtype: Some(dtype),
+                    op: Some(op),
+                    root: None,
+                },
+                RankBuffers { send: Some(s), recv: Some(r) },
+            ))
+        })
+    }
+
+    /// Block `q` of rank `r`'s `recv` becomes block `r` of rank `q`'s `send`; both are
+    /// size × block bytes and must not overlap.
+    pub fn all_to_all<'a, 'b>(
+        &self,
+        send: impl Into<BufferSlice<'a>>,
+        recv: impl Into<BufferSlice<'b>>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (send, recv) = (send.into(), recv.into());
+        self.arrive(stream, || {
+            let s = check_slice(self.device(), &send, "send buffer")?;
+            let r = check_slice(self.device(), &recv, "receive buffer")?;
+            check_len(r.len, s.len, "receive buffer (the send buffer's length)")?;
+            let n = self.size() as u64;
+            if !s.len.is_multiple_of(n) {
+                return Err(Error::invalid(format!(
+                    "the send buffer is {} bytes, not {n} equal blocks",
+                    s.len
+                )));
+            }
+            if s.overlaps(&r) {
+                return Err(Error::invalid(
+                    "all-to-all cannot run in place; pass disjoint send and receive buffers",
+                ));
+            }
+            Ok((
+                OpDesc {
+                    kind: Collective::AllToAll,
+                    bytes: s.len / n,
+                    dtype: None,
+                    op: None,
+                    root: None,
+                },
+                RankBuffers {
+                    send: Some(s),
+                    recv: Some(r),
+                },
+            ))
+        })
+    }
+
+    /// Returns once every rank has called it; work each rank enqueues on `stream` after
+    /// the barrier starts only when every rank's stream has reached it.
+    pub fn barrier(&self, stream: &Stream) -> Result<()> {
+        self.arrive(stream, || {
+            Ok((
+                OpDesc {
+                    kind: Collective::Barrier,
+                    bytes: 0,
+                    dtype: None,
+                    op: None,
+                    root: None,
+                },
+                RankBuffers {
+                    send: None,
+                    recv: None,
+                },
+            ))
+        })
+    }
+
+    fn check_root(&self, root: usize) -> Result<()> {
+        if root >= self.size() {
+            return Err(Error::invalid(format!(
+                "root {root} is not a rank; the communicator has {} ranks",
+                self.size()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_peer(&self, peer: usize) -> Result<()> {
+        if peer >= self.size() || peer == self.rank {
+            return Err(Error::invalid(format!(
+                "peer {peer} is not another rank of this {}-rank communicator (this is rank {})",
+                self.size(),
+                self.rank
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sends `data` to rank `peer`: copies it into communicator memory on `stream` and
+    /// returns; the matching [`Rank::recv`] delivers it.
+    pub fn send<'a>(
+        &self,
+        data: impl Into<BufferSlice<'a>>,
+        peer: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let data = data.into();
+        self.check_peer(peer)?;
+        let io = self.io(stream)?;
+        let s = check_slice(self.device(), &data, "send buffer")?;
+        {
+            let st = self.shared.lock();
+            self.shared.check_failed(&st)?;
+        }
+        let copy: Allocation = self.device().allocate(s.len)?;
+        let copy = Slice::whole(&copy);
+        if s.len > 0 {
+            io.stream.copy(s.buf(), copy.buf())?;
+        }
+        let ready = io.stream.record_event()?;
+        let mut st = self.shared.lock();
+        st.posted
+            .entry((self.rank, peer))
+            .or_default()
+            .push_back(Posted { data: copy, ready });
+        drop(st);
+        self.shared.arrived.notify_all();
+        Ok(())
+    }
+
+    /// Receives into `data` the oldest unmatched send from rank `peer`, waiting for it
+    /// up to the communicator's timeout; the lengths must agree.
+    pub fn recv<'a>(
+        &self,
+        data: impl Into<BufferSlice<'a>>,
+        peer: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let data = data.into();
+        self.check_peer(peer)?;
+        let io = self.io(stream)?;
+        let d = check_slice(self.device(), &data, "receive buffer")?;
+        let deadline = Instant::now() + self.shared.options.timeout;
+        let mut st = self.shared.lock();
+        let posted = loop {
+            self.shared.check_failed(&st)?;
+            if let Some(p) = st
+                .posted
+                .get_mut(&(peer, self.rank))
+                .and_then(VecDeque::pop_front)
+            {
+                break p;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let error = Error::Timeout {
+                    message: format!(
+                        "rank {} waited {:.1} s in recv for a send from {}, which never came; the communicator is now failed: abort it and make a new one",
+                        self.rank,
+                        self.shared.options.timeout.as_secs_f64(),
+                        self.shared.rank_name(peer)
+                    ),
+                };
+                self.shared.set_failed(&mut st, error.clone());
+                drop(st);
+                self.shared.arrived.notify_all();
+                return Err(error);
+            }
+            st = self
+                .shared
+                .arrived
+                .wait_timeout(st, deadline - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        };
+        drop(st);
+        if posted.data.len != d.len {
+            return Err(Error::invalid(format!(
+                "rank {} sent {} bytes but rank {} receives {}; post matching sizes",
+                peer, posted.data.len, self.rank, d.len
+            )));
+        }
+        if d.len == 0 {
+            return Ok(());
+        }
+        // The transfer's sending side runs on the communicator's own stream of the
+        // sender's device, ordered after the sender's copy by its event.
+        let aux = self.shared.aux_stream(peer)?;
+        aux.wait_event(&posted.ready)?;
+        let ranks: Vec<RankIo> = (0..self.size())
+            .map(|r| {
+                if r == peer {
+                    RankIo {
+                        device: self.shared.devices[peer].clone(),
+                        stream: aux.clone(),
+                    }
+                } else {
+                    io.clone()
+                }
+            })
+            .collect();
+        let mut transport = self
+            .shared
+            .transport
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        transport.copy(&ranks, peer, &posted.data, self.rank, &d)
+    }
+}
