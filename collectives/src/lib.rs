@@ -32,7 +32,8 @@
 //!   or a device sharing it) — or reachable only through host memory anyway, then staged
 //!   once each way — and every stream is idle, the ranks' own threads reduce straight from
 //!   each other's buffers into each other's outputs in one pass, and the call returns with
-//!   the operation done;
+//!   the operation done; on host devices with busy streams the same shares run on the
+//!   streams, as host functions, when every stream has reached the operation;
 //! - **NCCL**: a communicator of CUDA devices hands operations to NCCL when it is
 //!   installed ([`Algorithm::Nccl`]), after the same rendezvous.
 //!

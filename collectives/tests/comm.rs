@@ -550,7 +550,7 @@ fn gate(device: &Device, release: Arc<AtomicBool>) -> xpu_hal::Kernel {
 }
 
 #[test]
-fn idle_streams_run_in_shared_memory_and_busy_ones_are_enqueued() {
+fn host_ranks_run_in_shared_memory_whether_their_streams_are_idle_or_busy() {
     let c = comm(devices("host:0,1,2"), "", Duration::from_secs(60));
     assert_eq!(
         c.algorithm_for(Collective::AllReduce, 1 << 20).0,
@@ -573,7 +573,7 @@ fn idle_streams_run_in_shared_memory_and_busy_ones_are_enqueued() {
         }
     );
     // Each stream is held busy until every rank has returned from the call, so the data
-    // is not ready when the ranks arrive: the operation must be enqueued behind the gate.
+    // is not ready when the ranks arrive: each stream runs its share behind the gate.
     let n = c.size();
     let release = Arc::new(AtomicBool::new(false));
     let returned = AtomicUsize::new(0);
@@ -610,8 +610,8 @@ fn idle_streams_run_in_shared_memory_and_busy_ones_are_enqueued() {
     assert_eq!(
         c.stats(),
         CommStats {
-            shared_memory: 1,
-            enqueued: 1
+            shared_memory: 2,
+            enqueued: 0
         }
     );
 }
@@ -794,4 +794,102 @@ fn small_operations_keep_their_order_across_streams() {
             });
         }
     });
+}
+
+#[test]
+fn busy_streams_of_devices_without_host_functions_take_the_enqueued_algorithms() {
+    let devs = devices("host:0;vulkan:*");
+    if !devs.iter().any(|d| d.backend() == "vulkan") {
+        eprintln!("skipped: no Vulkan device (install mesa-vulkan-drivers)");
+        return;
+    }
+    let c = comm(devs, "", Duration::from_secs(60));
+    let n = c.size();
+    let release = Arc::new(AtomicBool::new(false));
+    let returned = AtomicUsize::new(0);
+    let host = c.devices()[0].clone();
+    let gated = host.create_stream().unwrap();
+    gated
+        .launch(&gate(&host, release.clone()), LaunchDims::linear(1, 1), &[])
+        .unwrap();
+    // Both ranks' streams wait behind the gate: the Vulkan one through an event.
+    let behind = gated.record_event().unwrap();
+    let elems = 4099;
+    std::thread::scope(|s| {
+        for rank in c.ranks() {
+            let (release, returned, behind) = (release.clone(), &returned, &behind);
+            s.spawn(move || {
+                let r = rank.rank();
+                let device = rank.device().clone();
+                let stream = device.create_stream().unwrap();
+                let input = check::input(DType::F32, Some(ReduceOp::Sum), r, n, elems);
+                let a = device.allocate(input.len() as u64).unwrap();
+                stream.write(&a, &input).unwrap();
+                stream.wait_event(behind).unwrap();
+                rank.all_reduce(&a, &a, DType::F32, ReduceOp::Sum, &stream)
+                    .unwrap();
+                if returned.fetch_add(1, Ordering::AcqRel) + 1 == n {
+                    release.store(true, Ordering::Release);
+                }
+                stream.synchronize().unwrap();
+                let got = stream.read(&a).unwrap();
+                let want = check::reduced(DType::F32, ReduceOp::Sum, n, elems);
+                assert_eq!(check::wrong_elements(DType::F32, &got, &want), 0);
+            });
+        }
+    });
+    assert_eq!(
+        c.stats(),
+        CommStats {
+            shared_memory: 0,
+            enqueued: 1
+        }
+    );
+}
+
+#[test]
+fn a_stream_that_never_reaches_a_queued_share_times_out_the_others() {
+    let timeout = Duration::from_millis(300);
+    let c = comm(devices("host:0,1,2"), "", timeout);
+    let release = Arc::new(AtomicBool::new(false));
+    let results: Vec<xpu_hal::Result<()>> = std::thread::scope(|s| {
+        let hs: Vec<_> = c
+            .ranks()
+            .into_iter()
+            .map(|rank| {
+                let release = release.clone();
+                s.spawn(move || {
+                    let device = rank.device().clone();
+                    let stream = device.create_stream().unwrap();
+                    let a = device.allocate(64 << 10).unwrap();
+                    if rank.rank() == 1 {
+                        // Rank 1's stream is stuck until the others have failed.
+                        stream
+                            .launch(
+                                &gate(&device, release.clone()),
+                                LaunchDims::linear(1, 1),
+                                &[],
+                            )
+                            .unwrap();
+                    }
+                    rank.all_reduce(&a, &a, DType::F32, ReduceOp::Sum, &stream)
+                        .unwrap();
+                    if rank.rank() == 1 {
+                        std::thread::sleep(timeout * 3);
+                        release.store(true, Ordering::Release);
+                    }
+                    stream.synchronize()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, result) in results.iter().enumerate() {
+        let e = result.as_ref().unwrap_err().to_string();
+        assert!(
+            e.contains("abandoned") || e.contains("timed out"),
+            "rank {r}: {e}"
+        );
+    }
+    assert!(c.failed().is_some());
 }

@@ -129,6 +129,19 @@ struct Arrival {
     /// The CPU's view of the buffers, when all of them have one and the rank's stream
     /// was idle on arrival (see `shared_memory/`).
     host: Option<HostBuffers>,
+    /// Whether the rank's stream had no work pending on arrival.
+    idle: bool,
+}
+
+/// How a collective ran, for the rank that called it.
+pub(crate) enum Outcome {
+    /// Enqueued on the ranks' streams by an algorithm.
+    Enqueued,
+    /// Done in shared memory by the ranks' threads.
+    Shared,
+    /// Planned in shared memory, to run on the ranks' streams: the caller enqueues its
+    /// share ([`Work::participate_queued`]).
+    Queued(Arc<Work>),
 }
 
 struct Pending {
@@ -149,7 +162,7 @@ struct State {
     finished: Option<(u64, std::result::Result<(), Error>)>,
     /// The latest collective run by the ranks' threads in shared memory, for the ranks
     /// that waited on it to run their shares.
-    shared: Option<(u64, Arc<Work>)>,
+    shared: Option<(u64, Arc<Work>, bool)>,
     /// Set once the communicator can no longer be used.
     failed: Option<Error>,
     /// Unmatched sends per (from, to).
@@ -178,6 +191,9 @@ struct Shared {
     through: Vec<AtomicU64>,
     /// Set with `State::failed`, readable without the lock.
     failed_flag: AtomicBool,
+    /// Whether every device runs host functions (host devices): then small operations
+    /// have slots, and shared-memory shares can run on busy streams.
+    host_functions: bool,
     /// The slots of small operations, when every device runs host functions.
     slots: Option<Slots>,
     /// NCCL communicators, when every rank is a distinct CUDA device and NCCL loads.
@@ -294,12 +310,11 @@ impl Communicator {
         };
         model.nccl = nccl.is_some();
         // Small operations go through slots where every rank runs host functions.
-        let slots = (n > 1
-            && devices.iter().all(|d| {
-                d.capabilities()
-                    .supports_kernel_format(xpu_hal::KernelFormat::HostFunction)
-            }))
-        .then(|| Slots::new(n));
+        let host_functions = devices.iter().all(|d| {
+            d.capabilities()
+                .supports_kernel_format(xpu_hal::KernelFormat::HostFunction)
+        });
+        let slots = (n > 1 && host_functions).then(|| Slots::new(n));
         Ok(Communicator {
             shared: Arc::new(Shared {
                 transport: Mutex::new(Transport::new(&devices)),
@@ -322,6 +337,7 @@ impl Communicator {
                 seqs: (0..n).map(|_| AtomicU64::new(0)).collect(),
                 through: (0..n).map(|_| AtomicU64::new(0)).collect(),
                 failed_flag: AtomicBool::new(false),
+                host_functions,
                 slots,
                 nccl,
                 refusals: (0..n).map(|_| Mutex::new(None)).collect(),
@@ -458,7 +474,7 @@ impl Shared {
 
     /// Arrives at the next collective; returns when it has been enqueued on every rank,
     /// or run in shared memory (then `true`).
-    fn collective(&self, rank: usize, seq: u64, arrival: Arrival) -> Result<bool> {
+    fn collective(&self, rank: usize, seq: u64, arrival: Arrival) -> Result<Outcome> {
         let mut st = self.lock();
         self.check_failed(&st)?;
         let n = self.devices.len();
@@ -485,15 +501,15 @@ impl Shared {
             };
             // Planned under the lock, so that a waiting rank finds either the operation
             // still pending or its share.
-            if let Some(work) = self.plan_shared(seq, &pending) {
+            if let Some((work, queued)) = self.plan_shared(seq, &pending) {
                 let work = Arc::new(work);
                 self.ran_shared.fetch_add(1, Ordering::Relaxed);
-                st.shared = Some((seq, work.clone()));
+                st.shared = Some((seq, work.clone(), queued));
                 drop(st);
                 // After unlocking: a spinning rank that sees this takes the lock at once.
                 self.finished_seq.store(seq + 1, Ordering::Release);
                 self.wake();
-                return work.participate(rank, self.spinner).map(|()| true);
+                return self.take_part(rank, work, queued);
             }
             drop(st);
             let result = self.run(seq, pending);
@@ -512,7 +528,7 @@ impl Shared {
             self.finished_seq.store(seq + 1, Ordering::Release);
             drop(st);
             self.wake();
-            return result.map(|()| false);
+            return result.map(|()| Outcome::Enqueued);
         }
         let deadline = Instant::now() + self.options.timeout;
         // Spin briefly before sleeping (see `wait.rs`).
@@ -524,15 +540,15 @@ impl Shared {
         loop {
             if let Some((done, result)) = &st.finished {
                 if *done == seq {
-                    return result.clone().map(|()| false);
+                    return result.clone().map(|()| Outcome::Enqueued);
                 }
             }
             // Before failures: the other ranks wait for this rank's share.
-            if let Some((planned, work)) = &st.shared {
+            if let Some((planned, work, queued)) = &st.shared {
                 if *planned == seq {
-                    let work = work.clone();
+                    let (work, queued) = (work.clone(), *queued);
                     drop(st);
-                    return work.participate(rank, self.spinner).map(|()| true);
+                    return self.take_part(rank, work, queued);
                 }
             }
             self.check_failed(&st)?;
@@ -562,21 +578,39 @@ impl Shared {
         }
     }
 
-    /// The operation as shares for the ranks' threads, when it can run that way: every
-    /// rank brought host views of idle buffers, all asked for the same thing, and no
-    /// override names another algorithm.
-    fn plan_shared(&self, seq: u64, pending: &Pending) -> Option<Work> {
+    /// This rank's part of a shared-memory operation: its share now, or (`queued`) the
+    /// share for its stream to run.
+    fn take_part(&self, rank: usize, work: Arc<Work>, queued: bool) -> Result<Outcome> {
+        if queued {
+            return Ok(Outcome::Queued(work));
+        }
+        work.participate(rank, self.spinner)
+            .map(|()| Outcome::Shared)
+    }
+
+    /// The operation as shares, when it can run that way: every rank brought host views
+    /// of its buffers, all asked for the same thing, and no override names another
+    /// algorithm. With every stream idle the ranks' threads run the shares now; otherwise,
+    /// when every device runs host functions, each stream runs its share when it gets
+    /// there (then `true`).
+    fn plan_shared(&self, seq: u64, pending: &Pending) -> Option<(Work, bool)> {
         if self.aborted.load(Ordering::Acquire) {
             return None;
         }
         let mut descs = Vec::with_capacity(pending.arrivals.len());
         let mut buffers = Vec::with_capacity(pending.arrivals.len());
         let mut host = Vec::with_capacity(pending.arrivals.len());
+        let mut idle = true;
         for a in &pending.arrivals {
             let a = a.as_ref()?;
             descs.push(*a.desc.as_ref().ok()?);
             buffers.push(a.buffers.clone());
             host.push(a.host.clone()?);
+            idle &= a.idle;
+        }
+        let queued = !idle;
+        if queued && !self.host_functions {
+            return None;
         }
         let first = descs[0];
         if descs.iter().any(|d| *d != first) {
@@ -592,10 +626,14 @@ impl Shared {
             seq,
             op = %first,
             algorithm = Algorithm::SharedMemory.name(),
-            reason = "every buffer is host-addressable and every stream idle",
+            reason = if queued {
+                "every buffer is host-addressable; the shares run on the streams"
+            } else {
+                "every buffer is host-addressable and every stream idle"
+            },
             "collective algorithm chosen"
         );
-        Some(work)
+        Some((work, queued))
     }
 
     fn timeout_error(&self, st: &State, seq: u64) -> Error {

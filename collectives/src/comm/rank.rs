@@ -156,6 +156,7 @@ impl Rank {
             }
         }
         let io = self.io(stream)?;
+        let idle = matches!(io.stream.query(), Ok(true));
         let mut staged: Option<Staged> = None;
         let host = match &desc {
             Ok(d) => {
@@ -163,7 +164,7 @@ impl Rank {
                 let recv_is_input = d.kind == Collective::Broadcast
                     && d.root == Some(self.rank)
                     && buffers.send.is_none();
-                self.host_buffers(&io, &buffers, recv_is_input, &mut staged)
+                self.host_buffers(&io, &buffers, idle, recv_is_input, &mut staged)
             }
             Err(_) => None,
         };
@@ -176,14 +177,23 @@ impl Rank {
                 io,
                 buffers,
                 host,
+                idle,
             },
         );
         let Some(staged) = staged else {
-            return shared.map(|_| ());
+            return match shared? {
+                Outcome::Queued(work) => self.enqueue_share(work, &stream),
+                Outcome::Enqueued | Outcome::Shared => Ok(()),
+            };
         };
         let uploaded = match shared {
-            Ok(true) => staged.upload(&stream),
-            Ok(false) => Ok(()),
+            Ok(Outcome::Shared) => staged.upload(&stream),
+            Ok(Outcome::Enqueued) => Ok(()),
+            // Staging ranks arrive only with idle streams, so their operations never queue.
+            Ok(Outcome::Queued(_)) => Err(Error::backend_message(
+                "collectives",
+                "internal error: a staged rank's operation was queued",
+            )),
             Err(e) => Err(e),
         };
         self.shared.staging[self.rank]
@@ -254,15 +264,7 @@ impl Rank {
             }
             result.map_err(|e| e.to_string())
         };
-        let launched = self
-            .device()
-            .load_kernel(xpu_hal::KernelDesc {
-                name: "collective exchange".into(),
-                entry_point: "exchange".into(),
-                source: xpu_hal::KernelSource::HostFunction(Arc::new(exchange)),
-                params: Vec::new(),
-            })
-            .and_then(|k| stream.launch(&k, xpu_hal::LaunchDims::linear(1, 1), &[]));
+        let launched = self.launch_host_function(stream, "collective exchange", exchange);
         if launched.is_err() {
             sh.announce(slots, self.rank, seq, None)?;
         }
@@ -275,11 +277,12 @@ impl Rank {
         &self,
         io: &RankIo,
         buffers: &RankBuffers,
+        idle: bool,
         recv_is_input: bool,
         staged: &mut Option<Staged>,
     ) -> Option<HostBuffers> {
         if !io.device.capabilities().host_addressable {
-            if !self.shared.may_stage[self.rank] || !matches!(io.stream.query(), Ok(true)) {
+            if !self.shared.may_stage[self.rank] || !idle {
                 return None;
             }
             let mut pool = self.shared.staging[self.rank]
@@ -293,11 +296,53 @@ impl Rank {
             None => Some(None),
             Some(s) => HostRange::of(s).map(Some),
         };
-        let host = HostBuffers {
+        Some(HostBuffers {
             send: view(&buffers.send)?,
             recv: view(&buffers.recv)?,
+        })
+    }
+
+    /// Enqueues this rank's share of a shared-memory operation on its stream, as a host
+    /// function that runs when the stream gets there (`Work::participate_queued`).
+    fn enqueue_share(&self, work: Arc<Work>, stream: &Stream) -> Result<()> {
+        let abandon = work.clone();
+        let shared = self.shared.clone();
+        let rank = self.rank;
+        let share = move |_: &mut xpu_hal::HostKernelContext<'_>| {
+            let deadline = Instant::now() + shared.options.timeout;
+            work.participate_queued(rank, shared.spinner, deadline)
+                .map_err(|e| {
+                    if matches!(e, Error::Timeout { .. }) {
+                        shared.fail(e.clone());
+                    }
+                    e.to_string()
+                })
         };
-        matches!(io.stream.query(), Ok(true)).then_some(host)
+        let launched = self.launch_host_function(stream, "collective share", share);
+        if launched.is_err() {
+            // The other ranks' shares must not wait for this one.
+            abandon.abandon();
+        }
+        launched
+    }
+
+    /// Runs `f` on `stream`, in stream order, as a host function.
+    fn launch_host_function(
+        &self,
+        stream: &Stream,
+        name: &str,
+        f: impl Fn(&mut xpu_hal::HostKernelContext<'_>) -> std::result::Result<(), String>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Result<()> {
+        let kernel = self.device().load_kernel(xpu_hal::KernelDesc {
+            name: name.to_string(),
+            entry_point: name.to_string(),
+            source: xpu_hal::KernelSource::HostFunction(Arc::new(f)),
+            params: Vec::new(),
+        })?;
+        stream.launch(&kernel, xpu_hal::LaunchDims::linear(1, 1), &[])
     }
 
     /// Every rank's `recv` becomes the reduction over ranks of their `send`. `send` and

@@ -24,8 +24,9 @@
 
 use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::Instant;
 
 use xpu_hal::{BinaryOp, DType, Error, HostView, Result, Scalar};
 use xpu_host::ops::{self, Element};
@@ -132,8 +133,17 @@ pub(crate) struct Work {
     /// Keep every rank's memory alive until the last share is done.
     _views: Vec<HostView>,
     done: AtomicUsize,
+    /// For shares run on the ranks' streams: how many have reached the operation, and
+    /// whether it started (every rank there) or was abandoned (one gave up waiting).
+    arrived: AtomicUsize,
+    start: AtomicU8,
     error: Mutex<Option<Error>>,
 }
+
+/// `Work::start` values.
+const WAITING: u8 = 0;
+const STARTED: u8 = 1;
+const ABANDONED: u8 = 2;
 
 // SAFETY: the raw addresses point into memory the views keep alive. Shares touch
 // disjoint bytes (the planner checks that the ranks' buffers do not overlap), and each
@@ -289,6 +299,8 @@ impl Work {
             reduce,
             _views: views,
             done: AtomicUsize::new(0),
+            arrived: AtomicUsize::new(0),
+            start: AtomicU8::new(WAITING),
             error: Mutex::new(None),
         })
     }
@@ -315,6 +327,54 @@ impl Work {
             Some(e) => Err(e.clone()),
             None => Ok(()),
         }
+    }
+
+    /// [`Work::participate`] for a share run on `rank`'s stream, when the stream reaches
+    /// the operation: the ranks' inputs are ready only once every rank's stream is there,
+    /// so it first waits for all of them. If they do not all come by `deadline`, the
+    /// operation is abandoned: no share runs, and every rank's returns the timeout.
+    pub fn participate_queued(
+        &self,
+        rank: usize,
+        spinner: Spinner,
+        deadline: Instant,
+    ) -> Result<()> {
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == self.ranks {
+            // The last to arrive starts the operation, unless a rank gave up already.
+            let _ =
+                self.start
+                    .compare_exchange(WAITING, STARTED, Ordering::AcqRel, Ordering::Acquire);
+        }
+        let decided = || self.start.load(Ordering::Acquire) != WAITING;
+        while !spinner.spin(SHARE_SPIN, decided) {
+            if Instant::now() >= deadline {
+                let _ = self.start.compare_exchange(
+                    WAITING,
+                    ABANDONED,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+        }
+        if self.start.load(Ordering::Acquire) == ABANDONED {
+            let missing = self.ranks - self.arrived.load(Ordering::Acquire).min(self.ranks);
+            return Err(Error::Timeout {
+                message: format!(
+                    "{missing} rank(s) did not reach the operation on their streams in time; the operation was abandoned"
+                ),
+            });
+        }
+        self.participate(rank, spinner)
+    }
+
+    /// Gives the operation up before it started (a rank could not enqueue its share):
+    /// the shares waiting on streams return a timeout instead of waiting for it.
+    pub fn abandon(&self) {
+        let _ =
+            self.start
+                .compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire);
     }
 
     fn run_share(&self, rank: usize) {
