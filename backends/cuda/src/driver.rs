@@ -2,8 +2,9 @@
 //! guarded calls (a cudarc panic becomes an error), and CUDA result codes mapped onto
 //! the HAL's errors with the CUDA error name in the message.
 //!
-//! Nothing in this crate calls a `sys` function except through [`guarded`], and
-//! nothing calls [`guarded`] before [`Driver::load`] has succeeded.
+//! Nothing in this crate calls a driver `sys` function except through `guarded`, and
+//! nothing calls `guarded` before [`Driver::load`] has succeeded. NCCL's functions go
+//! through the same kind of wrapper in `nccl.rs`.
 
 use std::ffi::c_int;
 use std::fmt;
