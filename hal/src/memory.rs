@@ -144,6 +144,8 @@ struct AllocationInner {
     /// `Some((reserved bytes, granularity))` for a growable allocation.
     growable: Option<(u64, u64)>,
     state: Mutex<AllocState>,
+    /// Whether `state` is `Freed`, readable without the lock (set under it).
+    freed: std::sync::atomic::AtomicBool,
 }
 
 /// A region of device memory. Clone to share; see the module docs for lifetime rules.
@@ -179,6 +181,7 @@ impl Allocation {
                 size: AtomicU64::new(size),
                 growable,
                 state: Mutex::new(AllocState::Live(raw)),
+                freed: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -256,16 +259,14 @@ impl Allocation {
 
     /// Whether [`Allocation::free`] has been called.
     pub fn is_freed(&self) -> bool {
-        matches!(
-            *self.inner.state.lock().unwrap_or_else(|p| p.into_inner()),
-            AllocState::Freed
-        )
+        self.inner.freed.load(Ordering::Acquire)
     }
 
     /// Releases the memory now (queued operations that use it still complete).
     /// Freeing twice is an [`Error::InvalidArgument`].
     pub fn free(&self) -> Result<()> {
         let mut state = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.inner.freed.store(true, Ordering::Release);
         match std::mem::replace(&mut *state, AllocState::Freed) {
             AllocState::Live(_raw) => Ok(()),
             AllocState::Freed => Err(Error::invalid(format!(
