@@ -549,6 +549,42 @@ fn gate(device: &Device, release: Arc<AtomicBool>) -> xpu_hal::Kernel {
         .unwrap()
 }
 
+/// An exact in-place f32 sum all-reduce of 4099 elements per rank, each rank's stream
+/// first held busy by `hold` (given its device and stream) through a gate that `release`
+/// opens once every rank has returned from the call.
+fn all_reduce_behind_gates(
+    c: &Communicator,
+    release: &AtomicBool,
+    hold: impl Fn(&Device, &xpu_hal::Stream) + Sync,
+) {
+    let n = c.size();
+    let returned = AtomicUsize::new(0);
+    let elems = 4099;
+    std::thread::scope(|s| {
+        for rank in c.ranks() {
+            let (returned, hold) = (&returned, &hold);
+            s.spawn(move || {
+                let r = rank.rank();
+                let device = rank.device().clone();
+                let stream = device.create_stream().unwrap();
+                let input = check::input(DType::F32, Some(ReduceOp::Sum), r, n, elems);
+                let a = device.allocate(input.len() as u64).unwrap();
+                stream.write(&a, &input).unwrap();
+                hold(&device, &stream);
+                rank.all_reduce(&a, &a, DType::F32, ReduceOp::Sum, &stream)
+                    .unwrap();
+                if returned.fetch_add(1, Ordering::AcqRel) + 1 == n {
+                    release.store(true, Ordering::Release);
+                }
+                stream.synchronize().unwrap();
+                let got = stream.read(&a).unwrap();
+                let want = check::reduced(DType::F32, ReduceOp::Sum, n, elems);
+                assert_eq!(check::wrong_elements(DType::F32, &got, &want), 0);
+            });
+        }
+    });
+}
+
 #[test]
 fn host_ranks_run_in_shared_memory_whether_their_streams_are_idle_or_busy() {
     let c = comm(devices("host:0,1,2"), "", Duration::from_secs(60));
@@ -574,38 +610,15 @@ fn host_ranks_run_in_shared_memory_whether_their_streams_are_idle_or_busy() {
     );
     // Each stream is held busy until every rank has returned from the call, so the data
     // is not ready when the ranks arrive: each stream runs its share behind the gate.
-    let n = c.size();
     let release = Arc::new(AtomicBool::new(false));
-    let returned = AtomicUsize::new(0);
-    let elems = 4099;
-    std::thread::scope(|s| {
-        for rank in c.ranks() {
-            let (release, returned) = (release.clone(), &returned);
-            s.spawn(move || {
-                let r = rank.rank();
-                let device = rank.device().clone();
-                let stream = device.create_stream().unwrap();
-                let input = check::input(DType::F32, Some(ReduceOp::Sum), r, n, elems);
-                let a = device.allocate(input.len() as u64).unwrap();
-                stream.write(&a, &input).unwrap();
-                stream
-                    .launch(
-                        &gate(&device, release.clone()),
-                        LaunchDims::linear(1, 1),
-                        &[],
-                    )
-                    .unwrap();
-                rank.all_reduce(&a, &a, DType::F32, ReduceOp::Sum, &stream)
-                    .unwrap();
-                if returned.fetch_add(1, Ordering::AcqRel) + 1 == n {
-                    release.store(true, Ordering::Release);
-                }
-                stream.synchronize().unwrap();
-                let got = stream.read(&a).unwrap();
-                let want = check::reduced(DType::F32, ReduceOp::Sum, n, elems);
-                assert_eq!(check::wrong_elements(DType::F32, &got, &want), 0);
-            });
-        }
+    all_reduce_behind_gates(&c, &release, |device, stream| {
+        stream
+            .launch(
+                &gate(device, release.clone()),
+                LaunchDims::linear(1, 1),
+                &[],
+            )
+            .unwrap();
     });
     assert_eq!(
         c.stats(),
@@ -804,9 +817,7 @@ fn busy_streams_of_devices_without_host_functions_take_the_enqueued_algorithms()
         return;
     }
     let c = comm(devs, "", Duration::from_secs(60));
-    let n = c.size();
     let release = Arc::new(AtomicBool::new(false));
-    let returned = AtomicUsize::new(0);
     let host = c.devices()[0].clone();
     let gated = host.create_stream().unwrap();
     gated
@@ -814,29 +825,8 @@ fn busy_streams_of_devices_without_host_functions_take_the_enqueued_algorithms()
         .unwrap();
     // Both ranks' streams wait behind the gate: the Vulkan one through an event.
     let behind = gated.record_event().unwrap();
-    let elems = 4099;
-    std::thread::scope(|s| {
-        for rank in c.ranks() {
-            let (release, returned, behind) = (release.clone(), &returned, &behind);
-            s.spawn(move || {
-                let r = rank.rank();
-                let device = rank.device().clone();
-                let stream = device.create_stream().unwrap();
-                let input = check::input(DType::F32, Some(ReduceOp::Sum), r, n, elems);
-                let a = device.allocate(input.len() as u64).unwrap();
-                stream.write(&a, &input).unwrap();
-                stream.wait_event(behind).unwrap();
-                rank.all_reduce(&a, &a, DType::F32, ReduceOp::Sum, &stream)
-                    .unwrap();
-                if returned.fetch_add(1, Ordering::AcqRel) + 1 == n {
-                    release.store(true, Ordering::Release);
-                }
-                stream.synchronize().unwrap();
-                let got = stream.read(&a).unwrap();
-                let want = check::reduced(DType::F32, ReduceOp::Sum, n, elems);
-                assert_eq!(check::wrong_elements(DType::F32, &got, &want), 0);
-            });
-        }
+    all_reduce_behind_gates(&c, &release, |_, stream| {
+        stream.wait_event(&behind).unwrap();
     });
     assert_eq!(
         c.stats(),

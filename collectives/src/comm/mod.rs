@@ -701,6 +701,11 @@ impl Shared {
         self.arrived.notify_all();
     }
 
+    /// Whether the communicator was aborted or failed (read without the lock).
+    fn stopping(&self) -> bool {
+        self.aborted.load(Ordering::Acquire) || self.failed_flag.load(Ordering::Acquire)
+    }
+
     /// Why the communicator can no longer be used.
     fn failure(&self) -> Error {
         let st = self.lock();

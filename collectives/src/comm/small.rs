@@ -28,12 +28,13 @@
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use xpu_hal::{Error, Result};
 
 use super::op::{Collective, OpDesc};
 use super::shared_memory::{reduce_into, HostBuffers};
+use super::wait::Waited;
 use super::{Shared, SPIN};
 
 /// The largest input, in bytes, an operation may have to take the small path.
@@ -215,14 +216,14 @@ impl Shared {
         if done() {
             return Ok(());
         }
-        let stop =
-            || self.aborted.load(Ordering::Acquire) || self.failed_flag.load(Ordering::Acquire);
         let deadline = Instant::now() + self.options.timeout;
-        while !done() {
-            if stop() {
-                return Err(self.failure());
-            }
-            if Instant::now() >= deadline {
+        match self
+            .spinner
+            .wait_until(SPIN, deadline, done, || self.stopping())
+        {
+            Waited::Done => Ok(()),
+            Waited::Stopped => Err(self.failure()),
+            Waited::TimedOut => {
                 let e = Error::Timeout {
                     message: format!(
                         "operation #{} of {} did not finish within {:.1} s, so #{seq} could not start; the communicator is now failed: abort it and make a new one",
@@ -232,11 +233,9 @@ impl Shared {
                     ),
                 };
                 self.fail(e.clone());
-                return Err(e);
+                Err(e)
             }
-            std::thread::sleep(Duration::from_micros(20));
         }
-        Ok(())
     }
 
     /// Runs operation `seq` of `rank` through the slots; `host` are the rank's buffers.
@@ -346,19 +345,16 @@ impl Shared {
         seq: u64,
         what: &dyn std::fmt::Display,
     ) -> Result<()> {
-        let stop =
-            || self.aborted.load(Ordering::Acquire) || self.failed_flag.load(Ordering::Acquire);
-        if !self.spinner.spin(SPIN, || slots.all_arrived(seq) || stop()) {
-            let deadline = Instant::now() + self.options.timeout;
-            while !slots.all_arrived(seq) && !stop() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_micros(20));
-            }
-        }
-        if slots.all_arrived(seq) {
-            return Ok(());
-        }
-        if stop() {
-            return Err(self.failure());
+        let deadline = Instant::now() + self.options.timeout;
+        match self.spinner.wait_until(
+            SPIN,
+            deadline,
+            || slots.all_arrived(seq),
+            || self.stopping(),
+        ) {
+            Waited::Done => return Ok(()),
+            Waited::Stopped => return Err(self.failure()),
+            Waited::TimedOut => {}
         }
         let missing: Vec<usize> = slots.missing(seq).collect();
         let e = self.timeout_message(&what.to_string(), seq, &missing);

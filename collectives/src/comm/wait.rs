@@ -9,6 +9,17 @@
 
 use std::time::{Duration, Instant};
 
+/// How a bounded wait ([`Spinner::wait_until`]) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waited {
+    /// The condition holds.
+    Done,
+    /// The stop condition held first.
+    Stopped,
+    /// The deadline passed first.
+    TimedOut,
+}
+
 use crossbeam_utils::Backoff;
 
 /// How a group of `ranks` threads waits for each other on this machine.
@@ -51,5 +62,28 @@ impl Spinner {
             backoff.snooze();
         }
         true
+    }
+
+    /// Waits until `done()` holds: spins for up to `spin`, then sleeps in short steps,
+    /// giving up when `stop()` holds or at `deadline`.
+    pub fn wait_until(
+        &self,
+        spin: Duration,
+        deadline: Instant,
+        done: impl Fn() -> bool,
+        stop: impl Fn() -> bool,
+    ) -> Waited {
+        if !self.spin(spin, || done() || stop()) {
+            while !done() && !stop() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+        if done() {
+            Waited::Done
+        } else if stop() {
+            Waited::Stopped
+        } else {
+            Waited::TimedOut
+        }
     }
 }

@@ -35,7 +35,7 @@ use xpu_host::with_dtype;
 use super::algorithms::RankBuffers;
 use super::op::{avg_factor, Collective, OpDesc, ReduceOp};
 use super::transport::Slice;
-use super::wait::Spinner;
+use super::wait::{Spinner, Waited};
 
 mod stream;
 
@@ -346,17 +346,9 @@ impl Work {
                     .compare_exchange(WAITING, STARTED, Ordering::AcqRel, Ordering::Acquire);
         }
         let decided = || self.start.load(Ordering::Acquire) != WAITING;
-        while !spinner.spin(SHARE_SPIN, decided) {
-            if Instant::now() >= deadline {
-                let _ = self.start.compare_exchange(
-                    WAITING,
-                    ABANDONED,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                );
-            } else {
-                std::thread::sleep(std::time::Duration::from_micros(20));
-            }
+        if spinner.wait_until(SHARE_SPIN, deadline, decided, || false) == Waited::TimedOut {
+            // Unless the last rank started it meanwhile.
+            self.abandon();
         }
         if self.start.load(Ordering::Acquire) == ABANDONED {
             let missing = self.ranks - self.arrived.load(Ordering::Acquire).min(self.ranks);
