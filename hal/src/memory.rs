@@ -134,6 +134,9 @@ enum AllocState {
     Freed,
 }
 
+// A cache line of its own: a handle's reference count and lock change on every use, and
+// allocations used by different threads must not share lines.
+#[repr(align(64))]
 struct AllocationInner {
     id: u64,
     device: DeviceId,
@@ -251,6 +254,12 @@ impl Allocation {
     /// The device that owns it.
     pub fn device(&self) -> &DeviceId {
         &self.inner.device
+    }
+
+    /// Whether this allocation was made by `device` (that very device handle's device,
+    /// not merely one with the same id in another registry). Cheaper than comparing ids.
+    pub fn belongs_to(&self, device: &crate::Device) -> bool {
+        self.inner.device_uid == device.uid()
     }
 
     pub(crate) fn device_uid(&self) -> u64 {

@@ -10,7 +10,9 @@
 //! all-reduce, (n−1)/n for all-gather, reduce-scatter and all-to-all, 1 otherwise), so
 //! busbw compares with the hardware's bandwidth whatever the rank count. The reference
 //! column, `ceiling`, is the bandwidth of every rank copying the same number of bytes
-//! within its own device at the same time: the most the devices' memory moves. With `-c
+//! within its own device at the same time: the most the devices' memory moves. Its
+//! copies interleave with the out-of-place p50 samples, so that both see the machine in
+//! the same state, and `ratio` is the busbw at the p50 time over the ceiling. With `-c
 //! 1` each size is checked once per mode with inputs whose exact result is known
 //! (`#wrong` counts differing elements).
 
@@ -293,19 +295,33 @@ struct Measured {
     mean: Duration,
     samples: Vec<Duration>,
     wrong: Option<usize>,
+    /// With a reference: per iteration, the slowest rank's copy of `size` bytes within
+    /// its own device, each right after that iteration's sample.
+    reference: Vec<Duration>,
 }
 
-fn measure(comm: &Communicator, o: &Options, size: u64, in_place: bool) -> Result<Measured> {
+/// Measures one mode; with `reference`, each latency sample is followed by a sample of
+/// the ceiling (every rank copying `size` bytes within its own device at once), so that
+/// both see the machine in the same state: on a shared virtual machine the memory
+/// bandwidth changes by half from one second to the next.
+fn measure(
+    comm: &Communicator,
+    o: &Options,
+    size: u64,
+    in_place: bool,
+    reference: bool,
+) -> Result<Measured> {
     let n = comm.size();
     let (send_bytes, recv_bytes) = buffer_bytes(o.collective, size, n as u64);
     let barrier = SpinBarrier::new(n);
-    let results: Vec<Result<(Duration, Vec<Duration>, usize)>> = std::thread::scope(|s| {
+    type RankTimes = (Duration, Vec<Duration>, usize, Vec<Duration>);
+    let results: Vec<Result<RankTimes>> = std::thread::scope(|s| {
         let handles: Vec<_> = comm
             .ranks()
             .into_iter()
             .map(|rank| {
                 let barrier = &barrier;
-                s.spawn(move || -> Result<(Duration, Vec<Duration>, usize)> {
+                s.spawn(move || -> Result<RankTimes> {
                     let device = rank.device().clone();
                     let stream = device.create_stream()?;
                     let send = device.allocate(send_bytes)?;
@@ -334,6 +350,17 @@ fn measure(comm: &Communicator, o: &Options, size: u64, in_place: bool) -> Resul
                     stream.synchronize()?;
                     barrier.wait();
                     let mean = start.elapsed() / o.iters.max(1) as u32;
+                    let copies = match reference && size > 0 {
+                        true => {
+                            let (a, b) = (device.allocate(size)?, device.allocate(size)?);
+                            stream.fill(&a, xpu::Scalar::U8(1))?;
+                            stream.copy(&a, &b)?;
+                            stream.synchronize()?;
+                            Some((a, b))
+                        }
+                        false => None,
+                    };
+                    let mut copy_times = Vec::new();
                     let mut samples = Vec::with_capacity(o.iters);
                     // Each sample starts together and ends when this rank's part is
                     // done (as MPI benchmarks time a call between barriers); the
@@ -344,6 +371,13 @@ fn measure(comm: &Communicator, o: &Options, size: u64, in_place: bool) -> Resul
                         enqueue(&rank, o, &send, &recv, in_place, &stream)?;
                         stream.synchronize()?;
                         samples.push(t.elapsed());
+                        if let Some((a, b)) = &copies {
+                            barrier.wait();
+                            let t = Instant::now();
+                            stream.copy(a, b)?;
+                            stream.synchronize()?;
+                            copy_times.push(t.elapsed());
+                        }
                     }
                     let mut wrong = 0;
                     if o.check {
@@ -362,7 +396,7 @@ fn measure(comm: &Communicator, o: &Options, size: u64, in_place: bool) -> Resul
                             wrong = check::wrong_elements(o.dtype, &got, &want);
                         }
                     }
-                    Ok((mean, samples, wrong))
+                    Ok((mean, samples, wrong, copy_times))
                 })
             })
             .collect();
@@ -378,64 +412,31 @@ fn measure(comm: &Communicator, o: &Options, size: u64, in_place: bool) -> Resul
     let mut mean = Duration::ZERO;
     let mut samples: Vec<Duration> = Vec::new();
     let mut wrong = 0;
+    let mut reference = Vec::new();
     for r in results {
-        let (m, s, w) = r?;
+        let (m, s, w, c) = r?;
         mean = mean.max(m);
         slowest_of(&mut samples, s);
+        slowest_of(&mut reference, c);
         wrong += w;
     }
     Ok(Measured {
         mean,
         samples,
         wrong: o.check.then_some(wrong),
+        reference,
     })
 }
 
-/// The reference: every rank copying `size` bytes within its own device at once, the
-/// median bandwidth over `iters` rounds, GB/s.
-fn ceiling(devices: &[Device], size: u64, iters: usize) -> Result<f64> {
-    if size == 0 {
-        return Ok(0.0);
+/// The reference of a measurement taken with one: the median bandwidth of its copies,
+/// GB/s (0 without).
+fn ceiling(m: &Measured, size: u64) -> f64 {
+    let mut sorted = m.reference.clone();
+    sorted.sort();
+    match sorted.get(sorted.len() / 2) {
+        Some(median) if size > 0 => size as f64 / median.as_secs_f64().max(1e-12) / 1e9,
+        _ => 0.0,
     }
-    let barrier = SpinBarrier::new(devices.len());
-    let times: Vec<Result<Vec<Duration>>> = std::thread::scope(|s| {
-        let hs: Vec<_> = devices
-            .iter()
-            .map(|d| {
-                let barrier = &barrier;
-                s.spawn(move || -> Result<Vec<Duration>> {
-                    let stream = d.create_stream()?;
-                    let a = d.allocate(size)?;
-                    let b = d.allocate(size)?;
-                    stream.fill(&a, xpu::Scalar::U8(1))?;
-                    stream.copy(&a, &b)?;
-                    stream.synchronize()?;
-                    let mut out = Vec::with_capacity(iters);
-                    for _ in 0..iters.max(1) {
-                        barrier.wait();
-                        let t = Instant::now();
-                        stream.copy(&a, &b)?;
-                        stream.synchronize()?;
-                        out.push(t.elapsed());
-                    }
-                    Ok(out)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|p| Err(Error::from_panic("a reference thread", &*p)))
-            })
-            .collect()
-    });
-    let mut worst: Vec<Duration> = Vec::new();
-    for t in times {
-        slowest_of(&mut worst, t?);
-    }
-    worst.sort();
-    let median = worst.get(worst.len() / 2).copied().unwrap_or_default();
-    Ok(size as f64 / median.as_secs_f64().max(1e-12) / 1e9)
 }
 
 /// Folds one rank's per-iteration times into the slowest so far: an iteration of a
@@ -557,7 +558,10 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
             ids.join(", ")
         );
         println!(
-            "# reference `ceiling`: every rank copying the same bytes within its own device at once, same run"
+            "# reference `ceiling`: every rank copying the same bytes within its own device at once, each copy"
+        );
+        println!(
+            "# right after a p50 sample; `ratio`: busbw at the p50 time / ceiling (medians of the same iterations)"
         );
         println!("#");
         println!(
@@ -577,16 +581,16 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
         if o.collective == Collective::Barrier {
             size = 0;
         }
-        let oop = measure(&comm, o, size, false)?;
+        let oop = measure(&comm, o, size, false, true)?;
         let in_place_ok = o.collective != Collective::AllToAll
             && o.collective != Collective::SendRecv
             && o.collective != Collective::Barrier;
         let ip = if in_place_ok {
-            Some(measure(&comm, o, size, true)?)
+            Some(measure(&comm, o, size, true, false)?)
         } else {
             None
         };
-        let ceiling_gbps = ceiling(&devices, size, o.iters.clamp(3, 11))?;
+        let ceiling_gbps = ceiling(&oop, size);
         let f_oop = figures(&oop, size, factor);
         let f_ip = ip.as_ref().map(|m| figures(m, size, factor));
         let wrong = f_oop.wrong.unwrap_or(0) + f_ip.and_then(|f| f.wrong).unwrap_or(0);
@@ -601,7 +605,7 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
             };
             let mut best: Option<(xpu_collectives::Algorithm, f64)> = None;
             for (a, c) in &forced {
-                let t = measure(c, &quick, size, false)?.mean.as_secs_f64() * 1e6;
+                let t = measure(c, &quick, size, false, false)?.mean.as_secs_f64() * 1e6;
                 algorithm_times_us.push((a.name().to_string(), t));
                 if best.is_none_or(|(_, bt)| t < bt) {
                     best = Some((*a, t));
@@ -630,8 +634,10 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
                 p99_us: 0.0,
             }),
             ceiling_gbps,
-            busbw_over_ceiling: if ceiling_gbps > 0.0 {
-                f_oop.busbw / ceiling_gbps
+            // Like for like: the p50 sample and the ceiling are medians over the same
+            // iterations, each started on every rank together.
+            busbw_over_ceiling: if ceiling_gbps > 0.0 && f_oop.p50_us > 0.0 {
+                size as f64 / (f_oop.p50_us * 1e3) * factor / ceiling_gbps
             } else {
                 0.0
             },

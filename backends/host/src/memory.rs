@@ -90,6 +90,9 @@ enum Backing {
 }
 
 /// One allocation of a virtual host device: plain or growable (see the module docs).
+/// Aligned to a cache line so that the reference counts of allocations used by
+/// different threads do not share one.
+#[repr(align(64))]
 pub struct HostAllocation {
     ptr: NonNull<u8>,
     /// The usable length: fixed for a heap block, the backed length of a mapping.

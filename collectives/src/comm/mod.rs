@@ -43,6 +43,7 @@ mod staging;
 mod transport;
 mod wait;
 
+use crossbeam_utils::CachePadded;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
@@ -185,10 +186,10 @@ struct Shared {
     /// How the ranks' threads wait for each other.
     spinner: Spinner,
     /// Per rank: the sequence number of its next operation.
-    seqs: Vec<AtomicU64>,
+    seqs: Vec<CachePadded<AtomicU64>>,
     /// Per rank: one more than the latest operation it is through with on the slots
     /// (`small.rs`).
-    through: Vec<AtomicU64>,
+    through: Vec<CachePadded<AtomicU64>>,
     /// Set with `State::failed`, readable without the lock.
     failed_flag: AtomicBool,
     /// Whether every device runs host functions (host devices): then small operations
@@ -204,9 +205,11 @@ struct Shared {
     /// execution (`staging.rs`), and its staging buffers between operations.
     may_stage: Vec<bool>,
     staging: Vec<Mutex<Vec<xpu_hal::HostBuffer>>>,
-    /// Operations run in shared memory, and enqueued.
-    ran_shared: AtomicU64,
-    ran_enqueued: AtomicU64,
+    /// Operations run in shared memory, and enqueued. Each per-rank or counted value
+    /// that a rank writes on every operation has a cache line of its own, so that the
+    /// ranks' cores do not pass lines back and forth.
+    ran_shared: CachePadded<AtomicU64>,
+    ran_enqueued: CachePadded<AtomicU64>,
     transport: Mutex<Transport>,
     /// The communicator's own stream per rank, created on first use.
     aux: Mutex<Vec<Option<Stream>>>,
@@ -334,8 +337,12 @@ impl Communicator {
                 finished_seq: AtomicU64::new(0),
                 sleepers: AtomicUsize::new(0),
                 spinner: Spinner::new(n),
-                seqs: (0..n).map(|_| AtomicU64::new(0)).collect(),
-                through: (0..n).map(|_| AtomicU64::new(0)).collect(),
+                seqs: (0..n)
+                    .map(|_| CachePadded::new(AtomicU64::new(0)))
+                    .collect(),
+                through: (0..n)
+                    .map(|_| CachePadded::new(AtomicU64::new(0)))
+                    .collect(),
                 failed_flag: AtomicBool::new(false),
                 host_functions,
                 slots,
@@ -343,8 +350,8 @@ impl Communicator {
                 refusals: (0..n).map(|_| Mutex::new(None)).collect(),
                 may_stage,
                 staging: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
-                ran_shared: AtomicU64::new(0),
-                ran_enqueued: AtomicU64::new(0),
+                ran_shared: CachePadded::new(AtomicU64::new(0)),
+                ran_enqueued: CachePadded::new(AtomicU64::new(0)),
                 aux: Mutex::new(vec![None; n]),
             }),
         })

@@ -21,9 +21,66 @@ impl std::fmt::Debug for Rank {
     }
 }
 
-/// Checks that a slice is usable by this rank: on its device, not freed.
-fn check_slice(device: &Device, b: &BufferSlice<'_>, what: &str) -> Result<Slice> {
-    if b.allocation.device() != device.id() {
+/// An operation's validated buffers, borrowed from the caller: the small path reads
+/// them during the call, and every other path takes owned [`RankBuffers`] from them.
+#[derive(Clone, Copy)]
+struct Args<'a> {
+    send: Option<BufferSlice<'a>>,
+    recv: Option<BufferSlice<'a>>,
+}
+
+impl<'a> Args<'a> {
+    const NONE: Args<'static> = Args {
+        send: None,
+        recv: None,
+    };
+
+    fn both(send: BufferSlice<'a>, recv: BufferSlice<'a>) -> Self {
+        Args {
+            send: Some(send),
+            recv: Some(recv),
+        }
+    }
+
+    fn owned(&self) -> RankBuffers {
+        RankBuffers {
+            send: self.send.as_ref().map(Slice::from_buffer),
+            recv: self.recv.as_ref().map(Slice::from_buffer),
+        }
+    }
+}
+
+/// Byte-range arithmetic on the caller's slices, for the argument checks.
+trait Range<'a> {
+    /// `[offset, offset + len)` of this range.
+    fn sub(&self, offset: u64, len: u64) -> BufferSlice<'a>;
+    /// Whether both are the same bytes.
+    fn same_as(&self, other: &BufferSlice<'_>) -> bool;
+    /// Whether the two share a byte.
+    fn overlaps(&self, other: &BufferSlice<'_>) -> bool;
+}
+
+impl<'a> Range<'a> for BufferSlice<'a> {
+    fn sub(&self, offset: u64, len: u64) -> BufferSlice<'a> {
+        self.allocation.slice(self.offset + offset, len)
+    }
+
+    fn same_as(&self, other: &BufferSlice<'_>) -> bool {
+        self.allocation.id() == other.allocation.id()
+            && self.offset == other.offset
+            && self.len == other.len
+    }
+
+    fn overlaps(&self, other: &BufferSlice<'_>) -> bool {
+        self.allocation.id() == other.allocation.id()
+            && self.offset < other.offset + other.len
+            && other.offset < self.offset + self.len
+    }
+}
+
+/// Checks that a slice is usable by this rank: on its device, in bounds, not freed.
+fn check_slice<'a>(device: &Device, b: &BufferSlice<'a>, what: &str) -> Result<BufferSlice<'a>> {
+    if !b.allocation.belongs_to(device) {
         return Err(Error::invalid(format!(
             "the {what} is on {}, but this rank's device is {}; pass memory of the rank's own device",
             b.allocation.device(),
@@ -36,7 +93,7 @@ fn check_slice(device: &Device, b: &BufferSlice<'_>, what: &str) -> Result<Slice
         )));
     }
     match b.offset.checked_add(b.len) {
-        Some(end) if end <= b.allocation.size() => Ok(Slice::from_buffer(b)),
+        Some(end) if end <= b.allocation.size() => Ok(*b),
         _ => Err(Error::invalid(format!(
             "the {what} [{}..+{}) is out of bounds of its {}-byte allocation",
             b.offset,
@@ -74,7 +131,7 @@ fn check_dtype(device: &Device, bytes: u64, dtype: DType, what: &str) -> Result<
 }
 
 /// Send and receive must be identical (in place) or disjoint.
-fn check_aliasing(send: &Slice, recv: &Slice) -> Result<()> {
+fn check_aliasing(send: &BufferSlice<'_>, recv: &BufferSlice<'_>) -> Result<()> {
     if send.overlaps(recv) && !send.same_as(recv) {
         return Err(Error::invalid(
             "the send and receive buffers partly overlap; pass the same range (in place) or disjoint ranges",
@@ -119,21 +176,15 @@ impl Rank {
         })
     }
 
-    fn arrive(
+    fn arrive<'a>(
         &self,
         stream: &Stream,
-        build: impl FnOnce() -> Result<(OpDesc, RankBuffers)>,
+        build: impl FnOnce() -> Result<(OpDesc, Args<'a>)>,
     ) -> Result<()> {
         self.check_stream(stream)?;
-        let (desc, buffers) = match build() {
+        let (desc, args) = match build() {
             Ok((d, b)) => (Ok(d), b),
-            Err(e) => (
-                Err(e),
-                RankBuffers {
-                    send: None,
-                    recv: None,
-                },
-            ),
+            Err(e) => (Err(e), Args::NONE),
         };
         let sh = &self.shared;
         if sh.aborted.load(Ordering::Acquire) || sh.failed_flag.load(Ordering::Acquire) {
@@ -142,7 +193,7 @@ impl Rank {
         let seq = sh.seqs[self.rank].fetch_add(1, Ordering::Relaxed);
         if let Some(slots) = &sh.slots {
             match &desc {
-                Ok(d) if self.small_path(d) => return self.small(slots, seq, *d, &buffers, stream),
+                Ok(d) if self.small_path(d) => return self.small(slots, seq, *d, &args, stream),
                 Ok(d) => sh.announce(slots, self.rank, seq, Some(*d))?,
                 Err(e) => {
                     // Refused here: go the way the others went, so they learn of it.
@@ -155,6 +206,7 @@ impl Rank {
                 }
             }
         }
+        let buffers = args.owned();
         let io = self.io(stream)?;
         let idle = matches!(io.stream.query(), Ok(true));
         let mut staged: Option<Staged> = None;
@@ -220,18 +272,18 @@ impl Rank {
         slots: &Slots,
         seq: u64,
         desc: OpDesc,
-        buffers: &RankBuffers,
+        args: &Args<'_>,
         stream: &Stream,
     ) -> Result<()> {
-        let view = |s: &Option<Slice>| match s {
+        let view = |s: &Option<BufferSlice<'_>>| match s {
             None => Some(None),
             Some(s) if s.len == 0 => Some(Some(HostRange::staged(
                 std::ptr::NonNull::dangling().as_ptr(),
                 0,
             ))),
-            Some(s) => HostRange::of(s).map(Some),
+            Some(s) => HostRange::of(s.allocation, s.offset, s.len).map(Some),
         };
-        let host = match (view(&buffers.send), view(&buffers.recv)) {
+        let host = match (view(&args.send), view(&args.recv)) {
             (Some(send), Some(recv)) => HostBuffers { send, recv },
             _ => {
                 self.shared.announce(slots, self.rank, seq, None)?;
@@ -294,7 +346,7 @@ impl Rank {
         }
         let view = |s: &Option<Slice>| match s {
             None => Some(None),
-            Some(s) => HostRange::of(s).map(Some),
+            Some(s) => HostRange::of(&s.alloc, s.offset, s.len).map(Some),
         };
         Some(HostBuffers {
             send: view(&buffers.send)?,
@@ -371,10 +423,7 @@ impl Rank {
                     op: Some(op),
                     root: None,
                 },
-                RankBuffers {
-                    send: Some(s),
-                    recv: Some(r),
-                },
+                Args::both(s, r),
             ))
         })
     }
@@ -417,7 +466,7 @@ impl Rank {
                     op: Some(op),
                     root: Some(root),
                 },
-                RankBuffers {
+                Args {
                     send: Some(s),
                     recv: r,
                 },
@@ -455,7 +504,7 @@ impl Rank {
                     op: None,
                     root: Some(root),
                 },
-                RankBuffers {
+                Args {
                     send: s,
                     recv: Some(r),
                 },
@@ -490,7 +539,7 @@ impl Rank {
                     op: None,
                     root: None,
                 },
-                RankBuffers { send: Some(s), recv: Some(r) },
+                Args::both(s, r),
             ))
         })
     }
@@ -525,7 +574,7 @@ impl Rank {
                     op: Some(op),
                     root: None,
                 },
-                RankBuffers { send: Some(s), recv: Some(r) },
+                Args::both(s, r),
             ))
         })
     }
@@ -563,10 +612,7 @@ impl Rank {
                     op: None,
                     root: None,
                 },
-                RankBuffers {
-                    send: Some(s),
-                    recv: Some(r),
-                },
+                Args::both(s, r),
             ))
         })
     }
@@ -583,10 +629,7 @@ impl Rank {
                     op: None,
                     root: None,
                 },
-                RankBuffers {
-                    send: None,
-                    recv: None,
-                },
+                Args::NONE,
             ))
         })
     }
@@ -631,7 +674,7 @@ impl Rank {
         let copy: Allocation = self.device().allocate(s.len)?;
         let copy = Slice::whole(&copy);
         if s.len > 0 {
-            io.stream.copy(s.buf(), copy.buf())?;
+            io.stream.copy(s, copy.buf())?;
         }
         let ready = io.stream.record_event()?;
         let mut st = self.shared.lock();
@@ -720,6 +763,12 @@ impl Rank {
             .transport
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        transport.copy(&ranks, peer, &posted.data, self.rank, &d)
+        transport.copy(
+            &ranks,
+            peer,
+            &posted.data,
+            self.rank,
+            &Slice::from_buffer(&d),
+        )
     }
 }

@@ -216,7 +216,7 @@ impl Shared {
         if done() {
             return Ok(());
         }
-        let deadline = Instant::now() + self.options.timeout;
+        let deadline = || Instant::now() + self.options.timeout;
         match self
             .spinner
             .wait_until(SPIN, deadline, done, || self.stopping())
@@ -301,38 +301,47 @@ impl Shared {
         let out = host.recv.as_ref().map_or(std::ptr::null_mut(), |h| h.at(0));
         let bytes = desc.bytes as usize;
         let data = |q: usize| slots.data(q, seq);
-        // What this rank's output is made of: reductions of slot ranges, or copies of
-        // slot ranges to places in the output (offset in the slot, offset in the output).
-        let reduce_at = |offset: usize| -> Vec<*mut u8> {
-            (0..n).map(|q| data(q).wrapping_add(offset)).collect()
-        };
-        let sources = match desc.kind {
-            Collective::AllReduce => Some(reduce_at(0)),
-            Collective::Reduce if rank == root => Some(reduce_at(0)),
-            Collective::ReduceScatter => Some(reduce_at(rank * bytes)),
+        // What this rank's output is made of: a reduction of the ranks' slot ranges at
+        // one offset, or copies of slot ranges to places in the output.
+        let reduce_at = match desc.kind {
+            Collective::AllReduce => Some(0),
+            Collective::Reduce if rank == root => Some(0),
+            Collective::ReduceScatter => Some(rank * bytes),
             _ => None,
         };
-        let copies: Vec<(usize, usize, usize)> = match desc.kind {
-            // The root's own receive buffer is already the data when in place.
-            Collective::Broadcast if input.is_none_or(|h| h.at(0) != out) => vec![(root, 0, 0)],
-            Collective::AllGather => (0..n).map(|q| (q, 0, q * bytes)).collect(),
-            Collective::AllToAll => (0..n).map(|q| (q, rank * bytes, q * bytes)).collect(),
-            _ => Vec::new(),
-        };
-        if let Some(sources) = sources {
+        if let Some(offset) = reduce_at {
+            // On the stack for the usual few ranks: this path is all per-call overhead.
+            let mut few = [std::ptr::null_mut::<u8>(); 8];
+            let mut many = Vec::new();
+            let sources: &mut [*mut u8] = if n <= few.len() {
+                &mut few[..n]
+            } else {
+                many.resize(n, std::ptr::null_mut());
+                &mut many
+            };
+            for (q, s) in sources.iter_mut().enumerate() {
+                *s = data(q).wrapping_add(offset);
+            }
             // SAFETY: the slot data of `seq` stays unchanged until this rank leaves the
             // operation (module docs) and holds each rank's input, validated to cover
             // these ranges; `out` is this rank's own receive buffer of `bytes`, which
             // nothing else writes now; slots and output are disjoint.
-            unsafe { reduce_into(&desc, n, &sources, out, bytes) }?;
+            unsafe { reduce_into(&desc, n, sources, out, bytes) }?;
         }
-        for (q, from, to) in copies {
-            if out.is_null() {
-                break;
+        // Copies (rank, offset in its slot, offset in the output).
+        let copy = |(q, from, to): (usize, usize, usize)| {
+            if !out.is_null() {
+                // SAFETY: as above; each copy stays within rank `q`'s published input and
+                // this rank's validated receive buffer.
+                unsafe { std::ptr::copy_nonoverlapping(data(q).add(from), out.add(to), bytes) };
             }
-            // SAFETY: as above; each copy stays within rank `q`'s published input and
-            // this rank's validated receive buffer.
-            unsafe { std::ptr::copy_nonoverlapping(data(q).add(from), out.add(to), bytes) };
+        };
+        match desc.kind {
+            // The root's own receive buffer is already the data when in place.
+            Collective::Broadcast if input.is_none_or(|h| h.at(0) != out) => copy((root, 0, 0)),
+            Collective::AllGather => (0..n).for_each(|q| copy((q, 0, q * bytes))),
+            Collective::AllToAll => (0..n).for_each(|q| copy((q, rank * bytes, q * bytes))),
+            _ => {}
         }
         Ok(())
     }
@@ -345,7 +354,7 @@ impl Shared {
         seq: u64,
         what: &dyn std::fmt::Display,
     ) -> Result<()> {
-        let deadline = Instant::now() + self.options.timeout;
+        let deadline = || Instant::now() + self.options.timeout;
         match self.spinner.wait_until(
             SPIN,
             deadline,

@@ -39,21 +39,32 @@ impl Spinner {
 
     /// Spins until `done()` holds or `budget` has passed; returns whether it holds.
     pub fn spin(&self, budget: Duration, done: impl Fn() -> bool) -> bool {
-        let start = Instant::now();
+        let polls = |n: usize| {
+            for _ in 0..n {
+                if done() {
+                    return true;
+                }
+                std::hint::spin_loop();
+            }
+            false
+        };
         if self.exclusive {
+            // Read the clock only every few dozen polls, and not at all when the first
+            // ones succeed (the common case): it costs more than a poll.
+            if polls(32) {
+                return true;
+            }
+            let start = Instant::now();
             loop {
-                // Read the clock only every few dozen polls: it costs more than a poll.
-                for _ in 0..32 {
-                    if done() {
-                        return true;
-                    }
-                    std::hint::spin_loop();
+                if polls(32) {
+                    return true;
                 }
                 if start.elapsed() >= budget {
                     return done();
                 }
             }
         }
+        let start = Instant::now();
         let backoff = Backoff::new();
         while !done() {
             if start.elapsed() >= budget {
@@ -66,14 +77,18 @@ impl Spinner {
 
     /// Waits until `done()` holds: spins for up to `spin`, then sleeps in short steps,
     /// giving up when `stop()` holds or at `deadline`.
+    ///
+    /// `deadline` is asked for only when the spin ends unfulfilled, so that short waits
+    /// do not read the clock for it.
     pub fn wait_until(
         &self,
         spin: Duration,
-        deadline: Instant,
+        deadline: impl FnOnce() -> Instant,
         done: impl Fn() -> bool,
         stop: impl Fn() -> bool,
     ) -> Waited {
         if !self.spin(spin, || done() || stop()) {
+            let deadline = deadline();
             while !done() && !stop() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_micros(20));
             }

@@ -67,13 +67,13 @@ unsafe impl Send for HostRange {}
 unsafe impl Sync for HostRange {}
 
 impl HostRange {
-    /// The CPU's view of `slice`, if its memory has one.
-    pub fn of(slice: &Slice) -> Option<HostRange> {
-        let view = slice.alloc.host_view()?;
-        let end = slice.offset.checked_add(slice.len)?;
+    /// The CPU's view of `len` bytes at `offset` of `alloc`, if its memory has one.
+    pub fn of(alloc: &xpu_hal::Allocation, offset: u64, len: u64) -> Option<HostRange> {
+        let view = alloc.host_view()?;
+        let end = offset.checked_add(len)?;
         (end <= view.len()).then(|| HostRange {
-            base: view.as_ptr().wrapping_add(slice.offset as usize),
-            len: slice.len,
+            base: view.as_ptr().wrapping_add(offset as usize),
+            len,
             view: Some(view),
         })
     }
@@ -346,7 +346,7 @@ impl Work {
                     .compare_exchange(WAITING, STARTED, Ordering::AcqRel, Ordering::Acquire);
         }
         let decided = || self.start.load(Ordering::Acquire) != WAITING;
-        if spinner.wait_until(SHARE_SPIN, deadline, decided, || false) == Waited::TimedOut {
+        if spinner.wait_until(SHARE_SPIN, || deadline, decided, || false) == Waited::TimedOut {
             // Unless the last rank started it meanwhile.
             self.abandon();
         }
@@ -445,6 +445,15 @@ fn reduce_task<T: Element>(sources: &[*mut u8], dests: &[*mut u8], len: usize, r
     // Results too large to stay in cache bypass it, so that writing them does not first
     // read every destination line (a third more memory traffic).
     let streaming = len.saturating_mul(dests.len()) >= STREAM_BYTES;
+    if let ([dest], None, false, 2..) = (dests, avg, streaming, sources.len()) {
+        if !sources.contains(dest) {
+            // SAFETY: as below; the one destination is disjoint from every source (the
+            // caller's contract: equal or disjoint, and it equals none), so it can be
+            // reduced into directly, without a tile in between.
+            unsafe { reduce_direct::<T>(sources, *dest, count, r.op) };
+            return;
+        }
+    }
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
         let (words, wide) = &mut *s;
@@ -506,6 +515,33 @@ fn reduce_task<T: Element>(sources: &[*mut u8], dests: &[*mut u8], len: usize, r
             stream::fence();
         }
     });
+}
+
+/// Reduces two or more sources straight into `dest`: for one destination that no
+/// source shares, in cache (the tiled path's copy from its scratch tile is then work
+/// for nothing).
+///
+/// # Safety
+///
+/// Every address must be valid for `count` elements of `T`, aligned, and not written by
+/// anyone else meanwhile; `dest` must be disjoint from every source.
+unsafe fn reduce_direct<T: Element>(
+    sources: &[*mut u8],
+    dest: *mut u8,
+    count: usize,
+    op: BinaryOp,
+) {
+    // SAFETY: the caller's contract: every source is `count` live, aligned elements
+    // that nobody writes meanwhile.
+    let source = |q: usize| unsafe {
+        std::slice::from_raw_parts(sources[q].cast::<T>().cast_const(), count)
+    };
+    // SAFETY: as above for `dest`, which no source shares, so this is its only reference.
+    let out = unsafe { std::slice::from_raw_parts_mut(dest.cast::<T>(), count) };
+    ops::binary(op, source(0), source(1), out);
+    for q in 2..sources.len() {
+        ops::accumulate(op, out, source(q));
+    }
 }
 
 #[cfg(test)]
