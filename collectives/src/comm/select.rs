@@ -13,6 +13,7 @@
 //! | reduce, broadcast | ring (a chain) | (n−1)·α_r + (S + (n−2)·q)·β_r |
 //! | reduce, broadcast | direct | α + (n−1)·S·β |
 //! | reduce, broadcast | tree | D_1·α + (2S + (D_1−1)·q)·β |
+//! | reduce, broadcast | hierarchical | (g−1)·α_g + (S + (g−2)·q)·β_g + (m−1)·α_l + (S + (m−2)·q)·β_l |
 //! | all-gather, reduce-scatter | ring | (n−1)·(α_r + S·β_r) |
 //! | all-gather, reduce-scatter | direct | α + (n−1)·S·β |
 //! | all-gather, reduce-scatter | halving-doubling | (L + 2f)·α + ((p−1)/p + f)·n·S·β |
@@ -233,6 +234,15 @@ impl CostModel {
                 d * a + (2.0 * s + (d - 1.0).max(0.0) * q) * b
             }
             (_, Algorithm::SharedMemory | Algorithm::Nccl) => return None,
+            (Collective::Reduce | Collective::Broadcast, Algorithm::Hierarchical) => {
+                match self.groups {
+                    None => chain(n, ra, rb),
+                    Some(gf) => {
+                        chain(gf.largest as f64, gf.inner_alpha, gf.inner_beta)
+                            + chain(gf.count as f64, gf.leader_alpha, gf.leader_beta)
+                    }
+                }
+            }
             (_, Algorithm::Hierarchical) => match self.groups {
                 None => ring_all_reduce,
                 Some(gf) => {
@@ -569,6 +579,10 @@ mod tests {
             Algorithm::Hierarchical
         );
         assert_eq!(s.choose(&m, Collective::AllReduce, 8).0, Algorithm::Direct);
+        // Reduce and broadcast cross the slow link once instead of once per rank.
+        for kind in [Collective::Reduce, Collective::Broadcast] {
+            assert_eq!(s.choose(&m, kind, 256 << 10).0, Algorithm::Hierarchical);
+        }
         // Without groups it is the ring, which wins the tie.
         m.groups = None;
         assert_eq!(
@@ -595,7 +609,8 @@ mod tests {
                 );
             }
         }
-        assert!(!Algorithm::Hierarchical.implements(Collective::Broadcast));
+        assert!(Algorithm::Hierarchical.implements(Collective::Broadcast));
+        assert!(!Algorithm::Hierarchical.implements(Collective::AllGather));
         // Overrides naming an algorithm the operation lacks are ignored.
         let s = Selector::parse("broadcast:halving-doubling,allgather:tree").unwrap();
         assert_ne!(

@@ -1,15 +1,22 @@
-//! Hierarchical all-reduce over the topology's groups of well-connected devices
-//! ([`crate::topology::Topology::groups`]).
+//! Hierarchical all-reduce, reduce and broadcast over the topology's groups of
+//! well-connected devices ([`crate::topology::Topology::groups`]).
 //!
-//! Each group reduces to its leader (its first rank) along a pipelined chain, the leaders
-//! all-reduce among themselves in a ring, and each leader broadcasts the result to its
-//! group along a chain. Only the leaders' ring crosses the slow links between groups, and
-//! it carries 2(m−1)/m of the buffer for m groups rather than 2(n−1)/n over n ranks with
-//! n−1 slow latencies. With a single group, or a group per rank, it is the plain ring.
+//! All-reduce: each group reduces to its leader (its first rank) along a pipelined chain,
+//! the leaders all-reduce among themselves in a ring, and each leader broadcasts the
+//! result to its group along a chain. Only the leaders' ring crosses the slow links
+//! between groups, and it carries 2(m−1)/m of the buffer for m groups rather than
+//! 2(n−1)/n over n ranks with n−1 slow latencies. With a single group, or a group per
+//! rank, it is the plain ring.
+//!
+//! Reduce and broadcast make the root its group's leader: a reduce runs the chains within
+//! groups and then one through the leaders to the root; a broadcast runs them the other
+//! way round. The slow links carry the buffer once per group instead of once per rank
+//! beyond them. Without a hierarchy they are the plain chains.
 
 use xpu_hal::Result;
 
 use super::Run;
+use crate::comm::transport::Slice;
 
 /// Whether `groups` make the hierarchical algorithm differ from the ring: more than one
 /// group, and one of them with more than one rank.
@@ -18,28 +25,43 @@ pub(crate) fn is_hierarchical(groups: &[Vec<usize>]) -> bool {
 }
 
 impl Run<'_> {
-    /// See the module docs. Needs two ranks or more.
-    pub(super) fn hierarchical_all_reduce(&mut self) -> Result<()> {
-        let groups: Vec<Vec<usize>> = self
+    /// The topology's groups when they make a hierarchy (see [`is_hierarchical`]) and
+    /// cover every rank once; `None` otherwise. With `root`, the root leads its group and
+    /// its group comes first.
+    fn hierarchy(&self, root: Option<usize>) -> Option<Vec<Vec<usize>>> {
+        let mut groups: Vec<Vec<usize>> = self
             .groups
             .iter()
             .filter(|g| !g.is_empty())
             .cloned()
             .collect();
-        let covers_all = {
-            let mut seen = vec![false; self.n()];
-            for &r in groups.iter().flatten() {
-                if let Some(s) = seen.get_mut(r) {
-                    *s = true;
-                }
+        let mut seen = vec![false; self.n()];
+        for &r in groups.iter().flatten() {
+            match seen.get_mut(r) {
+                Some(s) if !*s => *s = true,
+                _ => return None,
             }
-            seen.iter().all(|s| *s) && groups.iter().map(Vec::len).sum::<usize>() == self.n()
-        };
-        if !covers_all || !is_hierarchical(&groups) {
+        }
+        if !seen.iter().all(|s| *s) || !is_hierarchical(&groups) {
+            return None;
+        }
+        if let Some(root) = root {
+            let at = groups.iter().position(|g| g.contains(&root))?;
+            let mut own = groups.remove(at);
+            own.retain(|&r| r != root);
+            own.insert(0, root);
+            groups.insert(0, own);
+        }
+        Some(groups)
+    }
+
+    /// See the module docs. Needs two ranks or more.
+    pub(super) fn hierarchical_all_reduce(&mut self) -> Result<()> {
+        let Some(groups) = self.hierarchy(None) else {
             let all = self.everyone();
             let (src, dst) = (self.sends(&all)?, self.recvs(&all)?);
             return self.ring_all_reduce(&all, &src, &dst);
-        }
+        };
         for g in &groups {
             let target = self.recv(g[0])?;
             self.chain_reduce(g, &target)?;
@@ -50,6 +72,47 @@ impl Run<'_> {
         for g in &groups {
             let src = self.recv(g[0])?;
             self.chain_broadcast(g, &src)?;
+        }
+        Ok(())
+    }
+
+    /// A reduce to the root: each group reduces to its leader along a chain (the root's
+    /// group to the root, into `target`; the others into their leader's working buffer),
+    /// then a chain through the leaders ends at the root. Only the leaders' chain
+    /// crosses the slow links, once per group. Without a hierarchy, one chain.
+    pub(super) fn hierarchical_reduce(&mut self, target: &Slice) -> Result<()> {
+        let Some(groups) = self.hierarchy(Some(self.root)) else {
+            let members = self.rooted_order();
+            return self.chain_reduce(&members, target);
+        };
+        let mut partials = Vec::with_capacity(groups.len());
+        for (i, g) in groups.iter().enumerate() {
+            let partial = match i {
+                0 => target.clone(),
+                _ => self.transport.temp(self.ranks, g[0], self.bytes)?,
+            };
+            self.chain_reduce(g, &partial)?;
+            partials.push(partial);
+        }
+        let leaders: Vec<usize> = groups.iter().map(|g| g[0]).collect();
+        self.chain_reduce_from(&leaders, &partials, target, true)
+    }
+
+    /// A broadcast from the root: a chain through the groups' leaders (the root first),
+    /// then a chain within each group from its leader. Without a hierarchy, one chain.
+    pub(super) fn hierarchical_broadcast(&mut self, src: &Slice) -> Result<()> {
+        let Some(groups) = self.hierarchy(Some(self.root)) else {
+            let members = self.rooted_order();
+            return self.chain_broadcast(&members, src);
+        };
+        let leaders: Vec<usize> = groups.iter().map(|g| g[0]).collect();
+        self.chain_broadcast(&leaders, src)?;
+        for (i, g) in groups.iter().enumerate() {
+            let from = match i {
+                0 => src.clone(),
+                _ => self.recv(g[0])?,
+            };
+            self.chain_broadcast(g, &from)?;
         }
         Ok(())
     }

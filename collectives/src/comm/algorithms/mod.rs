@@ -110,7 +110,10 @@ impl Algorithm {
                 kind,
                 Collective::AllReduce | Collective::Reduce | Collective::Broadcast
             ),
-            Algorithm::Hierarchical => matches!(kind, Collective::AllReduce),
+            Algorithm::Hierarchical => matches!(
+                kind,
+                Collective::AllReduce | Collective::Reduce | Collective::Broadcast
+            ),
             Algorithm::SharedMemory => !matches!(kind, Collective::SendRecv),
             Algorithm::Nccl => !matches!(kind, Collective::SendRecv | Collective::Barrier),
         }
@@ -243,6 +246,12 @@ impl Run<'_> {
     /// Every rank, in order.
     fn everyone(&self) -> Vec<usize> {
         (0..self.n()).collect()
+    }
+
+    /// Every rank, in order from the root (wrapping around).
+    fn rooted_order(&self) -> Vec<usize> {
+        let n = self.n();
+        (0..n).map(|k| (self.root + k) % n).collect()
     }
 
     /// Each rank's send buffer, by rank.
@@ -389,8 +398,9 @@ impl Run<'_> {
                 }
             }
             Algorithm::Tree => self.tree_reduce(&target)?,
+            Algorithm::Hierarchical => self.hierarchical_reduce(&target)?,
             _ => {
-                let members: Vec<usize> = (0..n).map(|k| (root + k) % n).collect();
+                let members = self.rooted_order();
                 self.chain_reduce(&members, &target)?;
             }
         }
@@ -402,9 +412,21 @@ impl Run<'_> {
     /// receives with its own input into a working copy and passes that on, piece by piece
     /// so that the links work at once.
     fn chain_reduce(&mut self, members: &[usize], target: &Slice) -> Result<()> {
+        let sends = self.sends(members)?;
+        self.chain_reduce_from(members, &sends, target, false)
+    }
+
+    /// [`Run::chain_reduce`] over `sends[k]` as member `k`'s input; with `scratch`, the
+    /// inputs are the algorithm's own buffers, which the chain may overwrite.
+    fn chain_reduce_from(
+        &mut self,
+        members: &[usize],
+        sends: &[Slice],
+        target: &Slice,
+        scratch: bool,
+    ) -> Result<()> {
         let g = members.len();
         let (op, dtype) = (self.combine(), self.dtype()?);
-        let sends = self.sends(members)?;
         if g == 1 {
             return self
                 .transport
@@ -414,7 +436,7 @@ impl Run<'_> {
         for (k, &r) in members.iter().enumerate() {
             if k == 0 {
                 work.push(target.clone());
-            } else if k == g - 1 {
+            } else if k == g - 1 || scratch {
                 work.push(sends[k].clone());
             } else {
                 work.push(self.transport.temp(self.ranks, r, self.bytes)?);
@@ -470,8 +492,9 @@ impl Run<'_> {
                 }
             }
             Algorithm::Tree => self.tree_broadcast(&src)?,
+            Algorithm::Hierarchical => self.hierarchical_broadcast(&src)?,
             _ => {
-                let members: Vec<usize> = (0..n).map(|k| (root + k) % n).collect();
+                let members = self.rooted_order();
                 self.chain_broadcast(&members, &src)?;
             }
         }
