@@ -264,3 +264,24 @@ fn shrinking_under_queued_work_never_faults() {
     s.synchronize().unwrap();
     assert_eq!(d.memory_info().unwrap().free, (16 << 20) - page);
 }
+
+#[test]
+fn an_allocation_belongs_to_its_own_device_handle_only() {
+    let mut r = Registry::new();
+    r.register(Arc::new(HostBackend::new(HostConfig {
+        devices: 2,
+        capacity: 1 << 20,
+    })))
+    .unwrap();
+    let devs = r
+        .devices(&DeviceSelector::parse("host:0,1").unwrap())
+        .unwrap();
+    let a = devs[0].allocate(64).unwrap();
+    assert!(a.belongs_to(&devs[0]));
+    assert!(a.belongs_to(&devs[0].clone()));
+    assert!(!a.belongs_to(&devs[1]));
+    // The same id in another registry is another device.
+    let other = device(1 << 20);
+    assert_eq!(other.id(), devs[0].id());
+    assert!(!a.belongs_to(&other));
+}
