@@ -34,6 +34,7 @@
 //! unmatched one from that peer — and enqueues the transfer.
 
 pub mod algorithms;
+mod args;
 pub mod op;
 mod rank;
 pub mod select;

@@ -1,8 +1,9 @@
 //! [`Rank`]: one rank's handle, and the operations its thread calls. Each operation
-//! checks its arguments, then takes the small path (`small.rs`) or arrives at the
-//! rendezvous (`mod.rs`), staging its buffers through host memory first where that lets
-//! the operation run in shared memory (`staging.rs`).
+//! checks its arguments (`args.rs`), then takes the small path (`small.rs`) or arrives
+//! at the rendezvous (`mod.rs`), staging its buffers through host memory first where
+//! that lets the operation run in shared memory (`staging.rs`).
 
+use super::args::{check_aliasing, check_dtype, check_len, check_slice, Args, Range};
 use super::*;
 
 /// One rank of a communicator: the handle its driving thread calls operations on.
@@ -19,125 +20,6 @@ impl std::fmt::Debug for Rank {
             .field("device", &self.device().id().to_string())
             .finish()
     }
-}
-
-/// An operation's validated buffers, borrowed from the caller: the small path reads
-/// them during the call, and every other path takes owned [`RankBuffers`] from them.
-#[derive(Clone, Copy)]
-struct Args<'a> {
-    send: Option<BufferSlice<'a>>,
-    recv: Option<BufferSlice<'a>>,
-}
-
-impl<'a> Args<'a> {
-    const NONE: Args<'static> = Args {
-        send: None,
-        recv: None,
-    };
-
-    fn both(send: BufferSlice<'a>, recv: BufferSlice<'a>) -> Self {
-        Args {
-            send: Some(send),
-            recv: Some(recv),
-        }
-    }
-
-    fn owned(&self) -> RankBuffers {
-        RankBuffers {
-            send: self.send.as_ref().map(Slice::from_buffer),
-            recv: self.recv.as_ref().map(Slice::from_buffer),
-        }
-    }
-}
-
-/// Byte-range arithmetic on the caller's slices, for the argument checks.
-trait Range<'a> {
-    /// `[offset, offset + len)` of this range.
-    fn sub(&self, offset: u64, len: u64) -> BufferSlice<'a>;
-    /// Whether both are the same bytes.
-    fn same_as(&self, other: &BufferSlice<'_>) -> bool;
-    /// Whether the two share a byte.
-    fn overlaps(&self, other: &BufferSlice<'_>) -> bool;
-}
-
-impl<'a> Range<'a> for BufferSlice<'a> {
-    fn sub(&self, offset: u64, len: u64) -> BufferSlice<'a> {
-        self.allocation.slice(self.offset + offset, len)
-    }
-
-    fn same_as(&self, other: &BufferSlice<'_>) -> bool {
-        self.allocation.id() == other.allocation.id()
-            && self.offset == other.offset
-            && self.len == other.len
-    }
-
-    fn overlaps(&self, other: &BufferSlice<'_>) -> bool {
-        self.allocation.id() == other.allocation.id()
-            && self.offset < other.offset + other.len
-            && other.offset < self.offset + self.len
-    }
-}
-
-/// Checks that a slice is usable by this rank: on its device, in bounds, not freed.
-fn check_slice<'a>(device: &Device, b: &BufferSlice<'a>, what: &str) -> Result<BufferSlice<'a>> {
-    if !b.allocation.belongs_to(device) {
-        return Err(Error::invalid(format!(
-            "the {what} is on {}, but this rank's device is {}; pass memory of the rank's own device",
-            b.allocation.device(),
-            device.id()
-        )));
-    }
-    if b.allocation.is_freed() {
-        return Err(Error::invalid(format!(
-            "the {what} was freed; keep it alive until the operation is enqueued"
-        )));
-    }
-    match b.offset.checked_add(b.len) {
-        Some(end) if end <= b.allocation.size() => Ok(*b),
-        _ => Err(Error::invalid(format!(
-            "the {what} [{}..+{}) is out of bounds of its {}-byte allocation",
-            b.offset,
-            b.len,
-            b.allocation.size()
-        ))),
-    }
-}
-
-fn check_len(len: u64, expected: u64, what: &str) -> Result<()> {
-    if len != expected {
-        return Err(Error::invalid(format!(
-            "the {what} is {len} bytes but must be {expected}"
-        )));
-    }
-    Ok(())
-}
-
-fn check_dtype(device: &Device, bytes: u64, dtype: DType, what: &str) -> Result<()> {
-    if !bytes.is_multiple_of(dtype.size() as u64) {
-        return Err(Error::invalid(format!(
-            "the {what} is {bytes} bytes, not a whole number of {} elements ({} bytes each)",
-            dtype.name(),
-            dtype.size()
-        )));
-    }
-    if !device.capabilities().supports_dtype(dtype) {
-        return Err(Error::unsupported(format!(
-            "{} cannot reduce {} (not in its builtin dtypes); use a dtype every rank supports",
-            device.id(),
-            dtype.name()
-        )));
-    }
-    Ok(())
-}
-
-/// Send and receive must be identical (in place) or disjoint.
-fn check_aliasing(send: &BufferSlice<'_>, recv: &BufferSlice<'_>) -> Result<()> {
-    if send.overlaps(recv) && !send.same_as(recv) {
-        return Err(Error::invalid(
-            "the send and receive buffers partly overlap; pass the same range (in place) or disjoint ranges",
-        ));
-    }
-    Ok(())
 }
 
 impl Rank {
