@@ -83,6 +83,13 @@
 //! directly. [`Snapshot`] lists every segment and block and serializes as JSON; an opt-in
 //! bounded ring ([`Config::history`]) keeps the latest alloc/free events.
 //!
+//! ## Host staging
+//!
+//! [`StagingPool`] keeps the host buffers that copies between devices pass through,
+//! reused in stream order: a buffer comes back with an event recorded after its last use,
+//! and the next user makes its stream wait for that event instead of the host waiting
+//! (see the `staging` module). [`host_staging`] is the process's pool.
+//!
 //! ## Policies
 //!
 //! [`Policy::PyTorch`] reproduces PyTorch's default size rules as a baseline. [`Policy::Xpu`],
@@ -102,6 +109,7 @@ mod clock;
 mod device;
 mod policy;
 mod replay;
+mod staging;
 mod stats;
 mod trace;
 
@@ -119,6 +127,7 @@ pub use replay::{
     replay, replay_source, replay_with, reuse_scenario, Completed, FakeSource, ReplayReport, Trace,
     TraceEntry,
 };
+pub use staging::{host_staging, StagingBuffer, StagingPool, StagingStats, DEFAULT_STAGING_LIMIT};
 pub use stats::{
     BlockSnapshot, BlockStateKind, MemoryStats, SegmentSnapshot, Snapshot, Stat, TraceAction,
     TraceEvent,

@@ -8,9 +8,11 @@
 //! - **peer**: the destination device reads the source's memory
 //!   ([`xpu_hal::Stream::copy_peer`]), after waiting for an event of the source's stream;
 //! - **staged**: the source stream copies a piece into a host buffer, records an event,
-//!   and the destination stream waits for it and copies the piece in. Each ordered pair
-//!   has a ring of host buffers, so the next piece's download overlaps the previous
-//!   piece's upload; a buffer is reused only after an event recorded behind its upload.
+//!   and the destination stream waits for it and copies the piece in. The buffers come
+//!   from the process's staging pool ([`xpu_memory::host_staging`]), released with an
+//!   event recorded behind the upload: the next user of a buffer makes its stream wait
+//!   for that event, and consecutive pieces get different buffers while the pool is
+//!   under its limit, so one piece's upload overlaps the next one's download.
 //!
 //! Reductions bring the source into a per-rank scratch piece first, then accumulate it
 //! into the destination with the device's builtin operation; pieces are small enough to
@@ -20,11 +22,8 @@
 //! the transfer, so a later write to the source range cannot overtake the read. Algorithms
 //! may therefore reuse any range once its transfer has been enqueued.
 
-use std::collections::HashMap;
-
-use xpu_hal::{
-    Allocation, BinaryOp, BufferSlice, DType, Device, Error, HostBuffer, Result, Stream,
-};
+use xpu_hal::{Allocation, BinaryOp, BufferSlice, DType, Device, Error, Result, Stream};
+use xpu_memory::StagingPool;
 
 /// A byte range of one rank's memory, owned (clones of the handle), so it can be held
 /// across the rendezvous.
@@ -93,26 +92,11 @@ pub(crate) enum Path {
     Staged,
 }
 
-struct Slot {
-    buffer: HostBuffer,
-    /// Recorded behind the last upload from this buffer.
-    free: Option<xpu_hal::Event>,
-}
-
-#[derive(Default)]
-struct StagingRing {
-    slots: Vec<Slot>,
-    next: usize,
-}
-
-/// Host buffers per staged pair in flight at once.
-const STAGING_SLOTS: usize = 2;
-
-/// The communicator's reusable resources: scratch device memory per rank and staging host
-/// buffers per ordered pair.
+/// The communicator's reusable resources: scratch device memory per rank, and the
+/// staging pool that host-staged pieces go through.
 pub(crate) struct Transport {
     paths: Vec<Vec<Path>>,
-    staging: HashMap<(usize, usize), StagingRing>,
+    staging: &'static StagingPool,
     scratch: Vec<Option<Allocation>>,
     temp: Vec<Option<Allocation>>,
     /// Bytes per staged piece.
@@ -142,7 +126,7 @@ impl Transport {
             .collect();
         Transport {
             paths,
-            staging: HashMap::new(),
+            staging: xpu_memory::host_staging(),
             scratch: vec![None; devices.len()],
             temp: vec![None; devices.len()],
             staged_piece: 4 << 20,
@@ -169,27 +153,6 @@ impl Transport {
             offset: 0,
             len: bytes,
         })
-    }
-
-    fn staging_slot(&mut self, from: usize, to: usize, bytes: u64) -> Result<(usize, usize)> {
-        let ring = self.staging.entry((from, to)).or_default();
-        let len = usize::try_from(bytes)
-            .map_err(|_| Error::invalid("a staged piece does not fit in host memory"))?;
-        if ring.slots.len() < STAGING_SLOTS {
-            ring.slots.push(Slot {
-                buffer: HostBuffer::new(len)?,
-                free: None,
-            });
-            let i = ring.slots.len() - 1;
-            return Ok((i, 0));
-        }
-        let i = ring.next;
-        ring.next = (ring.next + 1) % ring.slots.len();
-        if ring.slots[i].buffer.len() < len {
-            // The old buffer stays alive while uploads still read it (the HAL holds it).
-            ring.slots[i].buffer = HostBuffer::new(len)?;
-        }
-        Ok((i, 0))
     }
 
     /// Copies `src` (on rank `from`) to `dst` (on rank `to`); equal lengths.
@@ -251,20 +214,30 @@ impl Transport {
         dst: &Slice,
     ) -> Result<()> {
         let (sf, st) = (&ranks[from].stream, &ranks[to].stream);
-        let (i, _) = self.staging_slot(from, to, src.len)?;
-        let ring = self.staging.get_mut(&(from, to)).ok_or_else(|| {
-            Error::backend_message("collectives", "internal error: no staging ring")
-        })?;
-        let slot = &mut ring.slots[i];
-        if let Some(free) = slot.free.take() {
-            sf.wait_event(&free)?;
+        let len = usize::try_from(src.len)
+            .map_err(|_| Error::invalid("a staged piece does not fit in host memory"))?;
+        let staging = self.staging.acquire(len)?;
+        let enqueue = || -> Result<xpu_hal::Event> {
+            if let Some(previous) = staging.ready_after() {
+                sf.wait_event(previous)?;
+            }
+            sf.copy_to_host(src.buf(), staging.buffer(), 0)?;
+            let staged = sf.record_event()?;
+            st.wait_event(&staged)?;
+            st.copy_from_host(staging.buffer(), 0, dst.buf())?;
+            st.record_event()
+        };
+        match enqueue() {
+            Ok(done) => {
+                self.staging.release(staging, done);
+                Ok(())
+            }
+            Err(e) => {
+                // Operations already enqueued keep the memory alive until they finish.
+                self.staging.discard(staging);
+                Err(e)
+            }
         }
-        sf.copy_to_host(src.buf(), &slot.buffer, 0)?;
-        let staged = sf.record_event()?;
-        st.wait_event(&staged)?;
-        st.copy_from_host(&slot.buffer, 0, dst.buf())?;
-        slot.free = Some(st.record_event()?);
-        Ok(())
     }
 
     /// `dst[i] = dst[i] op src[i]`, `src` on rank `from`, `dst` on rank `to`.
