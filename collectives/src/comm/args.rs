@@ -37,7 +37,8 @@ impl<'a> Args<'a> {
     }
 }
 
-/// Byte-range arithmetic on the caller's slices, for the argument checks.
+/// Byte-range arithmetic on slices: the argument checks, and the transport's owned
+/// slices through [`Slice::buf`].
 pub(super) trait Range<'a> {
     /// `[offset, offset + len)` of this range.
     fn sub(&self, offset: u64, len: u64) -> BufferSlice<'a>;

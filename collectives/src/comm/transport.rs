@@ -25,6 +25,8 @@
 use xpu_hal::{Allocation, BinaryOp, BufferSlice, DType, Device, Error, Result, Stream};
 use xpu_memory::StagingPool;
 
+use super::args::Range;
+
 /// A byte range of one rank's memory, owned (clones of the handle), so it can be held
 /// across the rendezvous.
 #[derive(Clone, Debug)]
@@ -66,14 +68,12 @@ impl Slice {
 
     /// Whether both name exactly the same bytes.
     pub fn same_as(&self, other: &Slice) -> bool {
-        self.alloc.id() == other.alloc.id() && self.offset == other.offset && self.len == other.len
+        self.buf().same_as(&other.buf())
     }
 
     /// Whether the two ranges share a byte.
     pub fn overlaps(&self, other: &Slice) -> bool {
-        self.alloc.id() == other.alloc.id()
-            && self.offset < other.offset + other.len
-            && other.offset < self.offset + self.len
+        self.buf().overlaps(&other.buf())
     }
 }
 
