@@ -126,7 +126,6 @@ impl StagingPool {
     /// A buffer of at least `len` bytes (see the module docs for which one).
     pub fn acquire(&self, len: usize) -> Result<StagingBuffer> {
         let mut inner = self.lock();
-        inner.stats.acquired += 1;
         let fits = |r: &Released| r.buffer.len() >= len;
         let idle = inner
             .released
@@ -134,6 +133,7 @@ impl StagingPool {
             .position(|r| fits(r) && !pending(&r.after));
         if let Some(i) = idle {
             if let Some(r) = inner.released.remove(i) {
+                inner.stats.acquired += 1;
                 inner.stats.reused_idle += 1;
                 return Ok(StagingBuffer {
                     buffer: r.buffer,
@@ -146,6 +146,7 @@ impl StagingPool {
         if !under_limit {
             if let Some(i) = inner.released.iter().position(fits) {
                 if let Some(r) = inner.released.remove(i) {
+                    inner.stats.acquired += 1;
                     inner.stats.reused_pending += 1;
                     return Ok(StagingBuffer {
                         buffer: r.buffer,
@@ -166,6 +167,7 @@ impl StagingPool {
         let buffer = HostBuffer::new(size)?;
         let limit = inner.limit;
         let stats = &mut inner.stats;
+        stats.acquired += 1;
         stats.allocated += 1;
         stats.over_limit += u64::from(stats.reserved_bytes + size as u64 > limit);
         stats.reserved_bytes += size as u64;
