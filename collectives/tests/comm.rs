@@ -746,22 +746,21 @@ fn a_small_call_against_a_large_one_is_a_desync_on_both() {
 }
 
 #[test]
-fn small_operations_keep_their_order_across_streams() {
-    // Operation #0 is queued behind a gate on one stream while #1, #2 and #3 are called on
-    // another, idle stream: each rank still goes through its operations in order (#1 waits
-    // until #0 ran), and every result is exact.
-    let c = comm(devices("host:0,1"), "", Duration::from_secs(60));
+fn operations_keep_their_order_across_streams_without_blocking_the_caller() {
+    // Operation #0 is queued behind a gate on one stream; #1, #2 and #3 (small) and #4
+    // (large) are called on another, idle stream. The gate opens only once every rank has
+    // returned from all five calls, so no call may wait for #0; each rank still runs its
+    // operations in order (#1 after #0), and every result is exact. A call that waited
+    // would hold the gate shut until the timeout and fail.
+    let c = comm(devices("host:0,1"), "", Duration::from_secs(10));
     let n = c.size();
     let release = Arc::new(AtomicBool::new(false));
+    let returned = AtomicUsize::new(0);
     let elems = 64;
+    let large = 64 << 10;
     std::thread::scope(|s| {
-        let opener = release.clone();
-        s.spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
-            opener.store(true, Ordering::Release);
-        });
         for rank in c.ranks() {
-            let release = release.clone();
+            let (release, returned) = (release.clone(), &returned);
             s.spawn(move || {
                 let r = rank.rank();
                 let device = rank.device().clone();
@@ -770,13 +769,23 @@ fn small_operations_keep_their_order_across_streams() {
                     device.create_stream().unwrap(),
                 );
                 let input = check::input(DType::I64, Some(ReduceOp::Sum), r, n, elems);
+                let big = check::input(DType::I64, Some(ReduceOp::Sum), r, n, large);
                 let bufs: Vec<_> = (0..4)
                     .map(|_| device.allocate(input.len() as u64).unwrap())
                     .collect();
+                let (big_in, big_out) = (
+                    device.allocate(big.len() as u64).unwrap(),
+                    device.allocate(big.len() as u64).unwrap(),
+                );
                 gated.write(&bufs[0], &input).unwrap();
                 idle.write(&bufs[2], &input).unwrap();
+                idle.write(&big_in, &big).unwrap();
                 gated
-                    .launch(&gate(&device, release), LaunchDims::linear(1, 1), &[])
+                    .launch(
+                        &gate(&device, release.clone()),
+                        LaunchDims::linear(1, 1),
+                        &[],
+                    )
                     .unwrap();
                 rank.all_reduce(&bufs[0], &bufs[1], DType::I64, ReduceOp::Sum, &gated)
                     .unwrap();
@@ -788,6 +797,11 @@ fn small_operations_keep_their_order_across_streams() {
                     };
                     rank.all_reduce(a, b, DType::I64, ReduceOp::Sum, &idle)
                         .unwrap();
+                }
+                rank.all_reduce(&big_in, &big_out, DType::I64, ReduceOp::Sum, &idle)
+                    .unwrap();
+                if returned.fetch_add(1, Ordering::AcqRel) + 1 == n {
+                    release.store(true, Ordering::Release);
                 }
                 gated.synchronize().unwrap();
                 idle.synchronize().unwrap();
@@ -802,8 +816,11 @@ fn small_operations_keep_their_order_across_streams() {
                     .collect();
                 let first = gated.read(&bufs[1]).unwrap();
                 assert_eq!(check::wrong_elements(DType::I64, &first, &want), 0);
-                let last = gated.read(&bufs[3]).unwrap();
+                let last = idle.read(&bufs[3]).unwrap();
                 assert_eq!(check::wrong_elements(DType::I64, &last, &scaled), 0);
+                let want = check::reduced(DType::I64, ReduceOp::Sum, n, large);
+                let got = idle.read(&big_out).unwrap();
+                assert_eq!(check::wrong_elements(DType::I64, &got, &want), 0);
             });
         }
     });

@@ -76,7 +76,10 @@ impl Rank {
         if let Some(slots) = &sh.slots {
             match &desc {
                 Ok(d) if self.small_path(d) => return self.small(slots, seq, *d, &args, stream),
-                Ok(d) => sh.announce(slots, self.rank, seq, Some(*d))?,
+                Ok(d) if sh.is_through(self.rank, seq) => {
+                    sh.announce(slots, self.rank, seq, Some(*d))?
+                }
+                Ok(d) => self.announce_queued(slots, seq, *d, stream)?,
                 Err(e) => {
                     // Refused here: go the way the others went, so they learn of it.
                     sh.refuse(slots, self.rank, seq, e)?;
@@ -179,7 +182,7 @@ impl Rank {
             }
         };
         let sh = &self.shared;
-        if matches!(stream.query(), Ok(true)) {
+        if sh.is_through(self.rank, seq) && matches!(stream.query(), Ok(true)) {
             let result = sh.exchange(slots, self.rank, seq, desc, &host);
             if result.is_ok() && self.rank == 0 {
                 sh.ran_shared.fetch_add(1, Ordering::Relaxed);
@@ -203,6 +206,33 @@ impl Rank {
             sh.announce(slots, self.rank, seq, None)?;
         }
         launched
+    }
+
+    /// Publishes the description of operation `seq` (not a small one) from a host
+    /// function on `stream`, once the rank is through with its earlier operations, one of
+    /// which is still queued on another stream: the caller does not wait for it.
+    fn announce_queued(
+        &self,
+        slots: &Slots,
+        seq: u64,
+        desc: OpDesc,
+        stream: &Stream,
+    ) -> Result<()> {
+        let shared = self.shared.clone();
+        let rank = self.rank;
+        let announce = move |_: &mut xpu_hal::HostKernelContext<'_>| {
+            let Some(slots) = shared.slots.as_ref() else {
+                return Err("internal error: the communicator has no slots".to_string());
+            };
+            shared
+                .announce(slots, rank, seq, Some(desc))
+                .map_err(|e| e.to_string())
+        };
+        match self.launch_host_function(stream, "collective announce", announce) {
+            Ok(()) => Ok(()),
+            // Nothing was enqueued: publish from here, waiting as before.
+            Err(_) => self.shared.announce(slots, self.rank, seq, Some(desc)),
+        }
     }
 
     /// The CPU's view of the rank's buffers, when the device has one and the stream is

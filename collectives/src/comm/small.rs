@@ -19,8 +19,11 @@
 //! while it is read. Exchanges queued on streams (below) keep this order too, even across
 //! streams: each waits for the rank's previous operation before it publishes.
 //!
-//! The rank's thread runs the exchange when its stream is idle; otherwise it enqueues a
-//! host function that runs it on the stream's worker in stream order, and returns.
+//! The rank's thread runs the exchange when its stream is idle and it is through with its
+//! previous operation; otherwise it enqueues a host function that runs it on the stream's
+//! worker in stream order, and returns. Likewise a larger operation publishes its
+//! description from a host function when an earlier small operation of the rank is still
+//! queued on another stream. So no call blocks its caller on work queued elsewhere.
 //!
 //! Every operation, small or not, publishes its description, so that a rank in a small
 //! operation sees a desync with a rank that called something else, and a rank that
@@ -206,6 +209,12 @@ impl Shared {
         unsafe { slots.publish(rank, seq, desc, None) };
         self.through[rank].store(seq + 1, Ordering::Release);
         Ok(())
+    }
+
+    /// Whether `rank` is through with every operation before `seq`, so that it may
+    /// publish `seq` now without waiting.
+    pub(super) fn is_through(&self, rank: usize, seq: u64) -> bool {
+        self.through[rank].load(Ordering::Acquire) >= seq
     }
 
     /// Waits until `rank` is through with every operation before `seq` (at once, unless
