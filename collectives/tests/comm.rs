@@ -318,6 +318,23 @@ fn mixed_host_and_vulkan_ranks_are_exact() {
         &[DType::F32],
         &[4099],
     );
+    // Forced staged rings went through the process's staging pool, whose buffers are
+    // pinned for a Vulkan device that imports host memory.
+    let imports = devs.iter().any(|d| {
+        d.info()
+            .extra
+            .iter()
+            .any(|e| e.strip_prefix("host_import=").is_some_and(|v| v != "none"))
+    });
+    let staging = xpu_memory::host_staging().stats();
+    assert!(staging.acquired > 0, "{staging:?}");
+    assert_eq!(staging.pins > 0, imports, "{staging:?}");
+    assert_eq!(
+        staging.pin_failures,
+        0,
+        "{:?}",
+        xpu_memory::host_staging().last_pin_error()
+    );
 }
 
 #[test]

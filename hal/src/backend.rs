@@ -81,6 +81,22 @@ pub trait DeviceImpl: Send + Sync {
         ))
     }
 
+    /// Registers host memory with the device so that its copies to and from it can move
+    /// the bytes directly (page-locking it for DMA, importing it as a device buffer …),
+    /// returning the registration, which undoes itself when dropped. `Ok(None)`: the
+    /// device has nothing to register (the default), or cannot for this range; its copies
+    /// then go as for any host memory. Streams find the registration with
+    /// [`crate::HostMemory::pin`] on the slices they are given.
+    ///
+    /// Guaranteed by the HAL: `ptr` is valid for `len >= 1` bytes until the returned
+    /// registration is dropped, and aligned to [`crate::HostMemory::PAGE`] with `len` a
+    /// multiple of it when `len` is at least a page; each range is registered at most
+    /// once per device.
+    fn pin_host(&self, ptr: std::ptr::NonNull<u8>, len: usize) -> Result<Option<crate::Pin>> {
+        let _ = (ptr, len);
+        Ok(None)
+    }
+
     /// Creates a stream.
     fn create_stream(&self) -> Result<Box<dyn StreamImpl>>;
 

@@ -116,6 +116,28 @@ impl Device {
         ))
     }
 
+    /// Pins `buffer` for this device: registers its memory so that this device's copies
+    /// to and from it move the bytes directly — by DMA into page-locked memory (CUDA) or
+    /// through a device buffer imported over its pages (Vulkan) — instead of through the
+    /// device's own staging memory, so a copy to the host is one transfer and needs no
+    /// host step on the stream. What staging buffers shared by several devices want.
+    ///
+    /// Returns `true` when the buffer is pinned for the device, `false` when the device
+    /// has nothing to pin (host devices), cannot (no driver support), or the buffer is
+    /// under [`crate::HostMemory::PAGE`] bytes (not page aligned); copies work the same
+    /// either way. Pinning again is free, and the registration lasts as long as the
+    /// buffer's memory, operations in flight included.
+    pub fn pin_host(&self, buffer: &crate::HostBuffer) -> Result<bool> {
+        if buffer.len() < crate::HostMemory::PAGE {
+            return Ok(false);
+        }
+        let memory = buffer.share();
+        if let Some(done) = memory.pinned_for(self.uid()) {
+            return Ok(done);
+        }
+        memory.pin_with(self.uid(), |ptr, len| self.inner.imp.pin_host(ptr, len))
+    }
+
     /// Reserves `reserve` bytes of addresses and backs the first `initial` bytes with
     /// memory, making an allocation that [`Allocation::resize`] grows and shrinks in place
     /// — what a memory pool needs for expandable segments. Both sizes are rounded up to

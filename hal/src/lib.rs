@@ -137,7 +137,7 @@ pub use kernel::{
     KernelImpl, KernelParam, KernelSource, LaunchDims, RawKernelArg,
 };
 pub use memory::{
-    downcast_raw, Allocation, BufferSlice, HostBuffer, HostMemory, HostSlice, HostView,
+    downcast_raw, Allocation, BufferSlice, HostBuffer, HostMemory, HostSlice, HostView, Pin,
     RawAllocation, RawSlice,
 };
 pub use registry::{Availability, BackendStatus, Registry};

@@ -12,12 +12,18 @@
 //! flight, the backend holds a share of it, and [`HostBuffer::as_slice`] /
 //! [`HostBuffer::as_mut_slice`] refuse with an error that says to synchronize first.
 //! This is what makes asynchronous copies safe without pinning borrows to a stream.
+//!
+//! # Pinned host memory
+//! [`crate::Device::pin_host`] registers a host buffer with a device (a [`Pin`], made by
+//! the backend and kept in the [`HostMemory`] until it is freed), so that the device's
+//! copies to and from it are direct transfers. Buffers from a page up are page aligned
+//! and whole pages long for this; smaller ones are never pinned.
 
 use std::alloc::Layout;
 use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
@@ -400,16 +406,30 @@ impl fmt::Debug for RawSlice {
     }
 }
 
-/// Host memory that asynchronous copies can use: aligned to [`HostMemory::ALIGN`] bytes
-/// and zero-filled. Shared between its [`HostBuffer`] and in-flight operations.
+/// Host memory that asynchronous copies can use: zero-filled and aligned to
+/// [`HostMemory::ALIGN`] bytes, or to a [`HostMemory::PAGE`] (with its length rounded up
+/// to whole pages) from a page up, so that devices can pin it ([`crate::Device::pin_host`]).
+/// Shared between its [`HostBuffer`] and in-flight operations.
 pub struct HostMemory {
     ptr: NonNull<u8>,
     len: usize,
+    /// Bytes allocated: `len`, rounded up to whole pages from a page up.
+    size: usize,
+    /// Whether any device holds a registration (the lock is skipped while none does).
+    pinned: AtomicBool,
+    /// Per device (by [`crate::Device::uid`]): its backend's registration of the memory,
+    /// or `None` when it had nothing to register. Dropped before the memory is freed.
+    pins: Mutex<Vec<(u64, Option<Pin>)>>,
 }
+
+/// A backend's registration of host memory with one of its devices (a page-locked
+/// range, an imported buffer …); the backend undoes it when the last share drops.
+pub type Pin = Arc<dyn Any + Send + Sync>;
 
 // SAFETY: HostMemory owns its bytes like a Box<[u8]>; the pointer is never aliased by
 // another owner. Concurrent access goes through raw pointers whose exclusivity is the
-// stream ordering contract documented on `HostMemory::as_ptr`.
+// stream ordering contract documented on `HostMemory::as_ptr`. Registrations are
+// `Send + Sync` and behind a mutex.
 unsafe impl Send for HostMemory {}
 // SAFETY: as above; shared references only hand out the raw pointer.
 unsafe impl Sync for HostMemory {}
@@ -418,8 +438,20 @@ impl HostMemory {
     /// Alignment of every host buffer, enough for any dtype and for SIMD loads.
     pub const ALIGN: usize = 64;
 
+    /// Alignment (and length granularity) of host buffers of at least this many bytes,
+    /// which devices can pin.
+    pub const PAGE: usize = 4096;
+
     fn layout(len: usize) -> Result<Layout> {
-        Layout::from_size_align(len, Self::ALIGN).map_err(|e| {
+        let (size, align) = if len >= Self::PAGE {
+            (
+                len.div_ceil(Self::PAGE).saturating_mul(Self::PAGE),
+                Self::PAGE,
+            )
+        } else {
+            (len, Self::ALIGN)
+        };
+        Layout::from_size_align(size, align).map_err(|e| {
             Error::invalid(format!(
                 "a host buffer of {len} bytes cannot be laid out ({e}); ask for fewer bytes"
             ))
@@ -427,11 +459,15 @@ impl HostMemory {
     }
 
     fn new(len: usize) -> Result<Self> {
+        let memory = |ptr, len, size| HostMemory {
+            ptr,
+            len,
+            size,
+            pinned: AtomicBool::new(false),
+            pins: Mutex::new(Vec::new()),
+        };
         if len == 0 {
-            return Ok(HostMemory {
-                ptr: NonNull::dangling(),
-                len: 0,
-            });
+            return Ok(memory(NonNull::dangling(), 0, 0));
         }
         let layout = Self::layout(len)?;
         // SAFETY: `layout` has a non-zero size (checked above).
@@ -444,7 +480,7 @@ impl HostMemory {
             hint: "the process could not get this much host memory; use a smaller staging buffer"
                 .to_string(),
         })?;
-        Ok(HostMemory { ptr, len })
+        Ok(memory(ptr, len, layout.size()))
     }
 
     /// The first byte. Backends read and write through it while executing an operation
@@ -465,10 +501,70 @@ impl HostMemory {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// The bytes allocated: [`HostMemory::len`], rounded up to whole pages from a page
+    /// up. A pinned range covers all of them.
+    pub fn allocated(&self) -> usize {
+        self.size
+    }
+
+    fn pins(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Option<Pin>)>> {
+        self.pins.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A backend's registration of this memory of type `T` for which `which` holds (the
+    /// backend's test that it is for the device at hand), if there is one. Backends call
+    /// this in their copies to move bytes directly.
+    pub fn pin<T: Any + Send + Sync>(&self, which: impl Fn(&T) -> bool) -> Option<Arc<T>> {
+        if !self.pinned.load(Ordering::Acquire) {
+            return None;
+        }
+        self.pins().iter().find_map(|(_, pin)| {
+            pin.clone()
+                .and_then(|p| p.downcast::<T>().ok())
+                .filter(|p| which(p))
+        })
+    }
+
+    /// Whether the device with `uid` pinned this memory: `Some(true)` or `Some(false)`
+    /// (it had nothing to register) once asked, else `None`.
+    pub(crate) fn pinned_for(&self, uid: u64) -> Option<bool> {
+        self.pins()
+            .iter()
+            .find(|(u, _)| *u == uid)
+            .map(|(_, p)| p.is_some())
+    }
+
+    /// Asks `register` once per device `uid` for a registration and keeps its answer.
+    pub(crate) fn pin_with(
+        &self,
+        uid: u64,
+        register: impl FnOnce(NonNull<u8>, usize) -> Result<Option<Pin>>,
+    ) -> Result<bool> {
+        let mut pins = self.pins();
+        if let Some((_, p)) = pins.iter().find(|(u, _)| *u == uid) {
+            return Ok(p.is_some());
+        }
+        if self.size == 0 {
+            return Ok(false);
+        }
+        let pin = register(self.ptr, self.size)?;
+        let done = pin.is_some();
+        pins.push((uid, pin));
+        if done {
+            self.pinned.store(true, Ordering::Release);
+        }
+        Ok(done)
+    }
 }
 
 impl Drop for HostMemory {
     fn drop(&mut self) {
+        // Registrations first: they refer to the bytes freed below.
+        self.pins
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         if self.len == 0 {
             return;
         }

@@ -16,13 +16,21 @@
 //! nothing released is large enough does the pool exceed its limit, counted in
 //! [`StagingStats::over_limit`], rather than fail a copy.
 //!
+//! Buffers can be pinned for the devices that copy through them
+//! ([`StagingPool::acquire_for`]): each is registered once per device with
+//! [`xpu_hal::Device::pin_host`] (page-locked for CUDA, imported as a buffer on Vulkan),
+//! so that both the download and the upload are direct transfers. The registration
+//! stays with the buffer as it is reused. A device that cannot pin is no error: its
+//! copies stage as for any host memory, and a failed registration is counted
+//! ([`StagingStats::pin_failures`], [`StagingPool::last_pin_error`]).
+//!
 //! [`host_staging`] is the process's pool, shared by every user (the collectives'
 //! transport among them), so that staging memory is bounded and reported in one place.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use xpu_hal::{Event, HostBuffer, Result};
+use xpu_hal::{Device, Event, HostBuffer, Result};
 
 /// Buffers are made in multiples of this many bytes, so that slightly different piece
 /// lengths share them.
@@ -37,6 +45,8 @@ pub const DEFAULT_STAGING_LIMIT: u64 = 64 << 20;
 pub struct StagingBuffer {
     buffer: HostBuffer,
     after: Option<Event>,
+    /// The devices (by uid) the buffer has been offered to for pinning.
+    offered: Vec<u64>,
 }
 
 impl StagingBuffer {
@@ -70,17 +80,24 @@ pub struct StagingStats {
     /// New buffers made although the pool was at its limit, because nothing released
     /// was large enough.
     pub over_limit: u64,
+    /// Registrations of buffers with devices that pin host memory, one per buffer and
+    /// device ([`StagingPool::acquire_for`]).
+    pub pins: u64,
+    /// Registrations a device refused with an error (the copies stage instead).
+    pub pin_failures: u64,
 }
 
 struct Released {
     buffer: HostBuffer,
     after: Option<Event>,
+    offered: Vec<u64>,
 }
 
 struct Inner {
     released: VecDeque<Released>,
     limit: u64,
     stats: StagingStats,
+    last_pin_error: Option<String>,
 }
 
 /// A thread-safe pool of host staging buffers reused in stream order (module docs).
@@ -115,6 +132,7 @@ impl StagingPool {
                 released: VecDeque::new(),
                 limit,
                 stats: StagingStats::default(),
+                last_pin_error: None,
             }),
         }
     }
@@ -138,6 +156,7 @@ impl StagingPool {
                 return Ok(StagingBuffer {
                     buffer: r.buffer,
                     after: None,
+                    offered: r.offered,
                 });
             }
         }
@@ -151,6 +170,7 @@ impl StagingPool {
                     return Ok(StagingBuffer {
                         buffer: r.buffer,
                         after: r.after,
+                        offered: r.offered,
                     });
                 }
             }
@@ -175,7 +195,37 @@ impl StagingPool {
         Ok(StagingBuffer {
             buffer,
             after: None,
+            offered: Vec::new(),
         })
+    }
+
+    /// Like [`StagingPool::acquire`], with the buffer pinned for each of `devices` that
+    /// pins host memory (once per buffer and device; see the module docs).
+    pub fn acquire_for(&self, len: usize, devices: &[&Device]) -> Result<StagingBuffer> {
+        let mut staging = self.acquire(len)?;
+        for device in devices {
+            if staging.offered.contains(&device.uid()) {
+                continue;
+            }
+            staging.offered.push(device.uid());
+            // Outside the pool's lock: registering can take the driver a while.
+            let pinned = device.pin_host(&staging.buffer);
+            let mut inner = self.lock();
+            match pinned {
+                Ok(true) => inner.stats.pins += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    inner.stats.pin_failures += 1;
+                    inner.last_pin_error = Some(format!("{}: {e}", device.id()));
+                }
+            }
+        }
+        Ok(staging)
+    }
+
+    /// The latest error a device gave when asked to pin a buffer, with its id.
+    pub fn last_pin_error(&self) -> Option<String> {
+        self.lock().last_pin_error.clone()
     }
 
     /// Gives `buffer` back; `done` is an event recorded after every use of it that has
@@ -184,6 +234,7 @@ impl StagingPool {
         self.lock().released.push_back(Released {
             buffer: buffer.buffer,
             after: Some(done),
+            offered: buffer.offered,
         });
     }
 

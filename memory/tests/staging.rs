@@ -162,3 +162,61 @@ fn a_discarded_buffer_leaves_the_accounts() {
     assert_eq!(pool.stats().reserved_bytes, 0);
     assert_eq!(pool.stats().peak_reserved_bytes, 64 << 10);
 }
+
+/// `vulkan:0`, or `None` (with a note) where there is none and CI does not require one.
+fn vulkan() -> Option<Device> {
+    use xpu_hal::backend::Backend;
+    let backend = xpu_vulkan::VulkanBackend::new();
+    match backend.enumerate() {
+        Ok(_) => Some(Device::from_impl(
+            DeviceId::new("vulkan", 0),
+            backend.create_device(0).unwrap(),
+        )),
+        Err(e) => {
+            let required = std::env::var("XPU_REQUIRE")
+                .is_ok_and(|v| v.split(',').any(|p| p.trim() == "vulkan"));
+            assert!(!required, "Vulkan is required here: {e}");
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn buffers_are_pinned_once_for_each_device_that_pins_and_stay_pinned_when_reused() {
+    let host = device();
+    let Some(vulkan) = vulkan() else { return };
+    let imports = vulkan
+        .info()
+        .extra
+        .iter()
+        .any(|e| e.strip_prefix("host_import=").is_some_and(|v| v != "none"));
+    let pool = StagingPool::new(DEFAULT_STAGING_LIMIT);
+    let (hs, vs) = (
+        host.create_stream().unwrap(),
+        vulkan.create_stream().unwrap(),
+    );
+    let len = 1 << 20;
+    let src = host.allocate(len as u64).unwrap();
+    let dst = vulkan.allocate(len as u64).unwrap();
+    for round in 0..4u8 {
+        hs.fill(&src, xpu_hal::Scalar::U8(round)).unwrap();
+        let staging = pool.acquire_for(len, &[&host, &vulkan]).unwrap();
+        if let Some(e) = staging.ready_after() {
+            hs.wait_event(e).unwrap();
+        }
+        hs.copy_to_host(&src, staging.buffer(), 0).unwrap();
+        let staged = hs.record_event().unwrap();
+        vs.wait_event(&staged).unwrap();
+        vs.copy_from_host(staging.buffer(), 0, &dst).unwrap();
+        pool.release(staging, vs.record_event().unwrap());
+        let got = vs.read(&dst).unwrap();
+        assert!(got.iter().all(|&b| b == round), "round {round}");
+    }
+    let stats = pool.stats();
+    // One buffer, reused every round: pinned for the Vulkan device once, and never for
+    // the host device, which has nothing to pin.
+    assert_eq!(stats.allocated, 1, "{stats:?}");
+    assert_eq!(stats.pins, u64::from(imports), "{stats:?}");
+    assert_eq!(stats.pin_failures, 0, "{:?}", pool.last_pin_error());
+}

@@ -240,13 +240,19 @@ fn print(figures: &[Figure], json: bool, notes: &[&str]) -> Result<()> {
         println!("{text}");
         return Ok(());
     }
+    let width = figures
+        .iter()
+        .map(|f| f.name.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(40);
     println!(
-        "{:<40} {:>12} {:>12}  {:<7} {:<30}",
+        "{:<width$} {:>12} {:>12}  {:<7} {:<30}",
         "figure", "xpu", "reference", "ratio", "reference is"
     );
     for f in figures {
         println!(
-            "{:<40} {:>7.3} {:<4} {:>7.3} {:<4}  {:<7.3} {}",
+            "{:<width$} {:>7.3} {:<4} {:>7.3} {:<4}  {:<7.3} {}",
             f.name, f.xpu, f.unit, f.reference, f.unit, f.ratio, f.reference_name
         );
     }
@@ -415,6 +421,48 @@ fn vulkan_copies(
             t,
             "ash: fill shader + staged copy",
         );
+        // The same copies through host buffers pinned for the device (imported as
+        // buffers), against the unpinned ones above, where the device can import.
+        let pinned_src = HostBuffer::from_bytes(&host)?;
+        let pinned_dst = HostBuffer::from_bytes(&host)?;
+        if device.pin_host(&pinned_src)? && device.pin_host(&pinned_dst)? {
+            let t = compare(
+                rounds,
+                || {
+                    stream.fill(&tiny, Scalar::F32(0.0))?;
+                    stream.copy_from_host(&pinned_src, 0, &a)?;
+                    stream.synchronize()
+                },
+                || {
+                    stream.fill(&tiny, Scalar::F32(0.0))?;
+                    stream.copy_from_host(&host_src, 0, &a)?;
+                    stream.synchronize()
+                },
+            )?;
+            add(
+                format!("copy host→device {mib} MiB behind a fill, pinned"),
+                t,
+                "xpu: the same from an unpinned buffer",
+            );
+            let t = compare(
+                rounds,
+                || {
+                    stream.fill(&tiny, Scalar::F32(0.0))?;
+                    stream.copy_to_host(&a, &pinned_dst, 0)?;
+                    stream.synchronize()
+                },
+                || {
+                    stream.fill(&tiny, Scalar::F32(0.0))?;
+                    stream.copy_to_host(&a, &host_dst, 0)?;
+                    stream.synchronize()
+                },
+            )?;
+            add(
+                format!("copy device→host {mib} MiB behind a fill, pinned"),
+                t,
+                "xpu: the same into an unpinned buffer",
+            );
+        }
     }
     Ok(())
 }

@@ -724,15 +724,20 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
         let staging = xpu_memory::host_staging().stats();
         if staging.acquired > 0 {
             println!(
-                "# host staging (copies between devices that cannot reach each other): {:.1} MiB reserved, {:.1} MiB at peak; {} buffers handed out: {} idle, {} after a stream wait, {} new ({} over the limit)",
+                "# host staging (copies between devices that cannot reach each other): {:.1} MiB reserved, {:.1} MiB at peak; {} buffers handed out: {} idle, {} after a stream wait, {} new ({} over the limit); {} pinned for a device ({} refused)",
                 staging.reserved_bytes as f64 / (1u64 << 20) as f64,
                 staging.peak_reserved_bytes as f64 / (1u64 << 20) as f64,
                 staging.acquired,
                 staging.reused_idle,
                 staging.reused_pending,
                 staging.allocated,
-                staging.over_limit
+                staging.over_limit,
+                staging.pins,
+                staging.pin_failures
             );
+            if let Some(e) = xpu_memory::host_staging().last_pin_error() {
+                println!("# the latest refusal to pin: {e}");
+            }
         }
     }
     Ok(all_right)

@@ -427,6 +427,10 @@ impl DeviceImpl for CudaDevice {
         )?))
     }
 
+    fn pin_host(&self, ptr: std::ptr::NonNull<u8>, len: usize) -> Result<Option<xpu_hal::Pin>> {
+        crate::pinned::register(&self.shared, ptr, len)
+    }
+
     fn create_stream(&self) -> Result<Box<dyn StreamImpl>> {
         Ok(Box::new(CudaStream::new(self.shared.clone())?))
     }

@@ -41,6 +41,8 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemHostAlloc",
     "cuMemHostGetDevicePointer_v2",
     "cuMemFreeHost",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyDtoDAsync_v2",

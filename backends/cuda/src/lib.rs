@@ -47,6 +47,9 @@
 //!   `virtual_memory_granularity` is the device's minimum VMM granularity, offered only
 //!   when the driver exports the [`driver::VMM_SYMBOLS`] and the device reports
 //!   `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`; otherwise `None`.
+//! - `pinned` — host buffers the HAL pins for a device, page-locked with
+//!   `cuMemHostRegister` (portable to every context); copies to and from them are one
+//!   `cuMemcpy*Async`, with no staging or host callback.
 //! - [`CudaStream`] — a non-blocking `CUstream`. Work goes straight to the stream;
 //!   host-side steps (copying between a `HostBuffer` and pinned staging memory, waiting
 //!   for another backend's event) are `cuLaunchHostFunc` callbacks, so stream order
@@ -107,6 +110,7 @@ mod kernel;
 mod memory;
 pub mod nccl;
 mod nvrtc;
+mod pinned;
 mod stream;
 
 use std::sync::{Arc, OnceLock};

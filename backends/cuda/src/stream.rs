@@ -664,6 +664,24 @@ fn host_exclusive(h: &HostSlice) -> bool {
 impl StreamImpl for CudaStream {
     fn copy_host_to_device(&self, src: HostSlice, dst: RawSlice) -> Result<()> {
         let dst_buf = buffer_of(&dst)?;
+        if let Some(pin) = crate::pinned::pinned(&src.memory) {
+            let source = src.memory.as_ptr().wrapping_add(src.offset) as usize;
+            let (target, len) = (dst_buf.address(dst.offset), src.len);
+            let name = self.shared.dev.name.clone();
+            return self.shared.enqueue(vec![pin, dst_buf, src.memory], |s| {
+                // SAFETY: page-locked host source (registered, in bounds per the HAL)
+                // and device destination, valid for `len` bytes and held until the copy
+                // completes.
+                cu(
+                    &name,
+                    "copying pinned host memory to the device",
+                    "cuMemcpyHtoDAsync_v2",
+                    || unsafe {
+                        sys::cuMemcpyHtoDAsync_v2(target, source as *const c_void, len, s)
+                    },
+                )
+            });
+        }
         let lease = StagingPool::lease(&self.shared.dev, src.len)?;
         let stage = lease.ptr() as usize;
         let len = src.len;
@@ -710,6 +728,22 @@ impl StreamImpl for CudaStream {
 
     fn copy_device_to_host(&self, src: RawSlice, dst: HostSlice) -> Result<()> {
         let src_buf = buffer_of(&src)?;
+        if let Some(pin) = crate::pinned::pinned(&dst.memory) {
+            let target = dst.memory.as_ptr().wrapping_add(dst.offset) as usize;
+            let (source, len) = (src_buf.address(src.offset), dst.len);
+            let name = self.shared.dev.name.clone();
+            return self.shared.enqueue(vec![pin, src_buf, dst.memory], |s| {
+                // SAFETY: device source and page-locked host destination (registered,
+                // in bounds per the HAL), valid for `len` bytes and held until the copy
+                // completes.
+                cu(
+                    &name,
+                    "copying the device to pinned host memory",
+                    "cuMemcpyDtoHAsync_v2",
+                    || unsafe { sys::cuMemcpyDtoHAsync_v2(target as *mut c_void, source, len, s) },
+                )
+            });
+        }
         let lease = StagingPool::lease(&self.shared.dev, dst.len)?;
         let stage = lease.ptr() as usize;
         let len = dst.len;

@@ -254,3 +254,38 @@ fn nccl_groups_refuse_other_devices_and_run_on_gpus() {
     stream.synchronize().unwrap();
     assert_eq!(stream.read(&recv).unwrap(), values);
 }
+
+#[test]
+fn pinned_host_buffers_take_direct_copies_in_stream_order() {
+    let Some((cuda, _host)) = devices() else {
+        return;
+    };
+    let len = 3 << 20;
+    let up = HostBuffer::from_bytes(&vec![7u8; len]).unwrap();
+    let mut down = HostBuffer::new(len).unwrap();
+    assert!(cuda.pin_host(&up).unwrap());
+    assert!(cuda.pin_host(&down).unwrap());
+    let stream = cuda.create_stream().unwrap();
+    let a = cuda.allocate(len as u64).unwrap();
+    for round in 0..3u8 {
+        stream.fill(&a, Scalar::U8(round)).unwrap();
+        stream
+            .copy_from_host(&up, 4096 + 3, a.slice(1 << 20, 1 << 20))
+            .unwrap();
+        stream.copy_to_host(&a, &down, 0).unwrap();
+        stream.synchronize().unwrap();
+        let got = down.as_slice().unwrap();
+        let wrong = got
+            .iter()
+            .enumerate()
+            .filter(|&(i, &b)| {
+                b != if (1 << 20..2 << 20).contains(&i) {
+                    7
+                } else {
+                    round
+                }
+            })
+            .count();
+        assert_eq!(wrong, 0, "round {round}: {wrong} wrong bytes");
+    }
+}

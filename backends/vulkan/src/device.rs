@@ -30,6 +30,9 @@ pub struct DeviceShared {
     _instance: Arc<Instance>,
     pub(crate) device: ash::Device,
     pub(crate) push: ash::khr::push_descriptor::Device,
+    /// Importing host memory as buffers (`VK_EXT_external_memory_host`), where the
+    /// device can.
+    pub(crate) host_import: Option<crate::pinned::HostImport>,
     /// Queues of the chosen family, each behind its own lock (`vkQueueSubmit` needs
     /// external synchronisation). Streams take them round-robin.
     pub(crate) queues: Vec<Mutex<vk::Queue>>,
@@ -200,7 +203,10 @@ impl VulkanDevice {
             .shader_float64(physical.float64)
             .shader_int64(physical.int64);
         let mut v12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
-        let extensions = [ash::khr::push_descriptor::NAME.as_ptr()];
+        let mut extensions = vec![ash::khr::push_descriptor::NAME.as_ptr()];
+        if physical.host_import_align.is_some() {
+            extensions.push(ash::ext::external_memory_host::NAME.as_ptr());
+        }
         let create = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queue_info)
             .enabled_features(&features)
@@ -215,6 +221,12 @@ impl VulkanDevice {
         }
         .vk(&name, "vkCreateDevice")?;
         let push = ash::khr::push_descriptor::Device::new(&instance.instance, &device);
+        let host_import = physical
+            .host_import_align
+            .map(|align| crate::pinned::HostImport {
+                ext: ash::ext::external_memory_host::Device::new(&instance.instance, &device),
+                align,
+            });
         let queues = (0..priorities.len() as u32)
             // SAFETY: the queue family and index were requested at creation.
             .map(|i| Mutex::new(unsafe { device.get_device_queue(physical.queue_family, i) }))
@@ -290,6 +302,12 @@ impl VulkanDevice {
                 ),
                 format!("queues={}", physical.queue_count),
                 format!("unified_memory={unified_memory}"),
+                format!(
+                    "host_import={}",
+                    physical
+                        .host_import_align
+                        .map_or("none".to_string(), |a| format!("aligned to {a} bytes"))
+                ),
             ],
         };
         Ok(VulkanDevice {
@@ -297,6 +315,7 @@ impl VulkanDevice {
                 _instance: instance,
                 device,
                 push,
+                host_import,
                 queues,
                 next_queue: AtomicU64::new(0),
                 queue_family: physical.queue_family,
@@ -349,6 +368,10 @@ impl DeviceImpl for VulkanDevice {
             size,
             Placement::Device,
         )?))
+    }
+
+    fn pin_host(&self, ptr: std::ptr::NonNull<u8>, len: usize) -> Result<Option<xpu_hal::Pin>> {
+        crate::pinned::import(&self.shared, ptr, len)
     }
 
     fn create_stream(&self) -> Result<Box<dyn StreamImpl>> {

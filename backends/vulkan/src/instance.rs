@@ -84,6 +84,8 @@ pub(crate) struct PhysicalInfo {
     pub(crate) int64: bool,
     pub(crate) subgroup_size: u32,
     pub(crate) memory: vk::PhysicalDeviceMemoryProperties,
+    /// With `VK_EXT_external_memory_host`: the alignment of host memory it imports.
+    pub(crate) host_import_align: Option<u64>,
 }
 
 /// The loaded library and the instance. Destroyed when the last device is gone.
@@ -283,6 +285,20 @@ impl Instance {
             if !has_push {
                 continue;
             }
+            let has_import = extensions.iter().any(|e| {
+                e.extension_name_as_c_str()
+                    .is_ok_and(|n| n == ash::ext::external_memory_host::NAME)
+            });
+            let host_import_align = has_import.then(|| {
+                let mut import = vk::PhysicalDeviceExternalMemoryHostPropertiesEXT::default();
+                let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut import);
+                // SAFETY: as above; the device has the extension whose struct is chained.
+                unsafe {
+                    self.instance
+                        .get_physical_device_properties2(handle, &mut props2)
+                };
+                import.min_imported_host_pointer_alignment.max(1)
+            });
             // SAFETY: as above.
             let memory = unsafe { self.instance.get_physical_device_memory_properties(handle) };
             let name = properties
@@ -300,6 +316,7 @@ impl Instance {
                 int64: base.shader_int64 == vk::TRUE,
                 subgroup_size: v11.subgroup_size,
                 memory,
+                host_import_align,
             });
         }
         Ok(out)

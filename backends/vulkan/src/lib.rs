@@ -15,6 +15,9 @@
 //! - `memory` — one `VkBuffer` with its own memory per allocation (device-local, and
 //!   mapped when it is also host-visible); staging buffers in host-visible memory.
 //!   Sub-allocation is the HAL's `(allocation, offset, length)` addressing.
+//! - `pinned` — host memory imported as buffers (`VK_EXT_external_memory_host`) when
+//!   the HAL pins a host buffer for the device, so copies to and from it are one
+//!   `vkCmdCopyBuffer` with no staging buffer or host step.
 //! - [`VulkanStream`] — operations recorded into a batch separated by full barriers,
 //!   submitted with a timeline-semaphore signal; a completion thread per stream runs
 //!   read-backs, completes events and releases resources in order, and runs *host
@@ -34,6 +37,7 @@ mod event;
 mod instance;
 mod kernel;
 mod memory;
+mod pinned;
 mod pipeline;
 mod shader;
 mod staging;

@@ -664,6 +664,31 @@ fn mapped(buf: &VulkanBuffer) -> Result<*mut u8> {
     })
 }
 
+impl VulkanStream {
+    /// Records a copy of `len` bytes between two buffers (each with a byte offset),
+    /// holding `held` until it completes.
+    fn copy_buffers(
+        &self,
+        (src, src_offset): (vk::Buffer, u64),
+        (dst, dst_offset): (vk::Buffer, u64),
+        len: u64,
+        held: Vec<Held>,
+    ) -> Result<()> {
+        let region = [vk::BufferCopy {
+            src_offset,
+            dst_offset,
+            size: len,
+        }];
+        let d = self.shared.dev.device.clone();
+        self.shared.record(held, None, |cmd| {
+            // SAFETY: both buffers live until the batch completes (held by the caller's
+            // `held`), and the region is within them (HAL bounds checks).
+            unsafe { d.cmd_copy_buffer(cmd, src, dst, &region) };
+            Ok(())
+        })
+    }
+}
+
 /// Whether no other enqueued operation holds this host memory (the user's buffer and
 /// the operation being enqueued hold one share each).
 fn host_exclusive(src: &HostSlice) -> bool {
@@ -690,6 +715,14 @@ impl StreamImpl for VulkanStream {
             if copied.is_some() {
                 return Ok(());
             }
+        }
+        if let Some(pin) = crate::pinned::pinned(&src.memory, &self.shared.dev) {
+            return self.copy_buffers(
+                (pin.buffer, src.offset as u64),
+                (dst_buf.buffer, dst.offset),
+                dst.len,
+                vec![pin, dst_buf, src.memory],
+            );
         }
         let staging = self.staging(dst.len)?;
         let stage_ptr = mapped(&staging)?;
@@ -742,6 +775,15 @@ impl StreamImpl for VulkanStream {
                 return Ok(());
             }
         }
+        if let Some(pin) = crate::pinned::pinned(&dst.memory, &self.shared.dev) {
+            // The batch's closing host-read barrier makes the bytes visible to the host.
+            return self.copy_buffers(
+                (src_buf.buffer, src.offset),
+                (pin.buffer, dst.offset as u64),
+                src.len,
+                vec![pin, src_buf, dst.memory],
+            );
+        }
         let staging = self.staging(src.len)?;
         let region = [vk::BufferCopy {
             src_offset: src.offset,
@@ -787,18 +829,8 @@ impl StreamImpl for VulkanStream {
                 return Ok(());
             }
         }
-        let region = [vk::BufferCopy {
-            src_offset: src.offset,
-            dst_offset: dst.offset,
-            size: dst.len,
-        }];
-        let d = self.shared.dev.device.clone();
         let (s, t) = (sb.buffer, db.buffer);
-        self.shared.record(vec![sb, db], None, |cmd| {
-            // SAFETY: both buffers live until the batch completes (held).
-            unsafe { d.cmd_copy_buffer(cmd, s, t, &region) };
-            Ok(())
-        })
+        self.copy_buffers((s, src.offset), (t, dst.offset), dst.len, vec![sb, db])
     }
 
     fn builtin(&self, op: BuiltinOp) -> Result<()> {

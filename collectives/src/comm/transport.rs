@@ -9,7 +9,8 @@
 //!   ([`xpu_hal::Stream::copy_peer`]), after waiting for an event of the source's stream;
 //! - **staged**: the source stream copies a piece into a host buffer, records an event,
 //!   and the destination stream waits for it and copies the piece in. The buffers come
-//!   from the process's staging pool ([`xpu_memory::host_staging`]), released with an
+//!   from the process's staging pool ([`xpu_memory::host_staging`]), pinned for both
+//!   devices where they pin host memory (so both copies are direct transfers), released with an
 //!   event recorded behind the upload: the next user of a buffer makes its stream wait
 //!   for that event, and consecutive pieces get different buffers while the pool is
 //!   under its limit, so one piece's upload overlaps the next one's download.
@@ -216,7 +217,8 @@ impl Transport {
         let (sf, st) = (&ranks[from].stream, &ranks[to].stream);
         let len = usize::try_from(src.len)
             .map_err(|_| Error::invalid("a staged piece does not fit in host memory"))?;
-        let staging = self.staging.acquire(len)?;
+        let devices = [&ranks[from].device, &ranks[to].device];
+        let staging = self.staging.acquire_for(len, &devices)?;
         let enqueue = || -> Result<xpu_hal::Event> {
             if let Some(previous) = staging.ready_after() {
                 sf.wait_event(previous)?;

@@ -1,10 +1,12 @@
 //! Copies host→device, device→host and device→device at odd offsets and sizes,
 //! verified byte for byte, and the copies the HAL must refuse.
 
-use xpu_hal::HostBuffer;
+use xpu_hal::{HostBuffer, HostMemory};
 
 use crate::case::{Case, CaseContext, CaseError, CaseOutcome};
-use crate::cases::util::{check_bytes, expect_invalid, expect_unsupported, pattern, upload, MIB};
+use crate::cases::util::{
+    check_bytes, ensure, expect_invalid, expect_unsupported, pattern, try_hold, upload, MIB,
+};
 
 pub(crate) const CASES: &[Case] = &[
     Case::core(
@@ -26,6 +28,11 @@ pub(crate) const CASES: &[Case] = &[
         "copy.d2d_offsets",
         "device→device copies between and within allocations at odd offsets land exactly",
         d2d_offsets,
+    ),
+    Case::core(
+        "copy.pinned",
+        "host buffers pinned for the device take copies both ways at odd offsets behind held work exactly, stay valid when dropped with copies in flight, and pin once: asking again gives the same answer; buffers under a page are never pinned",
+        pinned,
     ),
     Case::core(
         "copy.len_mismatch",
@@ -124,6 +131,75 @@ fn d2h_offsets(ctx: &CaseContext) -> CaseOutcome {
                 "{len} bytes from device offset {dev_off} to host offset {host_off} (host buffer of {} bytes)",
                 want.len()
             ),
+        )?;
+    }
+    Ok(())
+}
+
+fn pinned(ctx: &CaseContext) -> CaseOutcome {
+    let device = &ctx.device;
+    let small = HostBuffer::new(HostMemory::PAGE - 1)?;
+    ensure(!device.pin_host(&small)?, || {
+        format!(
+            "a host buffer of {} bytes (under a page) was reported pinned",
+            small.len()
+        )
+    })?;
+    let stream = device.create_stream()?;
+    let mut answer = None;
+    // (host offset, device offset, length, allocation size)
+    for (i, &(host_off, dev_off, len, alloc)) in [
+        (0usize, 0u64, 4096usize, 4096u64),
+        (7, 13, 4097, 8192 + 64),
+        (5, 1, MIB as usize + 13, MIB + 64),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let what = format!("{len} bytes at host offset {host_off}, device offset {dev_off}");
+        let dev_data = pattern(200 + i as u64, alloc as usize);
+        let dev = upload(device, &stream, &dev_data)?;
+        let up_data = pattern(210 + i as u64, host_off + len + 9);
+        let down_background = pattern(220 + i as u64, host_off + len + 9);
+        let up = HostBuffer::from_bytes(&up_data)?;
+        let mut down = HostBuffer::from_bytes(&down_background)?;
+        let pinned = device.pin_host(&up)?;
+        ensure(device.pin_host(&up)? == pinned, || {
+            format!("pinning the same buffer twice gave two answers ({what})")
+        })?;
+        ensure(device.pin_host(&down)? == pinned, || {
+            format!("two host buffers of the same size pinned differently ({what})")
+        })?;
+        ensure(answer.is_none_or(|a| a == pinned), || {
+            format!("host buffers of different sizes pinned differently ({what})")
+        })?;
+        answer = Some(pinned);
+        // Queued behind held work where the run can hold the stream, so the copies
+        // are enqueued rather than done at once on an idle stream.
+        let hold = try_hold(ctx, &stream)?;
+        let range = dev.slice(dev_off, len as u64);
+        stream.copy_from_host(&up, host_off as u64, range)?;
+        // The buffer goes while its copy is in flight; the copy keeps it alive.
+        drop(up);
+        stream.copy_to_host(range, &down, host_off as u64)?;
+        if let Some(h) = &hold {
+            h.open();
+        }
+        stream.synchronize()?;
+        let mut want = down_background;
+        want[host_off..host_off + len].copy_from_slice(&up_data[host_off..host_off + len]);
+        check_bytes(
+            down.as_slice()?,
+            &want,
+            &format!("a round trip through host buffers pinned={pinned}: {what}"),
+        )?;
+        let mut want = dev_data;
+        let d = dev_off as usize;
+        want[d..d + len].copy_from_slice(&up_data[host_off..host_off + len]);
+        check_bytes(
+            &stream.read(&dev)?,
+            &want,
+            &format!("the device range after a copy from a host buffer pinned={pinned}: {what}"),
         )?;
     }
     Ok(())
