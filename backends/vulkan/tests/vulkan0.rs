@@ -1,10 +1,13 @@
-//! Ranges larger than the device's largest storage binding (`maxStorageBufferRange`,
-//! 128 MiB on lavapipe) are bound in pieces by the builtin operations.
+//! What is particular to Vulkan devices, on `vulkan:0`: ranges larger than the
+//! device's largest storage binding (`maxStorageBufferRange`, 128 MiB on lavapipe) are
+//! bound in pieces by the builtin operations, and host buffers are pinned (imported)
+//! wherever the device has `VK_EXT_external_memory_host`. (The `copy.pinned`
+//! conformance case runs pinned copies on every device.)
 
 #![allow(clippy::unwrap_used)]
 
 use xpu_hal::backend::Backend;
-use xpu_hal::{BinaryOp, DType, Device, DeviceId, Scalar};
+use xpu_hal::{BinaryOp, DType, Device, DeviceId, HostBuffer, Scalar};
 use xpu_vulkan::VulkanBackend;
 
 /// The first Vulkan device, or `None` (with a note) where there is none and CI does not
@@ -55,4 +58,28 @@ fn builtins_cover_ranges_beyond_one_binding() {
     assert_eq!(&tail[6..], &f[2..], "bytes after the range are untouched");
     let mid = s.read(b.slice(128 * MIB - 2, 4)).unwrap();
     assert_eq!(mid, vec![7u8; 4]);
+}
+
+#[test]
+fn host_buffers_are_imported_where_the_device_has_the_extension() {
+    let Some(d) = device() else { return };
+    let imports = d
+        .info()
+        .extra
+        .iter()
+        .any(|e| e.strip_prefix("host_import=").is_some_and(|v| v != "none"));
+    let mut host = HostBuffer::from_bytes(&vec![7u8; 2 * MIB as usize]).unwrap();
+    assert_eq!(d.pin_host(&host).unwrap(), imports, "{:?}", d.info().extra);
+    // Through the import both ways, queued behind a fill.
+    let s = d.create_stream().unwrap();
+    let a = d.allocate(2 * MIB).unwrap();
+    s.fill(&a, Scalar::U8(1)).unwrap();
+    s.copy_from_host(&host, MIB + 5, a.slice(3, MIB - 5))
+        .unwrap();
+    s.copy_to_host(a.slice(0, MIB), &host, 0).unwrap();
+    s.synchronize().unwrap();
+    let got = host.as_slice().unwrap();
+    assert_eq!(&got[..3], &[1u8; 3]);
+    assert!(got[3..MIB as usize - 2].iter().all(|&b| b == 7));
+    assert_eq!(&got[MIB as usize - 2..MIB as usize], &[1u8; 2]);
 }
