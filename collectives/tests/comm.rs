@@ -338,6 +338,39 @@ fn mixed_host_and_vulkan_ranks_are_exact() {
 }
 
 #[test]
+fn hierarchical_gathers_cross_many_pieces_on_mixed_ranks() {
+    // Groups {host:0, host:2} and {vulkan:0} with the Vulkan rank in the middle: the
+    // leaders' ring moves runs of blocks, and the chains within the host group carry
+    // the whole gathered buffer in several pieces.
+    let d = devices("host:0,1;vulkan:*");
+    if !d.iter().any(|d| d.backend() == "vulkan") {
+        eprintln!("skipped: no Vulkan device (install mesa-vulkan-drivers)");
+        return;
+    }
+    let devs = vec![d[0].clone(), d[2].clone(), d[1].clone()];
+    let c = comm(
+        devs,
+        "allgather:hierarchical,reducescatter:hierarchical",
+        Duration::from_secs(120),
+    );
+    for kind in [Collective::AllGather, Collective::ReduceScatter] {
+        let elems = (1 << 20) + 7;
+        assert_eq!(c.algorithm_for(kind, elems * 4).0, Algorithm::Hierarchical);
+        for in_place in [false, true] {
+            let wrong = run(
+                &c,
+                kind,
+                DType::F32,
+                ReduceOp::Sum,
+                elems as usize,
+                in_place,
+            );
+            assert_eq!(wrong, vec![0, 0, 0], "{kind} in_place={in_place}");
+        }
+    }
+}
+
+#[test]
 fn a_single_rank_communicator_copies_through() {
     let c = comm(devices("host:0"), "", Duration::from_secs(10));
     for kind in KINDS {

@@ -17,13 +17,15 @@
 //! | all-gather, reduce-scatter | ring | (n−1)·(α_r + S·β_r) |
 //! | all-gather, reduce-scatter | direct | α + (n−1)·S·β |
 //! | all-gather, reduce-scatter | halving-doubling | (L + 2f)·α + ((p−1)/p + f)·n·S·β |
+//! | all-gather, reduce-scatter | hierarchical | (g−1)·(α_g + S·β_g) + (g−1)·α_g + (nS + (g−2)·q_n)·β_g + (m−1)·(α_l + g·S·β_l) |
 //! | all-reduce | shared memory | α_m + S·β_m |
 //! | reduce, broadcast | shared memory | α_m + (n+1)/(2n)·S·β_m |
 //! | all-gather, reduce-scatter, all-to-all | shared memory | α_m + (n+1)/2·S·β_m |
 //!
 //! where `p` is the largest power of two not above n, `L = log₂ p`, `f` is 1 when n is
 //! not a power of two (the extra ranks' fold and unfold) and 0 otherwise, `P` is the
-//! piece of pipelined chains and trees ([`CHAIN_PIECE`]) and `q = min(P, S)`, `D` the
+//! piece of pipelined chains and trees ([`CHAIN_PIECE`]) and `q = min(P, S)` (`q_n =
+//! min(P, nS)`), `D` the
 //! depth of the double binary tree and `D_1` of one binary tree. The ring's α_r and β_r
 //! come from the slowest link between ring neighbours; the others' α and β from the
 //! slowest link of all. Hierarchical uses the topology's groups
@@ -240,6 +242,21 @@ impl CostModel {
                     Some(gf) => {
                         chain(gf.largest as f64, gf.inner_alpha, gf.inner_beta)
                             + chain(gf.count as f64, gf.leader_alpha, gf.leader_beta)
+                    }
+                }
+            }
+            (Collective::AllGather | Collective::ReduceScatter, Algorithm::Hierarchical) => {
+                match self.groups {
+                    None => (n - 1.0) * (ra + s * rb),
+                    Some(gf) => {
+                        // Blocks to or from the leader, the whole buffer along a chain
+                        // within the group, and the leaders' ring over groups' blocks.
+                        let (g, m) = (gf.largest as f64, gf.count as f64);
+                        let whole = n * s;
+                        (g - 1.0) * (gf.inner_alpha + s * gf.inner_beta)
+                            + (g - 1.0).max(0.0) * gf.inner_alpha
+                            + (whole + (g - 2.0).max(0.0) * piece.min(whole)) * gf.inner_beta
+                            + (m - 1.0) * (gf.leader_alpha + g * s * gf.leader_beta)
                     }
                 }
             }
@@ -583,6 +600,31 @@ mod tests {
         for kind in [Collective::Reduce, Collective::Broadcast] {
             assert_eq!(s.choose(&m, kind, 256 << 10).0, Algorithm::Hierarchical);
         }
+        // The gathers still move every block through the lone device's slow link, so
+        // they gain nothing there; two groups of four behind a link ten times slower
+        // than within them carry each group's blocks over it once instead of seven.
+        assert_ne!(
+            s.choose(&m, Collective::AllGather, 256 << 10).0,
+            Algorithm::Hierarchical
+        );
+        let mut two = m;
+        two.n = 8;
+        two.groups = Some(GroupFigures {
+            count: 2,
+            largest: 4,
+            inner_alpha: 0.5,
+            inner_beta: 1.0 / 10_000.0,
+            leader_alpha: 50.0,
+            leader_beta: 1.0 / 1_000.0,
+        });
+        (two.ring_beta, two.all_beta) = (1.0 / 1_000.0, 1.0 / 1_000.0);
+        for kind in [Collective::AllGather, Collective::ReduceScatter] {
+            assert_eq!(
+                s.choose(&two, kind, 256 << 10).0,
+                Algorithm::Hierarchical,
+                "{kind}"
+            );
+        }
         // Without groups it is the ring, which wins the tie.
         m.groups = None;
         assert_eq!(
@@ -610,7 +652,8 @@ mod tests {
             }
         }
         assert!(Algorithm::Hierarchical.implements(Collective::Broadcast));
-        assert!(!Algorithm::Hierarchical.implements(Collective::AllGather));
+        assert!(Algorithm::Hierarchical.implements(Collective::AllGather));
+        assert!(!Algorithm::Hierarchical.implements(Collective::AllToAll));
         // Overrides naming an algorithm the operation lacks are ignored.
         let s = Selector::parse("broadcast:halving-doubling,allgather:tree").unwrap();
         assert_ne!(

@@ -16,7 +16,8 @@
 //!   one binary tree rooted at the root for reduce and broadcast.
 //! - **hierarchical** (`hierarchical.rs`): all-reduce within the topology's groups of
 //!   well-connected devices to each group's leader, a ring among the leaders, and a
-//!   broadcast within each group.
+//!   broadcast within each group; reduce, broadcast, all-gather and reduce-scatter
+//!   likewise cross the slow links between groups only among the leaders.
 //!
 //! All enqueueing happens on the ranks' own streams, in an order that only waits on
 //! events already recorded, so the dependency graph has no cycles.
@@ -112,7 +113,11 @@ impl Algorithm {
             ),
             Algorithm::Hierarchical => matches!(
                 kind,
-                Collective::AllReduce | Collective::Reduce | Collective::Broadcast
+                Collective::AllReduce
+                    | Collective::Reduce
+                    | Collective::Broadcast
+                    | Collective::AllGather
+                    | Collective::ReduceScatter
             ),
             Algorithm::SharedMemory => !matches!(kind, Collective::SendRecv),
             Algorithm::Nccl => !matches!(kind, Collective::SendRecv | Collective::Barrier),
@@ -439,10 +444,10 @@ impl Run<'_> {
             } else if k == g - 1 || scratch {
                 work.push(sends[k].clone());
             } else {
-                work.push(self.transport.temp(self.ranks, r, self.bytes)?);
+                work.push(self.transport.temp(self.ranks, r, target.len)?);
             }
         }
-        for (off, len) in self.pieces() {
+        for (off, len) in self.pieces_of(0, target.len) {
             for k in (1..g).rev() {
                 self.transport.reduce_onto(
                     self.ranks,
@@ -502,9 +507,9 @@ impl Run<'_> {
     }
 
     /// A pipelined chain from `members[0]`, whose data is `src`, through the others'
-    /// receive buffers in order.
+    /// receive buffers in order (their first `src.len` bytes).
     fn chain_broadcast(&mut self, members: &[usize], src: &Slice) -> Result<()> {
-        for (off, len) in self.pieces() {
+        for (off, len) in self.pieces_of(0, src.len) {
             for k in 0..members.len().saturating_sub(1) {
                 let (a, b) = (members[k], members[k + 1]);
                 let s = if k == 0 {
@@ -538,16 +543,24 @@ impl Run<'_> {
                 }
             }
             Algorithm::HalvingDoubling => self.halving_all_gather()?,
-            _ => {
-                for step in 0..n - 1 {
-                    for r in 0..n {
-                        let next = (r + 1) % n;
-                        let b = ((r + n - step) % n) as u64;
-                        let s = self.recv(r)?.sub(b * block, block);
-                        let d = self.recv(next)?.sub(b * block, block);
-                        self.transport.copy(self.ranks, r, &s, next, &d)?;
-                    }
-                }
+            Algorithm::Hierarchical => self.hierarchical_all_gather()?,
+            _ => self.ring_all_gather()?,
+        }
+        Ok(())
+    }
+
+    /// The ring all-gather, once every rank's own block is in place: at step s each
+    /// rank passes on the block it received at the step before.
+    fn ring_all_gather(&mut self) -> Result<()> {
+        let n = self.n();
+        let block = self.bytes;
+        for step in 0..n - 1 {
+            for r in 0..n {
+                let next = (r + 1) % n;
+                let b = ((r + n - step) % n) as u64;
+                let s = self.recv(r)?.sub(b * block, block);
+                let d = self.recv(next)?.sub(b * block, block);
+                self.transport.copy(self.ranks, r, &s, next, &d)?;
             }
         }
         Ok(())
@@ -574,34 +587,44 @@ impl Run<'_> {
                 }
             }
             Algorithm::HalvingDoubling => self.halving_reduce_scatter()?,
-            _ => {
-                let mut work = Vec::with_capacity(n);
-                for r in 0..n {
-                    let s = self.send(r)?;
-                    let t = self.transport.temp(self.ranks, r, s.len)?;
-                    self.transport.copy(self.ranks, r, &s, r, &t)?;
-                    work.push(t);
-                }
-                for step in 0..n - 1 {
-                    for r in 0..n {
-                        let next = (r + 1) % n;
-                        let b = ((r + 2 * n - step - 1) % n) as u64;
-                        let s = work[r].sub(b * block, block);
-                        let d = work[next].sub(b * block, block);
-                        self.transport
-                            .reduce(self.ranks, r, &s, next, &d, op, dtype)?;
-                    }
-                }
-                for (r, w) in work.iter().enumerate() {
-                    let d = self.recv(r)?;
-                    self.transport
-                        .copy(self.ranks, r, &w.sub(r as u64 * block, block), r, &d)?;
-                }
-            }
+            Algorithm::Hierarchical => self.hierarchical_reduce_scatter()?,
+            _ => self.ring_reduce_scatter()?,
         }
         for r in 0..n {
             let d = self.recv(r)?;
             self.finish_avg(r, &d)?;
+        }
+        Ok(())
+    }
+
+    /// The ring reduce-scatter: every rank works on a copy of its input; at step s each
+    /// rank reduces a block into its successor's copy, and after n−1 steps rank r's
+    /// block r is complete.
+    fn ring_reduce_scatter(&mut self) -> Result<()> {
+        let n = self.n();
+        let block = self.bytes;
+        let (op, dtype) = (self.combine(), self.dtype()?);
+        let mut work = Vec::with_capacity(n);
+        for r in 0..n {
+            let s = self.send(r)?;
+            let t = self.transport.temp(self.ranks, r, s.len)?;
+            self.transport.copy(self.ranks, r, &s, r, &t)?;
+            work.push(t);
+        }
+        for step in 0..n - 1 {
+            for r in 0..n {
+                let next = (r + 1) % n;
+                let b = ((r + 2 * n - step - 1) % n) as u64;
+                let s = work[r].sub(b * block, block);
+                let d = work[next].sub(b * block, block);
+                self.transport
+                    .reduce(self.ranks, r, &s, next, &d, op, dtype)?;
+            }
+        }
+        for (r, w) in work.iter().enumerate() {
+            let d = self.recv(r)?;
+            self.transport
+                .copy(self.ranks, r, &w.sub(r as u64 * block, block), r, &d)?;
         }
         Ok(())
     }
