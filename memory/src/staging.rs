@@ -20,7 +20,8 @@
 //! ([`StagingPool::acquire_for`]): each is registered once per device with
 //! [`xpu_hal::Device::pin_host`] (page-locked for CUDA, imported as a buffer on Vulkan),
 //! so that both the download and the upload are direct transfers. The registration
-//! stays with the buffer as it is reused. A device that cannot pin is no error: its
+//! stays with the buffer as it is reused, and keeps the device's driver objects alive
+//! until the buffer is dropped ([`StagingPool::empty_cache`] drops the idle ones). A device that cannot pin is no error: its
 //! copies stage as for any host memory, and a failed registration is counted
 //! ([`StagingStats::pin_failures`], [`StagingPool::last_pin_error`]).
 //!
