@@ -116,12 +116,17 @@ struct Row {
     in_place: Figures,
     ceiling_gbps: f64,
     busbw_over_ceiling: f64,
-    /// With `--compare-algos`: each algorithm's out-of-place time, µs.
+    /// With `--compare-algos`: each algorithm's out-of-place time and the cost model's
+    /// estimate of it, µs.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    algorithm_times_us: Vec<(String, f64)>,
+    algorithm_times_us: Vec<(String, f64, Option<f64>)>,
     /// With `--compare-algos`: whether the chosen algorithm was the fastest measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     chosen_was_fastest: Option<bool>,
+    /// With `--compare-algos`, where the model offers shared memory: the algorithm that
+    /// runs when streams are busy, and whether it was the fastest of the enqueued ones.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    enqueued: Option<(String, bool)>,
 }
 
 /// A barrier that spins (briefly, then yields): waking a sleeping thread costs tens of
@@ -532,6 +537,9 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
         }
     }
     let (mut chosen_fastest, mut compared) = (0usize, 0usize);
+    let (mut enqueued_fastest, mut enqueued_compared) = (0usize, 0usize);
+    // Sums of ln(chosen time / fastest time), for geometric means.
+    let (mut chosen_log_ratio, mut enqueued_log_ratio) = (0.0f64, 0.0f64);
     let esize = o.dtype.size() as u64;
     // Sizes must split into whole elements per rank where the operation splits them.
     let unit = match o.collective {
@@ -598,23 +606,53 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
         let (algorithm, _) = comm.algorithm_for(o.collective, size);
         let mut algorithm_times_us = Vec::new();
         let mut chosen_was_fastest = None;
+        let mut enqueued = None;
         if forced.len() > 1 {
             let quick = Options {
                 check: false,
                 ..o.clone()
             };
-            let mut best: Option<(xpu_collectives::Algorithm, f64)> = None;
+            use xpu_collectives::Algorithm;
+            let mut best: Option<(Algorithm, f64)> = None;
+            let mut best_enqueued: Option<(Algorithm, f64)> = None;
             for (a, c) in &forced {
                 let t = measure(c, &quick, size, false, false)?.mean.as_secs_f64() * 1e6;
-                algorithm_times_us.push((a.name().to_string(), t));
+                algorithm_times_us.push((
+                    a.name().to_string(),
+                    t,
+                    comm.estimate(o.collective, *a, size),
+                ));
                 if best.is_none_or(|(_, bt)| t < bt) {
                     best = Some((*a, t));
                 }
+                if *a != Algorithm::SharedMemory && best_enqueued.is_none_or(|(_, bt)| t < bt) {
+                    best_enqueued = Some((*a, t));
+                }
             }
             let fastest = best.map(|(a, _)| a) == Some(algorithm);
+            let time_of = |which: Algorithm| {
+                algorithm_times_us
+                    .iter()
+                    .find(|(a, _, _)| a == which.name())
+                    .map(|(_, t, _)| *t)
+            };
+            if let (Some(t), Some((_, bt))) = (time_of(algorithm), best) {
+                chosen_log_ratio += (t / bt.max(1e-9)).ln();
+            }
             chosen_fastest += usize::from(fastest);
             compared += 1;
             chosen_was_fastest = Some(fastest);
+            // Where shared memory was chosen, also judge the choice for busy streams.
+            let busy = comm.enqueued_algorithm_for(o.collective, size).0;
+            if algorithm == Algorithm::SharedMemory && busy != algorithm {
+                let fastest = best_enqueued.map(|(a, _)| a) == Some(busy);
+                if let (Some(t), Some((_, bt))) = (time_of(busy), best_enqueued) {
+                    enqueued_log_ratio += (t / bt.max(1e-9)).ln();
+                }
+                enqueued_fastest += usize::from(fastest);
+                enqueued_compared += 1;
+                enqueued = Some((busy.name().to_string(), fastest));
+            }
         }
         let row = Row {
             collective: o.collective.name(),
@@ -643,6 +681,7 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
             },
             algorithm_times_us,
             chosen_was_fastest,
+            enqueued,
         };
         if o.json {
             let text = serde_json::to_string(&row)
@@ -684,15 +723,26 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
                 let times: Vec<String> = row
                     .algorithm_times_us
                     .iter()
-                    .map(|(a, t)| format!("{a} {t:.2} us"))
+                    .map(|(a, t, model)| match model {
+                        Some(m) => format!("{a} {t:.2} us (model {m:.2})"),
+                        None => format!("{a} {t:.2} us"),
+                    })
                     .collect();
+                let yes = |b: bool| if b { "yes" } else { "no" };
                 println!(
                     "  {:>10}   measured: {}; chosen ({}) was the fastest: {}",
                     "",
                     times.join(", "),
                     row.algorithm,
-                    if fastest { "yes" } else { "no" }
+                    yes(fastest)
                 );
+                if let Some((busy, fastest)) = &row.enqueued {
+                    println!(
+                        "  {:>10}   with busy streams: {busy}, the fastest of the enqueued ones: {}",
+                        "",
+                        yes(*fastest)
+                    );
+                }
             }
         }
         if o.collective == Collective::Barrier || size >= o.max_bytes {
@@ -708,8 +758,15 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
     }
     if !o.json && compared > 0 {
         println!(
-            "# the cost model chose the fastest measured algorithm at {chosen_fastest} of {compared} sizes"
+            "# the cost model chose the fastest measured algorithm at {chosen_fastest} of {compared} sizes; its choices took {:.2}× the fastest's time (geometric mean)",
+            (chosen_log_ratio / compared as f64).exp()
         );
+        if enqueued_compared > 0 {
+            println!(
+                "# with busy streams (no shared memory), it chose the fastest enqueued algorithm at {enqueued_fastest} of {enqueued_compared} sizes; its choices took {:.2}× the fastest enqueued one's time",
+                (enqueued_log_ratio / enqueued_compared as f64).exp()
+            );
+        }
     }
     if !o.json {
         println!(

@@ -134,17 +134,24 @@ fn print_table(t: &Topology) {
     println!("  PCI functions: {}", h.pci.len());
     println!();
     println!(
-        "{:<18} {:<10} {:<14} {:<5} name",
-        "device", "kind", "pci", "numa"
+        "{:<18} {:<10} {:<14} {:<5} {:<12} name",
+        "device", "kind", "pci", "numa", "reduce GB/s"
     );
-    for d in &t.devices {
+    for (i, d) in t.devices.iter().enumerate() {
+        // Measured (`*`) where calibrated, else the estimate the cost model uses.
+        let reduce = format!(
+            "{:.2}{}",
+            1.0 / (t.reduce_beta(i) * 1e3),
+            if d.reduce_gbps.is_some() { "*" } else { "" }
+        );
         println!(
-            "{:<18} {:<10} {:<14} {:<5} {}",
+            "{:<18} {:<10} {:<14} {:<5} {:<12} {}",
             d.id,
             d.kind,
             d.pci_bus_id.as_deref().unwrap_or("-"),
             d.numa_node
                 .map_or_else(|| "-".to_string(), |n| n.to_string()),
+            reduce,
             d.name
         );
     }

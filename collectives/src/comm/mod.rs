@@ -420,6 +420,23 @@ impl Communicator {
             .choose(&self.shared.model, kind, bytes)
     }
 
+    /// The cost model's estimate of an operation of `bytes` per rank with `algorithm`,
+    /// µs; `None` when the algorithm does not implement the operation or cannot run here.
+    pub fn estimate(&self, kind: Collective, algorithm: Algorithm, bytes: u64) -> Option<f64> {
+        self.shared.model.estimate(kind, algorithm, bytes)
+    }
+
+    /// The algorithm an operation of `bytes` per rank would use when shared-memory
+    /// execution cannot run (a busy stream, a buffer without a host view), and why.
+    pub fn enqueued_algorithm_for(&self, kind: Collective, bytes: u64) -> (Algorithm, String) {
+        self.shared
+            .options
+            .selector
+            .choose_where(&self.shared.model, kind, bytes, |a| {
+                a != Algorithm::SharedMemory
+            })
+    }
+
     /// Fails the communicator: every rank waiting in an operation returns
     /// [`Error::Aborted`] at once, and so does every later call. Work already enqueued on
     /// the streams is not cancelled. Returns without waiting for any rank or device.

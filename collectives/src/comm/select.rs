@@ -6,34 +6,59 @@
 //! | operation | algorithm | modelled time |
 //! |---|---|---|
 //! | all-reduce | ring | 2(n−1)·(α_r + S/n·β_r) |
-//! | all-reduce | direct | α + (n−1)·S·β |
-//! | all-reduce | halving-doubling | 2(L + f)·α + 2((p−1)/p + f)·S·β |
+//! | all-reduce | direct | max_r Σ_{q≠r} (α_qr + S·β_qr) |
+//! | all-reduce | halving-doubling | H(S, S, S, 2) |
 //! | all-reduce | tree | 2·(D·α + (S + (D−1)·min(P, S/2))·β) |
 //! | all-reduce | hierarchical | 2·((g−1)·α_g + (S + (g−2)·q)·β_g) + 2(m−1)·(α_l + S/m·β_l) |
 //! | reduce, broadcast | ring (a chain) | (n−1)·α_r + (S + (n−2)·q)·β_r |
-//! | reduce, broadcast | direct | α + (n−1)·S·β |
+//! | reduce, broadcast | direct | max_r Σ_{q≠r} (α_qr + S·β_qr) |
 //! | reduce, broadcast | tree | D_1·α + (2S + (D_1−1)·q)·β |
 //! | reduce, broadcast | hierarchical | (g−1)·α_g + (S + (g−2)·q)·β_g + (m−1)·α_l + (S + (m−2)·q)·β_l |
 //! | all-gather, reduce-scatter | ring | (n−1)·(α_r + S·β_r) |
-//! | all-gather, reduce-scatter | direct | α + (n−1)·S·β |
-//! | all-gather, reduce-scatter | halving-doubling | (L + 2f)·α + ((p−1)/p + f)·n·S·β |
+//! | all-gather, reduce-scatter | direct | max_r Σ_{q≠r} (α_qr + S·β_qr) |
+//! | all-gather, reduce-scatter | halving-doubling | H(nS, nS, S, 1) |
 //! | all-gather, reduce-scatter | hierarchical | (g−1)·(α_g + S·β_g) + (g−1)·α_g + (nS + (g−2)·q_n)·β_g + (m−1)·(α_l + g·S·β_l) |
 //! | all-reduce | shared memory | α_m + S·β_m |
 //! | reduce, broadcast | shared memory | α_m + (n+1)/(2n)·S·β_m |
 //! | all-gather, reduce-scatter, all-to-all | shared memory | α_m + (n+1)/2·S·β_m |
 //!
-//! where `p` is the largest power of two not above n, `L = log₂ p`, `f` is 1 when n is
-//! not a power of two (the extra ranks' fold and unfold) and 0 otherwise, `P` is the
+//! where α_qr and β_qr are the link from q to r: direct exchanges go one after another on
+//! each rank's stream, so the busiest receiver sets the time. H(T, F_in, F_out, k) is
+//! halving-doubling over the pairs it uses: the extra ranks' fold (F_in bytes into their
+//! partners, F_out back), then log₂ p steps of T/2, T/4 … bytes between participants,
+//! each as long as its slowest pair, run k times (halving, then doubling), where `p` is
+//! the largest power of two not above n. `P` is the
 //! piece of pipelined chains and trees ([`CHAIN_PIECE`]) and `q = min(P, S)` (`q_n =
-//! min(P, nS)`), `D` the
-//! depth of the double binary tree and `D_1` of one binary tree. The ring's α_r and β_r
-//! come from the slowest link between ring neighbours; the others' α and β from the
-//! slowest link of all. Hierarchical uses the topology's groups
+//! min(P, nS)`), `D` the depth of the double binary tree and `D_1` of one binary tree.
+//! The ring's α_r and β_r come from the slowest link between ring neighbours; the tree's
+//! α and β from the slowest link of all. Hierarchical uses the topology's groups
 //! ([`Topology::groups`]): `m` groups of at most `g` ranks, α_g and β_g from the slowest
 //! link within a group, α_l and β_l from the slowest link between neighbouring leaders.
 //! With one group, or a group per rank, it runs the ring and costs the same. All-to-all
 //! and barriers have one enqueued algorithm (direct); an algorithm has no estimate for an
 //! operation it does not implement.
+//!
+//! Every algorithm that reduces on the devices also pays for its reductions: the busiest
+//! rank's reduced bytes times its device's γ (µs per byte of the builtin reduction,
+//! measured by calibration, else estimated from the device's own copy speed), added to
+//! the time above. Per rank, with `S` bytes per rank:
+//!
+//! | operation | algorithm | bytes rank r reduces |
+//! |---|---|---|
+//! | all-reduce | ring | (n−1)/n·S |
+//! | all-reduce | direct | (n−1)·S |
+//! | all-reduce | halving-doubling | (p−1)/p·S, + S for a rank an extra one folds into, 0 for the extra |
+//! | all-reduce | tree | S |
+//! | all-reduce | hierarchical | S unless last in its group's chain, + (m−1)/m·S for a leader |
+//! | reduce | ring (a chain), direct, tree | S, (n−1)·S, 2S |
+//! | reduce | hierarchical | S unless last in its group's chain, + S for a leader |
+//! | reduce-scatter | ring, direct | (n−1)·S |
+//! | reduce-scatter | halving-doubling | as for all-reduce, of n·S |
+//! | reduce-scatter | hierarchical | n·S unless last in its group's chain, + (m−1)·g·S for a leader |
+//!
+//! This matters where a device reduces far slower than it copies: lavapipe and the
+//! simulated NPU accumulate at about 0.25 GB/s here against 4–9 GB/s for a copy, which
+//! makes every rank reducing everyone's buffer (direct) the worst choice there.
 //!
 //! Shared memory (`shared_memory/`) is chosen whenever it has an estimate, which it has
 //! only when every device is host addressable: α_m is two rendezvous of running threads ([`SHARED_MEMORY_ALPHA`]) and
@@ -60,7 +85,7 @@ pub const CHAIN_PIECE: u64 = 4 << 20;
 pub const SHARED_MEMORY_ALPHA: f64 = 1.0;
 
 /// The figures the model needs, read once from the topology.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct CostModel {
     /// Ranks.
     pub n: usize,
@@ -82,6 +107,15 @@ pub struct CostModel {
     /// Whether the communicator has an NCCL group (every device a distinct CUDA device,
     /// libnccl installed).
     pub nccl: bool,
+    /// Per rank: µs per byte of destination of its device's builtin reduction (γ).
+    pub reduce_beta: Vec<f64>,
+    /// Every ordered pair's (α µs, β µs per byte), row-major `n × n`, for the algorithms
+    /// whose steps use particular pairs (direct, halving-doubling); empty: every pair is
+    /// the slowest link (`all_alpha`, `all_beta`).
+    pub links: Vec<(f64, f64)>,
+    /// The topology's groups, in rank order, when they make the hierarchical algorithm
+    /// differ from the ring (else empty).
+    pub hierarchy: Vec<Vec<usize>>,
 }
 
 /// What the model knows of the topology's groups.
@@ -161,7 +195,156 @@ impl CostModel {
             groups: figures,
             shared_memory_beta: None,
             nccl: false,
+            reduce_beta: (0..n).map(|r| t.reduce_beta(r)).collect(),
+            links: all(n)
+                .map(|(a, b)| {
+                    t.link(a, b).map_or((all_alpha, all_beta), |l| {
+                        (l.latency_us, beta(l.bandwidth_gbps))
+                    })
+                })
+                .collect(),
+            hierarchy: if is_hierarchical(&groups) {
+                groups
+            } else {
+                Vec::new()
+            },
         }
+    }
+
+    /// The bytes rank `r` reduces in `kind` with `algorithm` on `s` bytes per rank (see
+    /// the module docs).
+    fn reduced_bytes(&self, kind: Collective, algorithm: Algorithm, r: usize, s: f64) -> f64 {
+        let n = self.n as f64;
+        if self.n <= 1 {
+            return 0.0;
+        }
+        let p = (1usize << self.n.ilog2()) as f64;
+        // Halving-doubling folds the even ranks among the first 2(n − p) into the odd
+        // rank after each (`halving.rs`): those reduce nothing, their partners one more
+        // buffer.
+        let fold = if r < 2 * (self.n - (1usize << self.n.ilog2())) {
+            if r.is_multiple_of(2) {
+                None
+            } else {
+                Some(1.0)
+            }
+        } else {
+            Some(0.0)
+        };
+        let halving = |total: f64| fold.map_or(0.0, |f| f * total + (p - 1.0) / p * total);
+        // Within its group: (not the chain's last member, leader, groups, largest group).
+        let role = self
+            .hierarchy
+            .iter()
+            .find_map(|g| {
+                let k = g.iter().position(|&q| q == r)?;
+                Some((k + 1 < g.len(), k == 0))
+            })
+            .map(|(inner, leader)| {
+                let m = self.hierarchy.len() as f64;
+                let largest = self.hierarchy.iter().map(Vec::len).max().unwrap_or(1) as f64;
+                (
+                    f64::from(u8::from(inner)),
+                    f64::from(u8::from(leader)),
+                    m,
+                    largest,
+                )
+            });
+        match (kind, algorithm) {
+            (Collective::AllReduce, Algorithm::Ring) => (n - 1.0) / n * s,
+            (Collective::AllReduce, Algorithm::Direct) => (n - 1.0) * s,
+            (Collective::AllReduce, Algorithm::HalvingDoubling) => halving(s),
+            (Collective::AllReduce, Algorithm::Tree) => s,
+            (Collective::AllReduce, Algorithm::Hierarchical) => match role {
+                Some((inner, leader, m, _)) => inner * s + leader * (m - 1.0) / m * s,
+                None => (n - 1.0) / n * s,
+            },
+            (Collective::Reduce, Algorithm::Ring) => s,
+            (Collective::Reduce, Algorithm::Direct) => (n - 1.0) * s,
+            (Collective::Reduce, Algorithm::Tree) => 2.0 * s,
+            (Collective::Reduce, Algorithm::Hierarchical) => match role {
+                Some((inner, leader, _, _)) => (inner + leader) * s,
+                None => s,
+            },
+            (Collective::ReduceScatter, Algorithm::Ring | Algorithm::Direct) => (n - 1.0) * s,
+            (Collective::ReduceScatter, Algorithm::HalvingDoubling) => halving(n * s),
+            (Collective::ReduceScatter, Algorithm::Hierarchical) => match role {
+                Some((inner, leader, m, largest)) => {
+                    inner * n * s + leader * (m - 1.0) * largest * s
+                }
+                None => (n - 1.0) * s,
+            },
+            _ => 0.0,
+        }
+    }
+
+    /// The (α, β) of the path from `a` to `b`.
+    fn pair(&self, a: usize, b: usize) -> (f64, f64) {
+        self.links
+            .get(a * self.n + b)
+            .copied()
+            .unwrap_or((self.all_alpha, self.all_beta))
+    }
+
+    /// Direct exchanges of `bytes` between every pair: each rank's stream takes its
+    /// transfers one after another, so the busiest receiver sets the time.
+    fn direct_us(&self, bytes: f64) -> f64 {
+        (0..self.n)
+            .map(|r| {
+                (0..self.n)
+                    .filter(|&q| q != r)
+                    .map(|q| {
+                        let (a, b) = self.pair(q, r);
+                        a + bytes * b
+                    })
+                    .sum::<f64>()
+            })
+            .fold(0.0, f64::max)
+    }
+
+    /// Halving-doubling's link time over its actual pairs (`halving.rs`): the fold of
+    /// the extra ranks (`fold` bytes, in and back out), then `log₂ p` steps of `total/2`,
+    /// `total/4` … bytes between participants, once (`phases` = 1) or there and back
+    /// (2); each step as long as its slowest pair.
+    fn halving_us(&self, total: f64, fold: (f64, f64), phases: f64) -> f64 {
+        if self.n <= 1 {
+            return 0.0;
+        }
+        let p = 1usize << self.n.ilog2();
+        let rem = self.n - p;
+        let rank = |i: usize| if i < rem { 2 * i + 1 } else { i + rem };
+        let time = |x: usize, y: usize, bytes: f64| {
+            let (a, b) = self.pair(x, y);
+            a + bytes * b
+        };
+        let mut fold_in: f64 = 0.0;
+        let mut fold_out: f64 = 0.0;
+        for i in 0..rem {
+            fold_in = fold_in.max(time(2 * i, 2 * i + 1, fold.0));
+            fold_out = fold_out.max(time(2 * i + 1, 2 * i, fold.1));
+        }
+        let mut steps = 0.0;
+        let mut bytes = total;
+        let mut distance = p / 2;
+        while distance >= 1 {
+            bytes /= 2.0;
+            let mut slowest: f64 = 0.0;
+            for i in 0..p {
+                slowest = slowest.max(time(rank(i), rank(i ^ distance), bytes));
+            }
+            steps += slowest;
+            distance /= 2;
+        }
+        fold_in + fold_out + phases * steps
+    }
+
+    /// The time the busiest rank spends in builtin reductions, µs.
+    fn reduce_us(&self, kind: Collective, algorithm: Algorithm, s: f64) -> f64 {
+        self.reduce_beta
+            .iter()
+            .enumerate()
+            .map(|(r, gamma)| self.reduced_bytes(kind, algorithm, r, s) * gamma)
+            .fold(0.0, f64::max)
     }
 
     /// The modelled time of `kind` on `bytes` per rank with `algorithm`, µs; `None` when
@@ -201,27 +384,17 @@ impl CostModel {
         );
         let piece = CHAIN_PIECE as f64;
         let q = piece.min(s);
-        // Halving-doubling: participants, steps, and whether extra ranks fold in.
-        let p = if self.n == 0 {
-            1.0
-        } else {
-            (1usize << self.n.ilog2()) as f64
-        };
-        let l = p.log2();
-        let f = if p < n { 1.0 } else { 0.0 };
         let chain =
             |g: f64, a: f64, b: f64| (g - 1.0).max(0.0) * a + (s + (g - 2.0).max(0.0) * q) * b;
         let ring_all_reduce = 2.0 * (n - 1.0) * (ra + s / n * rb);
-        Some(match (kind, algorithm) {
+        let links = match (kind, algorithm) {
             (Collective::Barrier | Collective::SendRecv, Algorithm::Direct) => a,
-            (_, Algorithm::Direct) => a + (n - 1.0) * s * b,
+            (_, Algorithm::Direct) => self.direct_us(s),
             (Collective::AllReduce, Algorithm::Ring) => ring_all_reduce,
             (Collective::Reduce | Collective::Broadcast, Algorithm::Ring) => chain(n, ra, rb),
             (_, Algorithm::Ring) => (n - 1.0) * (ra + s * rb),
-            (Collective::AllReduce, Algorithm::HalvingDoubling) => {
-                2.0 * (l + f) * a + 2.0 * ((p - 1.0) / p + f) * s * b
-            }
-            (_, Algorithm::HalvingDoubling) => (l + 2.0 * f) * a + ((p - 1.0) / p + f) * n * s * b,
+            (Collective::AllReduce, Algorithm::HalvingDoubling) => self.halving_us(s, (s, s), 2.0),
+            (_, Algorithm::HalvingDoubling) => self.halving_us(n * s, (n * s, s), 1.0),
             (Collective::AllReduce, Algorithm::Tree) => {
                 let d = self.tree_depth as f64;
                 2.0 * (d * a + (s + (d - 1.0).max(0.0) * piece.min(s / 2.0)) * b)
@@ -268,7 +441,8 @@ impl CostModel {
                         + 2.0 * (m - 1.0) * (gf.leader_alpha + s / m * gf.leader_beta)
                 }
             },
-        })
+        };
+        Some(links + self.reduce_us(kind, algorithm, s))
     }
 }
 
@@ -439,6 +613,9 @@ mod tests {
             groups: None,
             shared_memory_beta: None,
             nccl: false,
+            reduce_beta: vec![0.0; n],
+            links: Vec::new(),
+            hierarchy: Vec::new(),
         }
     }
 
@@ -595,7 +772,12 @@ mod tests {
             s.choose(&m, Collective::AllReduce, 256 << 10).0,
             Algorithm::Hierarchical
         );
-        assert_eq!(s.choose(&m, Collective::AllReduce, 8).0, Algorithm::Direct);
+        // Even for 8 bytes: direct makes the lone device take four transfers over the
+        // slow link one after another, the leaders' ring two.
+        assert_eq!(
+            s.choose(&m, Collective::AllReduce, 8).0,
+            Algorithm::Hierarchical
+        );
         // Reduce and broadcast cross the slow link once instead of once per rank.
         for kind in [Collective::Reduce, Collective::Broadcast] {
             assert_eq!(s.choose(&m, kind, 256 << 10).0, Algorithm::Hierarchical);
@@ -607,7 +789,7 @@ mod tests {
             s.choose(&m, Collective::AllGather, 256 << 10).0,
             Algorithm::Hierarchical
         );
-        let mut two = m;
+        let mut two = m.clone();
         two.n = 8;
         two.groups = Some(GroupFigures {
             count: 2,
@@ -634,6 +816,76 @@ mod tests {
         assert_ne!(
             s.choose(&m, Collective::AllReduce, 256 << 10).0,
             Algorithm::Hierarchical
+        );
+    }
+
+    #[test]
+    fn a_slow_reducer_is_charged_for_what_it_reduces() {
+        // Rank 3 reduces at 0.25 GB/s (a CPU Vulkan driver, a simulator), the others at
+        // 10 GB/s; the links are the same for everyone.
+        let fast = model(4);
+        let mut slow = model(4);
+        slow.reduce_beta = vec![1e-4, 1e-4, 1e-4, 1.0 / 250.0];
+        let s = 64u64 << 10;
+        let extra = |a| {
+            slow.estimate(Collective::AllReduce, a, s).unwrap()
+                - fast.estimate(Collective::AllReduce, a, s).unwrap()
+        };
+        let bytes = s as f64;
+        // Direct: every rank reduces the three others' buffers; the ring 3/4 of one.
+        assert!((extra(Algorithm::Direct) - 3.0 * bytes / 250.0).abs() < 1e-6);
+        assert!((extra(Algorithm::Ring) - 0.75 * bytes / 250.0).abs() < 1e-6);
+        // Faster than the ring on the links alone, far slower with the reductions.
+        let t = |m: &CostModel, a| m.estimate(Collective::AllReduce, a, s).unwrap();
+        assert!(t(&fast, Algorithm::Direct) < t(&fast, Algorithm::Ring));
+        assert!(t(&slow, Algorithm::Direct) > 3.0 * t(&slow, Algorithm::Ring));
+        assert_ne!(
+            Selector::default()
+                .choose(&slow, Collective::AllReduce, s)
+                .0,
+            Algorithm::Direct
+        );
+        // Gathers and broadcasts reduce nothing.
+        for kind in [Collective::AllGather, Collective::Broadcast] {
+            assert_eq!(
+                slow.estimate(kind, Algorithm::Ring, s),
+                fast.estimate(kind, Algorithm::Ring, s)
+            );
+        }
+        // Hierarchical with the slow device alone in its group: as its group's only
+        // member it reduces just its half in the leaders' ring, where the flat ring has
+        // it reduce three quarters.
+        let mut grouped = slow.clone();
+        grouped.hierarchy = vec![vec![0, 1, 2], vec![3]];
+        let reduce = |m: &CostModel, a| m.reduce_us(Collective::AllReduce, a, bytes);
+        assert!((reduce(&grouped, Algorithm::Hierarchical) - 0.5 * bytes / 250.0).abs() < 1e-6);
+        assert!(reduce(&grouped, Algorithm::Hierarchical) < reduce(&grouped, Algorithm::Ring));
+    }
+
+    #[test]
+    fn direct_and_halving_doubling_cost_the_pairs_they_use() {
+        // Three ranks; everything to and from rank 2 is slow (α 100 µs), the rest fast.
+        let mut m = model(3);
+        m.links = (0..3)
+            .flat_map(|a| (0..3).map(move |b| (a, b)))
+            .map(|(a, b)| {
+                if a == 2 || b == 2 {
+                    (100.0, 0.0)
+                } else {
+                    (1.0, 0.0)
+                }
+            })
+            .collect();
+        // Direct: rank 2 receives from both others, one after the other.
+        assert_eq!(
+            m.estimate(Collective::AllGather, Algorithm::Direct, 0),
+            Some(200.0)
+        );
+        // Halving-doubling: rank 0 folds into rank 1 (fast, in and back out), then ranks
+        // 1 and 2 exchange twice (slow).
+        assert_eq!(
+            m.estimate(Collective::AllReduce, Algorithm::HalvingDoubling, 0),
+            Some(1.0 + 1.0 + 2.0 * 100.0)
         );
     }
 

@@ -6,6 +6,11 @@
 //! destination device, on the two devices' own streams. Latency is the median time of a
 //! 8-byte transfer; bandwidth is the transfer size over the median time of a large one.
 //!
+//! Each device's builtin reduction is measured too (an `f32` sum accumulated into a
+//! buffer of the transfer's size, on the device's stream): where data is reduced matters
+//! as much as how it moves, and on some devices (a CPU Vulkan driver, a simulator) a
+//! reduction runs at a twentieth of a copy's speed.
+//!
 //! Results are cached in a JSON file keyed by the devices' ids and names, so that
 //! communicators created later start from measurements instead of class estimates.
 
@@ -14,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use xpu_hal::{Device, Error, HostBuffer, Result};
+use xpu_hal::{BinaryOp, DType, Device, Error, HostBuffer, Result, Scalar};
 
 use super::Topology;
 
@@ -49,11 +54,32 @@ pub struct Measurement {
     pub bandwidth_gbps: f64,
 }
 
+/// One device's measured reduction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReductionMeasurement {
+    /// Device id.
+    pub device: String,
+    /// Bytes of destination an `f32` sum accumulates per second, GB/s.
+    pub gbps: f64,
+}
+
+/// What a calibration measured.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// Every ordered pair of devices.
+    pub links: Vec<Measurement>,
+    /// Every device that has an `f32` sum.
+    pub reductions: Vec<ReductionMeasurement>,
+}
+
 /// The calibration cache file's content.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CalibrationCache {
-    /// Measurements by the key of the device set they were taken on.
+    /// Link measurements by the key of the device set they were taken on.
     pub entries: BTreeMap<String, Vec<Measurement>>,
+    /// Reduction measurements by the same key.
+    #[serde(default)]
+    pub reductions: BTreeMap<String, Vec<ReductionMeasurement>>,
 }
 
 /// The key under which a device set's measurements are cached: ids and names, so that a
@@ -80,12 +106,13 @@ pub fn default_cache_path() -> Option<PathBuf> {
 }
 
 /// Measures every ordered pair of the topology's devices (`devices` in the same order as
-/// [`Topology::devices`]) and stores the figures in the topology.
+/// [`Topology::devices`]) and every device's reduction, and stores the figures in the
+/// topology.
 pub fn calibrate(
     topology: &mut Topology,
     devices: &[Device],
     options: CalibrationOptions,
-) -> Result<Vec<Measurement>> {
+) -> Result<Calibration> {
     if devices.len() != topology.len()
         || devices
             .iter()
@@ -116,7 +143,46 @@ pub fn calibrate(
             });
         }
     }
-    Ok(out)
+    let mut reductions = Vec::new();
+    for (i, d) in devices.iter().enumerate() {
+        if !d.capabilities().supports_dtype(DType::F32) {
+            continue;
+        }
+        let us = median_reduction_us(d, options.bytes, options.repetitions)?;
+        let gbps = options.bytes as f64 / (us.max(1e-3) * 1e3);
+        topology.devices[i].reduce_gbps = Some(gbps);
+        reductions.push(ReductionMeasurement {
+            device: d.id().to_string(),
+            gbps,
+        });
+    }
+    Ok(Calibration {
+        links: out,
+        reductions,
+    })
+}
+
+/// The median time in µs of accumulating an `f32` sum into `bytes` on `device`.
+fn median_reduction_us(device: &Device, bytes: u64, reps: u32) -> Result<f64> {
+    let bytes = (bytes / 4).max(1) * 4;
+    let (dst, src) = (device.allocate(bytes)?, device.allocate(bytes)?);
+    let stream = device.create_stream()?;
+    stream.fill(&dst, Scalar::F32(1.0))?;
+    stream.fill(&src, Scalar::F32(0.5))?;
+    stream.synchronize()?;
+    let once = || -> Result<f64> {
+        let start = Instant::now();
+        stream.accumulate(BinaryOp::Sum, DType::F32, &dst, &src)?;
+        stream.synchronize()?;
+        Ok(start.elapsed().as_secs_f64() * 1e6)
+    };
+    once()?; // warm up: builds the device's kernel on first use
+    let mut times = Vec::with_capacity(reps as usize);
+    for _ in 0..reps {
+        times.push(once()?);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
 }
 
 /// The median time in µs of moving `bytes` from `from` to `to` on the communicator's path.
@@ -172,12 +238,12 @@ pub fn load_cache(path: &Path) -> Result<CalibrationCache> {
     }
 }
 
-/// Stores `measurements` for the topology's device set in the cache file.
-pub fn store(path: &Path, topology: &Topology, measurements: &[Measurement]) -> Result<()> {
+/// Stores `calibration` for the topology's device set in the cache file.
+pub fn store(path: &Path, topology: &Topology, calibration: &Calibration) -> Result<()> {
     let mut cache = load_cache(path).unwrap_or_default();
-    cache
-        .entries
-        .insert(cache_key(topology), measurements.to_vec());
+    let key = cache_key(topology);
+    cache.entries.insert(key.clone(), calibration.links.clone());
+    cache.reductions.insert(key, calibration.reductions.clone());
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::invalid(format!("cannot create {}: {e}", dir.display())))?;
@@ -189,9 +255,16 @@ pub fn store(path: &Path, topology: &Topology, measurements: &[Measurement]) -> 
 }
 
 /// Applies cached measurements for the topology's device set. Returns how many pairs were
-/// applied (0 when the cache has none for this set).
+/// applied (0 when the cache has none for this set); the devices' reductions are applied
+/// with them.
 pub fn apply_cached(topology: &mut Topology, cache: &CalibrationCache) -> Result<usize> {
-    let Some(entries) = cache.entries.get(&cache_key(topology)) else {
+    let key = cache_key(topology);
+    for m in cache.reductions.get(&key).into_iter().flatten() {
+        if let Some(i) = topology.position(&m.device) {
+            topology.devices[i].reduce_gbps = Some(m.gbps);
+        }
+    }
+    let Some(entries) = cache.entries.get(&key) else {
         return Ok(0);
     };
     let mut applied = 0;

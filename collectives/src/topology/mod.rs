@@ -147,6 +147,10 @@ pub struct TopoDevice {
     pub numa_node: Option<u32>,
     /// The process holding it (0: this one).
     pub process: u32,
+    /// The measured throughput of its builtin reduction (an `f32` sum accumulated into a
+    /// buffer), GB/s of destination, once calibrated ([`calibrate`]).
+    #[serde(default)]
+    pub reduce_gbps: Option<f64>,
     /// Indexes (within its backend) of the devices it reaches peer to peer.
     #[serde(skip)]
     peers: Vec<u32>,
@@ -187,6 +191,7 @@ impl TopoDevice {
                 .extra_value(topology_keys::NUMA_NODE)
                 .and_then(|v| v.parse().ok()),
             process: 0,
+            reduce_gbps: None,
             peers: list(topology_keys::PEERS)
                 .iter()
                 .filter_map(|p| p.parse().ok())
@@ -326,6 +331,17 @@ impl Topology {
         link.bandwidth_gbps = bandwidth_gbps;
         link.measured = true;
         Ok(())
+    }
+
+    /// µs per byte of destination of device `i`'s builtin reduction: measured where
+    /// calibrated, else estimated from its copy within its own memory (a reduction reads
+    /// two bytes where a copy reads one).
+    pub fn reduce_beta(&self, i: usize) -> f64 {
+        let gbps = match self.devices.get(i).and_then(|d| d.reduce_gbps) {
+            Some(g) => g,
+            None => self.link(i, i).map_or(1.0, |l| l.bandwidth_gbps / 1.5),
+        };
+        1.0 / (gbps.max(1e-6) * 1e3)
     }
 
     /// The position of the device with this id.

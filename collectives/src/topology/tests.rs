@@ -37,6 +37,7 @@ fn gpu(index: u32, bus: &str, peers: &[u32]) -> TopoDevice {
         pci_bus_id: host::normalize_bus_id(bus),
         numa_node: None,
         process: 0,
+        reduce_gbps: None,
         peers: peers.to_vec(),
         direct: Vec::new(),
         index,
@@ -53,6 +54,7 @@ fn host_device(index: u32) -> TopoDevice {
         pci_bus_id: None,
         numa_node: None,
         process: 0,
+        reduce_gbps: None,
         peers: Vec::new(),
         direct: Vec::new(),
         index,
@@ -203,11 +205,18 @@ fn real_devices_are_discovered_and_calibrated() {
         repetitions: 3,
     };
     let measured = calibrate::calibrate(&mut t, &devices, options).unwrap();
-    assert_eq!(measured.len(), 4);
+    assert_eq!(measured.links.len(), 4);
     assert!(t.link(0, 1).unwrap().measured);
     assert!(measured
+        .links
         .iter()
         .all(|m| m.bandwidth_gbps > 0.0 && m.latency_us > 0.0));
+    // Each device's reduction, measured and kept in the topology.
+    assert_eq!(measured.reductions.len(), 2);
+    assert!(t
+        .devices
+        .iter()
+        .all(|d| d.reduce_gbps.is_some_and(|g| g > 0.0)));
 
     let dir = std::env::temp_dir().join(format!("xpu-topo-test-{}", std::process::id()));
     let path = dir.join("cache.json");
@@ -215,6 +224,7 @@ fn real_devices_are_discovered_and_calibrated() {
     let mut fresh = Topology::discover(&devices).unwrap();
     let cache = calibrate::load_cache(&path).unwrap();
     assert_eq!(calibrate::apply_cached(&mut fresh, &cache).unwrap(), 4);
+    assert_eq!(fresh.devices[1].reduce_gbps, t.devices[1].reduce_gbps);
     let (a, b) = (fresh.link(1, 0).unwrap(), t.link(1, 0).unwrap());
     assert_eq!((a.class, a.measured), (b.class, b.measured));
     // JSON keeps the figures to within the last bit.
