@@ -320,12 +320,7 @@ fn mixed_host_and_vulkan_ranks_are_exact() {
     );
     // Forced staged rings went through the process's staging pool, whose buffers are
     // pinned for a Vulkan device that imports host memory.
-    let imports = devs.iter().any(|d| {
-        d.info()
-            .extra
-            .iter()
-            .any(|e| e.strip_prefix("host_import=").is_some_and(|v| v != "none"))
-    });
+    let imports = devs.iter().any(xpu_vulkan::imports_host_memory);
     let staging = xpu_memory::host_staging().stats();
     assert!(staging.acquired > 0, "{staging:?}");
     assert_eq!(staging.pins > 0, imports, "{staging:?}");

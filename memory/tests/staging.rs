@@ -186,11 +186,7 @@ fn vulkan() -> Option<Device> {
 fn buffers_are_pinned_once_for_each_device_that_pins_and_stay_pinned_when_reused() {
     let host = device();
     let Some(vulkan) = vulkan() else { return };
-    let imports = vulkan
-        .info()
-        .extra
-        .iter()
-        .any(|e| e.strip_prefix("host_import=").is_some_and(|v| v != "none"));
+    let imports = xpu_vulkan::imports_host_memory(&vulkan);
     let pool = StagingPool::new(DEFAULT_STAGING_LIMIT);
     let (hs, vs) = (
         host.create_stream().unwrap(),

@@ -183,6 +183,21 @@ fn vendor_name(id: u32) -> String {
     }
 }
 
+/// The `DeviceInfo::extra` key saying whether, and with what alignment, the device
+/// imports host memory (`none`, or `aligned to N bytes`).
+pub const HOST_IMPORT_KEY: &str = "host_import";
+
+/// Whether `device` is a Vulkan device that imports host memory
+/// (`VK_EXT_external_memory_host`), so that [`xpu_hal::Device::pin_host`] pins host buffers
+/// of a page or more for it.
+pub fn imports_host_memory(device: &xpu_hal::Device) -> bool {
+    device.backend() == crate::NAME
+        && device
+            .info()
+            .extra_value(HOST_IMPORT_KEY)
+            .is_some_and(|v| v != "none")
+}
+
 /// A Vulkan device as an xpu device.
 pub struct VulkanDevice {
     pub(crate) shared: Arc<DeviceShared>,
@@ -303,7 +318,7 @@ impl VulkanDevice {
                 format!("queues={}", physical.queue_count),
                 format!("unified_memory={unified_memory}"),
                 format!(
-                    "host_import={}",
+                    "{HOST_IMPORT_KEY}={}",
                     physical
                         .host_import_align
                         .map_or("none".to_string(), |a| format!("aligned to {a} bytes"))

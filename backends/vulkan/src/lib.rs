@@ -48,7 +48,7 @@ use std::sync::{Arc, OnceLock};
 use xpu_hal::backend::{Backend, DeviceImpl, DeviceSummary};
 use xpu_hal::{Error, Result};
 
-pub use device::VulkanDevice;
+pub use device::{imports_host_memory, VulkanDevice, HOST_IMPORT_KEY};
 pub use event::VulkanEvent;
 pub use instance::{Instance, LoadOptions, ValidationLog, LIBRARY_ENV, VALIDATION_ENV};
 pub use stream::VulkanStream;

@@ -63,11 +63,7 @@ fn builtins_cover_ranges_beyond_one_binding() {
 #[test]
 fn host_buffers_are_imported_where_the_device_has_the_extension() {
     let Some(d) = device() else { return };
-    let imports = d
-        .info()
-        .extra
-        .iter()
-        .any(|e| e.strip_prefix("host_import=").is_some_and(|v| v != "none"));
+    let imports = xpu_vulkan::imports_host_memory(&d);
     let mut host = HostBuffer::from_bytes(&vec![7u8; 2 * MIB as usize]).unwrap();
     assert_eq!(d.pin_host(&host).unwrap(), imports, "{:?}", d.info().extra);
     // Through the import both ways, queued behind a fill.

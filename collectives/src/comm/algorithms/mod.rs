@@ -96,7 +96,8 @@ impl Algorithm {
     pub const fn implements(self, kind: Collective) -> bool {
         match self {
             Algorithm::Direct => true,
-            Algorithm::Ring => matches!(
+            // Hierarchical runs rings and chains within and among groups.
+            Algorithm::Ring | Algorithm::Hierarchical => matches!(
                 kind,
                 Collective::AllReduce
                     | Collective::Reduce
@@ -111,14 +112,6 @@ impl Algorithm {
             Algorithm::Tree => matches!(
                 kind,
                 Collective::AllReduce | Collective::Reduce | Collective::Broadcast
-            ),
-            Algorithm::Hierarchical => matches!(
-                kind,
-                Collective::AllReduce
-                    | Collective::Reduce
-                    | Collective::Broadcast
-                    | Collective::AllGather
-                    | Collective::ReduceScatter
             ),
             Algorithm::SharedMemory => !matches!(kind, Collective::SendRecv),
             Algorithm::Nccl => !matches!(kind, Collective::SendRecv | Collective::Barrier),
