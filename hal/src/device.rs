@@ -131,11 +131,9 @@ impl Device {
         if buffer.len() < crate::HostMemory::PAGE {
             return Ok(false);
         }
-        let memory = buffer.share();
-        if let Some(done) = memory.pinned_for(self.uid()) {
-            return Ok(done);
-        }
-        memory.pin_with(self.uid(), |ptr, len| self.inner.imp.pin_host(ptr, len))
+        buffer
+            .share()
+            .pin_with(self.uid(), |ptr, len| self.inner.imp.pin_host(ptr, len))
     }
 
     /// Reserves `reserve` bytes of addresses and backs the first `initial` bytes with

@@ -502,12 +502,6 @@ impl HostMemory {
         self.len == 0
     }
 
-    /// The bytes allocated: [`HostMemory::len`], rounded up to whole pages from a page
-    /// up. A pinned range covers all of them.
-    pub fn allocated(&self) -> usize {
-        self.size
-    }
-
     fn pins(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Option<Pin>)>> {
         self.pins.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -526,16 +520,8 @@ impl HostMemory {
         })
     }
 
-    /// Whether the device with `uid` pinned this memory: `Some(true)` or `Some(false)`
-    /// (it had nothing to register) once asked, else `None`.
-    pub(crate) fn pinned_for(&self, uid: u64) -> Option<bool> {
-        self.pins()
-            .iter()
-            .find(|(u, _)| *u == uid)
-            .map(|(_, p)| p.is_some())
-    }
-
-    /// Asks `register` once per device `uid` for a registration and keeps its answer.
+    /// Asks `register` once per device `uid` for a registration of all the allocated
+    /// bytes and keeps its answer; later calls return it.
     pub(crate) fn pin_with(
         &self,
         uid: u64,

@@ -727,11 +727,6 @@ impl StreamImpl for VulkanStream {
         let staging = self.staging(dst.len)?;
         let stage_ptr = mapped(&staging)?;
         let len = src.len;
-        let region = [vk::BufferCopy {
-            src_offset: 0,
-            dst_offset: dst.offset,
-            size: dst.len,
-        }];
         // The host buffer can change before this copy runs only through work that holds
         // it; with no such work, reading it now is the same as reading it in order.
         if Arc::strong_count(&src.memory) <= 2 {
@@ -748,13 +743,8 @@ impl StreamImpl for VulkanStream {
                 Ok(())
             }))?;
         }
-        let d = self.shared.dev.device.clone();
         let (s, t) = (staging.buffer, dst_buf.buffer);
-        self.shared.record(vec![staging, dst_buf], None, |cmd| {
-            // SAFETY: both buffers live until the batch completes (held).
-            unsafe { d.cmd_copy_buffer(cmd, s, t, &region) };
-            Ok(())
-        })
+        self.copy_buffers((s, 0), (t, dst.offset), dst.len, vec![staging, dst_buf])
     }
 
     fn copy_device_to_host(&self, src: RawSlice, dst: HostSlice) -> Result<()> {
