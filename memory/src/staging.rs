@@ -21,9 +21,10 @@
 //! [`xpu_hal::Device::pin_host`] (page-locked for CUDA, imported as a buffer on Vulkan),
 //! so that both the download and the upload are direct transfers. The registration
 //! stays with the buffer as it is reused, and keeps the device's driver objects alive
-//! until the buffer is dropped ([`StagingPool::empty_cache`] drops the idle ones). A device that cannot pin is no error: its
-//! copies stage as for any host memory, and a failed registration is counted
-//! ([`StagingStats::pin_failures`], [`StagingPool::last_pin_error`]).
+//! until the buffer is dropped ([`StagingPool::empty_cache`] drops the idle ones). A
+//! device that cannot pin is no error: its copies stage as for any host memory, and a
+//! failed registration is counted ([`StagingStats::pin_failures`],
+//! [`StagingPool::last_pin_error`]).
 //!
 //! [`host_staging`] is the process's pool, shared by every user (the collectives'
 //! transport among them), so that staging memory is bounded and reported in one place.
