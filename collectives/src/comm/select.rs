@@ -40,8 +40,8 @@
 //!
 //! Every algorithm that reduces on the devices also pays for its reductions: the busiest
 //! rank's reduced bytes times its device's γ (µs per byte of the builtin reduction,
-//! measured by calibration, else estimated from the device's own copy speed), added to
-//! the time above. Per rank, with `S` bytes per rank:
+//! measured by calibration, else estimated: [`crate::topology::GPU_REDUCE_GBPS`] for a
+//! GPU, two thirds of its own copy speed for other devices), added to the time above. Per rank, with `S` bytes per rank:
 //!
 //! | operation | algorithm | bytes rank r reduces |
 //! |---|---|---|

@@ -209,6 +209,11 @@ impl TopoDevice {
     }
 }
 
+/// The reduction throughput assumed for a GPU that has not been calibrated, GB/s of
+/// destination: a conservative figure for current GPUs' memory (an `f32` sum moves three
+/// bytes per byte of destination).
+pub const GPU_REDUCE_GBPS: f64 = 200.0;
+
 /// The path between two devices and what it costs.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Link {
@@ -334,11 +339,14 @@ impl Topology {
     }
 
     /// µs per byte of destination of device `i`'s builtin reduction: measured where
-    /// calibrated, else estimated from its copy within its own memory (a reduction reads
-    /// two bytes where a copy reads one).
+    /// calibrated; else [`GPU_REDUCE_GBPS`] for a GPU, whose memory serves hundreds of
+    /// GB/s, and for other devices their copy within their own memory slowed by half (a
+    /// reduction reads two bytes where a copy reads one).
     pub fn reduce_beta(&self, i: usize) -> f64 {
-        let gbps = match self.devices.get(i).and_then(|d| d.reduce_gbps) {
+        let device = self.devices.get(i);
+        let gbps = match device.and_then(|d| d.reduce_gbps) {
             Some(g) => g,
+            None if device.is_some_and(|d| d.kind == DeviceKind::Gpu.name()) => GPU_REDUCE_GBPS,
             None => self.link(i, i).map_or(1.0, |l| l.bandwidth_gbps / 1.5),
         };
         1.0 / (gbps.max(1e-6) * 1e3)

@@ -79,6 +79,19 @@ fn dgx() -> Topology {
 }
 
 #[test]
+fn uncalibrated_reductions_are_estimated_by_kind() {
+    let mut t = dgx();
+    let gbps = |t: &Topology, i: usize| 1.0 / (t.reduce_beta(i) * 1e3);
+    assert!((gbps(&t, 0) - GPU_REDUCE_GBPS).abs() < 1e-9);
+    // A host device: its own copy (the class estimate) slowed by half.
+    let copy = t.link(5, 5).unwrap().bandwidth_gbps;
+    assert!((gbps(&t, 5) - copy / 1.5).abs() < 1e-9);
+    // A measured figure wins.
+    t.devices[0].reduce_gbps = Some(0.25);
+    assert!((gbps(&t, 0) - 0.25).abs() < 1e-9);
+}
+
+#[test]
 fn nccl_file_is_read() {
     let host = nccl_xml::parse(DGX_LIKE, "dgx.xml").unwrap();
     assert_eq!(host.numa_nodes.len(), 2);
