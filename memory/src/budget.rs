@@ -1,7 +1,13 @@
 //! A reservation limit shared by several allocators.
+//!
+//! The budget's total and its members' shares live in one ledger behind one lock: every
+//! change to a share changes the total in the same critical section, and a report copies
+//! them in one too. So a [`BudgetReport`] always adds up — its total is the sum of its
+//! shares — however many allocators take and give back bytes while it is made. The lock is
+//! taken only when an allocator obtains, grows, shrinks or returns a segment, never for a
+//! block handed out from its cache.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
@@ -9,15 +15,27 @@ use serde::{Deserialize, Serialize};
 struct Member {
     id: u64,
     name: String,
-    held: Arc<AtomicU64>,
+    held: u64,
+}
+
+/// The budget's use: changed and read only under [`Inner::ledger`]'s lock.
+struct Ledger {
+    /// The sum of the members' `held`.
+    reserved: u64,
+    next_member: u64,
+    members: Vec<Member>,
+}
+
+impl Ledger {
+    fn member(&mut self, id: u64) -> Option<&mut Member> {
+        self.members.iter_mut().find(|m| m.id == id)
+    }
 }
 
 struct Inner {
     name: String,
     limit: u64,
-    reserved: AtomicU64,
-    next_member: AtomicU64,
-    members: Mutex<Vec<Member>>,
+    ledger: Mutex<Ledger>,
 }
 
 /// One limit on the bytes several allocators may reserve together: all the host devices of
@@ -45,7 +63,8 @@ pub struct BudgetShare {
     pub reserved: u64,
 }
 
-/// A [`Budget`] at one moment.
+/// A [`Budget`] at one moment: `reserved` is always the sum of the shares' `reserved`,
+/// taken at the same instant (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BudgetReport {
     /// The budget's name.
@@ -94,9 +113,11 @@ impl Budget {
             inner: Arc::new(Inner {
                 name: name.into(),
                 limit,
-                reserved: AtomicU64::new(0),
-                next_member: AtomicU64::new(0),
-                members: Mutex::new(Vec::new()),
+                ledger: Mutex::new(Ledger {
+                    reserved: 0,
+                    next_member: 0,
+                    members: Vec::new(),
+                }),
             }),
         }
     }
@@ -113,7 +134,7 @@ impl Budget {
 
     /// Bytes reserved from it now, by all its allocators.
     pub fn reserved(&self) -> u64 {
-        self.inner.reserved.load(Ordering::Acquire)
+        self.ledger().reserved
     }
 
     /// Bytes still available.
@@ -121,67 +142,40 @@ impl Budget {
         self.limit().saturating_sub(self.reserved())
     }
 
-    fn members(&self) -> MutexGuard<'_, Vec<Member>> {
-        self.inner.members.lock().unwrap_or_else(|p| p.into_inner())
+    fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        // Every update leaves the ledger consistent before anything that could panic, so
+        // a poisoned lock still guards a ledger that adds up.
+        self.inner.ledger.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Its use now: the total and each allocator's share.
+    /// Its use now: the total and each allocator's share, read at one instant, so the
+    /// shares add up to the total.
     pub fn report(&self) -> BudgetReport {
-        let shares = self
-            .members()
-            .iter()
-            .map(|m| BudgetShare {
-                name: m.name.clone(),
-                reserved: m.held.load(Ordering::Acquire),
-            })
-            .collect();
+        let ledger = self.ledger();
         BudgetReport {
             name: self.inner.name.clone(),
             limit: self.inner.limit,
-            reserved: self.reserved(),
-            shares,
+            reserved: ledger.reserved,
+            shares: ledger
+                .members
+                .iter()
+                .map(|m| BudgetShare {
+                    name: m.name.clone(),
+                    reserved: m.held,
+                })
+                .collect(),
         }
     }
 
     /// Registers an allocator named `name` as drawing from this budget.
     pub(crate) fn join(&self, name: String) -> BudgetMember {
-        let id = self.inner.next_member.fetch_add(1, Ordering::Relaxed);
-        let held = Arc::new(AtomicU64::new(0));
-        self.members().push(Member {
-            id,
-            name,
-            held: held.clone(),
-        });
+        let mut ledger = self.ledger();
+        let id = ledger.next_member;
+        ledger.next_member += 1;
+        ledger.members.push(Member { id, name, held: 0 });
         BudgetMember {
             budget: self.clone(),
             id,
-            held,
-        }
-    }
-
-    fn try_take(&self, n: u64) -> bool {
-        let r = &self.inner.reserved;
-        let mut cur = r.load(Ordering::Acquire);
-        loop {
-            let Some(next) = cur.checked_add(n).filter(|v| *v <= self.inner.limit) else {
-                return false;
-            };
-            match r.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return true,
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    fn give_back(&self, n: u64) {
-        let r = &self.inner.reserved;
-        let mut cur = r.load(Ordering::Acquire);
-        loop {
-            let next = cur.saturating_sub(n);
-            match r.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return,
-                Err(actual) => cur = actual,
-            }
         }
     }
 }
@@ -190,7 +184,6 @@ impl Budget {
 pub(crate) struct BudgetMember {
     budget: Budget,
     id: u64,
-    held: Arc<AtomicU64>,
 }
 
 impl BudgetMember {
@@ -201,31 +194,46 @@ impl BudgetMember {
 
     /// Bytes this member holds.
     pub(crate) fn held(&self) -> u64 {
-        self.held.load(Ordering::Acquire)
+        let mut ledger = self.budget.ledger();
+        ledger.member(self.id).map_or(0, |m| m.held)
     }
 
     /// Takes `n` bytes from the budget; `false` (and nothing taken) if that would pass the
     /// limit.
     pub(crate) fn take(&self, n: u64) -> bool {
-        if !self.budget.try_take(n) {
+        let limit = self.budget.inner.limit;
+        let mut ledger = self.budget.ledger();
+        let Some(total) = ledger.reserved.checked_add(n).filter(|t| *t <= limit) else {
             return false;
-        }
-        self.held.fetch_add(n, Ordering::AcqRel);
+        };
+        let Some(member) = ledger.member(self.id) else {
+            return false;
+        };
+        // `held` ≤ `reserved` ≤ `limit`, so this cannot overflow once the total did not.
+        member.held += n;
+        ledger.reserved = total;
         true
     }
 
-    /// Gives `n` bytes back.
+    /// Gives `n` bytes back (at most what this member holds).
     pub(crate) fn give_back(&self, n: u64) {
-        let n = n.min(self.held());
-        self.held.fetch_sub(n, Ordering::AcqRel);
-        self.budget.give_back(n);
+        let mut ledger = self.budget.ledger();
+        let Some(member) = ledger.member(self.id) else {
+            return;
+        };
+        let n = n.min(member.held);
+        member.held -= n;
+        ledger.reserved -= n;
     }
 }
 
 impl Drop for BudgetMember {
     fn drop(&mut self) {
-        self.budget.give_back(self.held.swap(0, Ordering::AcqRel));
-        self.budget.members().retain(|m| m.id != self.id);
+        let mut ledger = self.budget.ledger();
+        if let Some(i) = ledger.members.iter().position(|m| m.id == self.id) {
+            let member = ledger.members.remove(i);
+            ledger.reserved -= member.held;
+        }
     }
 }
 

@@ -269,10 +269,11 @@ pub struct ReplayReport {
     pub peak_allocated_bytes: u64,
     /// `peak_live_bytes / peak_reserved_bytes`.
     pub utilization: f64,
-    /// Calls that obtained memory from the source (segments and growths; see
-    /// [`MemoryStats::num_device_alloc`]).
+    /// Calls that obtained memory from the source during the replay (segments and
+    /// growths; see [`MemoryStats::num_device_alloc`]): the sum of
+    /// `device_allocs_per_iteration`.
     pub device_allocs: u64,
-    /// Calls that returned memory to the source.
+    /// Calls that returned memory to the source during the replay.
     pub device_frees: u64,
     /// Of `device_allocs`, those made after the first pass of the trace: 0 when the cache
     /// serves the repeated trace without asking the device for memory.
@@ -327,9 +328,11 @@ pub(crate) fn run_replay<T: ReplayTarget>(
     let mut live: Vec<Option<T::Handle>> = (0..trace.entries.len()).map(|_| None).collect();
     let mut times: Vec<u64> = Vec::with_capacity(events.len() * iterations as usize);
     let mut seen = HashSet::new();
-    let mut after_first = 0;
+    // Counted from here, so that the totals are this replay's and equal the sum of the
+    // passes' figures whatever the target did before.
+    let start = target.stats();
     let mut per_iteration = Vec::with_capacity(iterations as usize);
-    for iteration in 0..iterations {
+    for _ in 0..iterations {
         let before = target.stats().num_device_alloc;
         for &(i, is_alloc) in &events {
             if is_alloc {
@@ -346,9 +349,6 @@ pub(crate) fn run_replay<T: ReplayTarget>(
         }
         let now = target.stats().num_device_alloc;
         per_iteration.push(now - before);
-        if iteration == 0 {
-            after_first = now;
-        }
     }
     times.sort_unstable();
     let pct = |p: f64| -> u64 {
@@ -375,9 +375,9 @@ pub(crate) fn run_replay<T: ReplayTarget>(
         } else {
             peak_live as f64 / peak_reserved as f64
         },
-        device_allocs: stats.num_device_alloc,
-        device_frees: stats.num_device_free,
-        steady_device_allocs: stats.num_device_alloc - after_first,
+        device_allocs: per_iteration.iter().sum(),
+        device_frees: stats.num_device_free - start.num_device_free,
+        steady_device_allocs: per_iteration.iter().skip(1).sum(),
         device_allocs_per_iteration: per_iteration,
         p50_ns: pct(0.5),
         p99_ns: pct(0.99),

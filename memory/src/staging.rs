@@ -64,7 +64,8 @@ impl StagingBuffer {
     }
 }
 
-/// What a [`StagingPool`] has done and holds now.
+/// What a [`StagingPool`] has done and holds now, read at one instant under the pool's
+/// lock: `acquired` is always `reused_idle + reused_pending + allocated`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StagingStats {
     /// Bytes of all buffers the pool has made and not dropped, in use or not.

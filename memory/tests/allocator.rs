@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use xpu_memory::{
-    AllocError, Block, BlockStateKind, Budget, CachingAllocator, Config, FakeSource, Fence,
-    SegmentId, SegmentSource, SourceError, StreamId, MIB,
+    AllocError, Block, BlockStateKind, Budget, BudgetReport, CachingAllocator, Config, FakeSource,
+    Fence, SegmentId, SegmentSource, SourceError, StreamId, MIB,
 };
 
 /// A fence completed by hand.
@@ -94,6 +94,15 @@ impl TestSource {
 
 struct XorShift(u64);
 impl XorShift {
+    /// A generator for the run numbered `run`, mixed with `XPU_TEST_SEED` (see
+    /// [`base_seed`]); it prints the seed, which the test's output shows if it fails.
+    fn for_run(run: u64) -> Self {
+        let base = base_seed();
+        let seed = splitmix(run ^ splitmix(base)) | 1;
+        eprintln!("run {run:#x}: seed {seed:#x} (XPU_TEST_SEED={base}; rerun with the same value)");
+        XorShift(seed)
+    }
+
     fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
@@ -103,6 +112,27 @@ impl XorShift {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+}
+
+/// The randomised tests' base seed: `XPU_TEST_SEED` (decimal), or 0 when unset — the fixed
+/// runs CI makes. `scripts/stress-tests.sh` sets a new one each round, so that its rounds
+/// explore other sequences; a failure prints the value to rerun it with.
+fn base_seed() -> u64 {
+    match std::env::var("XPU_TEST_SEED") {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("XPU_TEST_SEED={v:?} is not a decimal u64: {e}")),
+        Err(_) => 0,
+    }
+}
+
+/// SplitMix64's finaliser: spreads a run number over all 64 bits.
+fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// Live blocks must not overlap and must lie inside live segments of the right size.
@@ -187,7 +217,7 @@ fn random_run_on(
     source: TestSource,
     budget: Option<Budget>,
 ) -> xpu_memory::MemoryStats {
-    let mut rng = XorShift(seed);
+    let mut rng = XorShift::for_run(seed);
     let (mut a, mut other) = match &budget {
         Some(b) => (
             CachingAllocator::with_budget(source, config, b, "a"),
@@ -358,7 +388,7 @@ fn threads_share_one_allocator() {
         .map(|t| {
             let a = a.clone();
             std::thread::spawn(move || {
-                let mut rng = XorShift(t + 1);
+                let mut rng = XorShift::for_run(t + 1);
                 let mut live = Vec::new();
                 for _ in 0..2000 {
                     if rng.below(2) == 0 || live.is_empty() {
@@ -573,6 +603,21 @@ fn split_limit_keeps_big_blocks_whole() {
 #[test]
 fn threads_share_a_budget_across_allocators() {
     let budget = Budget::new("all hosts", 96 * MIB);
+    // A reader that keeps taking reports while the allocators run: each must add up and
+    // stay within the limit, whatever the threads are doing.
+    let running = Arc::new(AtomicBool::new(true));
+    let monitor = {
+        let (budget, running) = (budget.clone(), running.clone());
+        std::thread::spawn(move || {
+            let mut reports = 0u64;
+            while running.load(Ordering::Acquire) {
+                assert_adds_up(&budget.report());
+                reports += 1;
+                std::thread::yield_now();
+            }
+            reports
+        })
+    };
     let handles: Vec<_> = (0..4u64)
         .map(|t| {
             let budget = budget.clone();
@@ -594,7 +639,7 @@ fn threads_share_a_budget_across_allocators() {
                         let a = a.clone();
                         let budget = budget.clone();
                         std::thread::spawn(move || {
-                            let mut rng = XorShift(t * 17 + w + 1);
+                            let mut rng = XorShift::for_run(t * 17 + w + 1);
                             let mut live = Vec::new();
                             for _ in 0..1500 {
                                 if rng.below(2) == 0 || live.is_empty() {
@@ -607,6 +652,7 @@ fn threads_share_a_budget_across_allocators() {
                                                 rep.budget.expect("the report names the budget");
                                             assert_eq!(b.name, "all hosts");
                                             assert_eq!(b.limit, 96 * MIB);
+                                            assert_adds_up(&b);
                                         }
                                         Err(e) => panic!("{e}"),
                                     }
@@ -638,8 +684,20 @@ fn threads_share_a_budget_across_allocators() {
     for h in handles {
         h.join().unwrap();
     }
+    running.store(false, Ordering::Release);
+    assert!(monitor.join().unwrap() > 0, "the monitor took reports");
     assert_eq!(budget.reserved(), 0);
     assert!(budget.report().shares.is_empty());
+}
+
+/// A budget report's total is the sum of its shares, within the limit.
+fn assert_adds_up(report: &BudgetReport) {
+    let sum: u64 = report.shares.iter().map(|s| s.reserved).sum();
+    assert_eq!(
+        report.reserved, sum,
+        "the shares add up to the total: {report}"
+    );
+    assert!(report.reserved <= report.limit, "{report}");
 }
 
 #[test]

@@ -163,6 +163,60 @@ fn a_discarded_buffer_leaves_the_accounts() {
     assert_eq!(pool.stats().peak_reserved_bytes, 64 << 10);
 }
 
+#[test]
+fn figures_add_up_while_threads_acquire_and_release() {
+    let d = device();
+    let pool = Arc::new(StagingPool::new(256 << 10));
+    let running = Arc::new(AtomicBool::new(true));
+    let monitor = {
+        let (pool, running) = (pool.clone(), running.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0u64;
+            while running.load(Ordering::Acquire) {
+                let st = pool.stats();
+                assert_eq!(
+                    st.acquired,
+                    st.reused_idle + st.reused_pending + st.allocated,
+                    "{st:?}"
+                );
+                assert!(st.reserved_bytes <= st.peak_reserved_bytes, "{st:?}");
+                reads += 1;
+                std::thread::yield_now();
+            }
+            reads
+        })
+    };
+    let workers: Vec<_> = (0..3usize)
+        .map(|t| {
+            let (pool, d) = (pool.clone(), d.clone());
+            std::thread::spawn(move || {
+                let s = d.create_stream().unwrap();
+                for i in 0..300usize {
+                    let b = pool
+                        .acquire(1 + (i * 7919 + t * 104_729) % (200 << 10))
+                        .unwrap();
+                    if i % 17 == 0 {
+                        pool.discard(b);
+                    } else {
+                        pool.release(b, finished(&s));
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    running.store(false, Ordering::Release);
+    assert!(monitor.join().unwrap() > 0);
+    let st = pool.stats();
+    assert_eq!(st.acquired, 900);
+    assert_eq!(
+        st.acquired,
+        st.reused_idle + st.reused_pending + st.allocated
+    );
+}
+
 /// `vulkan:0`, or `None` (with a note) where there is none and CI does not require one.
 fn vulkan() -> Option<Device> {
     use xpu_hal::backend::Backend;
