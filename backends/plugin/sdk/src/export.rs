@@ -1034,6 +1034,9 @@ unsafe extern "C" fn stream_wait_external<P: Plugin>(
                     return; // `external` drops here: release only.
                 }
                 let status = external.wait().unwrap_or(1);
+                // Released before the stream's later work is let go, so that a host
+                // that has seen that work complete finds the event given back.
+                drop(external);
                 let outcome = if status == 0 {
                     Ok(())
                 } else {
@@ -1041,9 +1044,8 @@ unsafe extern "C" fn stream_wait_external<P: Plugin>(
                         "the event of another backend that this stream waited for reports that the work before it failed (status {status})"
                     )))
                 };
-                // Callbacks run here; a panicking one must not skip `release`.
+                // Callbacks run here; a panicking one must not take the thread down.
                 let _ = catch_unwind(AssertUnwindSafe(move || signal.complete(outcome)));
-                drop(external);
             })
             .map_err(|e| {
                 Error::internal(format!(

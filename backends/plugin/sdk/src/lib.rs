@@ -63,7 +63,8 @@
 //! - **External events are waited for on a plugin thread.** For `stream_wait_external`
 //!   the SDK starts a thread that calls the host's `wait` exactly once and then
 //!   `release` exactly once; the stream receives an [`ExternalWait`] that completes
-//!   with the outcome. Ownership of the event passes with the call, as the header
+//!   with the outcome, after `release` has returned (so a host that sees the stream's
+//!   later work done knows the event was given back). Ownership of the event passes with the call, as the header
 //!   says: if the call fails (a bad stream, or the stream refuses the wait), the SDK
 //!   calls `release` once and never `wait`. Only a struct the SDK cannot read (NULL, or
 //!   `struct_size` below its `MIN_SIZE`) leaves the event with the host.
