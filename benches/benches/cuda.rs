@@ -45,8 +45,18 @@ fn setup() -> Result<(Device, Raw), String> {
     let ctx = CudaContext::new(0).map_err(|e| e.to_string())?;
     let stream = ctx.new_stream().map_err(|e| e.to_string())?;
     let kind = BuiltinKind::Binary(BinaryOp::Sum, DType::F32);
-    let ptx = cudarc::nvrtc::compile_ptx(source::source(kind)).map_err(|e| e.to_string())?;
-    let module = ctx.load_module(ptx).map_err(|e| e.to_string())?;
+    // The same NVRTC, options and target as the backend's, so that both sides run the
+    // same machine code.
+    let nvrtc = xpu_cuda::driver()?.nvrtc.clone()?;
+    let (major, minor) = ctx.compute_capability().map_err(|e| e.to_string())?;
+    let image = nvrtc.compile(
+        &source::source(kind),
+        major * 10 + minor,
+        xpu_cuda::nvrtc::Flavor::Builtin,
+    )?;
+    let module = ctx
+        .load_module(cudarc::nvrtc::Ptx::from_binary(image.bytes.clone()))
+        .map_err(|e| e.to_string())?;
     let add = module
         .load_function(&source::entry(kind))
         .map_err(|e| e.to_string())?;

@@ -84,6 +84,9 @@ pub struct DeviceShared {
     /// The minimum granularity of virtual memory management (`cuMemCreate` sizes) when
     /// the driver and the device support it: growable allocations are offered then.
     pub(crate) vmm_granularity: Option<u64>,
+    /// Ordinals of the other devices that can access this one's memory
+    /// (`cuDeviceCanAccessPeer`): growable allocations are mapped for them too.
+    pub(crate) accessed_by: Vec<c_int>,
     /// Whether streams can wait on a host word with `cuStreamWaitValue32`; otherwise
     /// they spin in a one-thread kernel (see the `stream` module).
     pub(crate) wait_value: bool,
@@ -238,19 +241,26 @@ impl CudaDevice {
         cu(&name, "reading the UUID", "cuDeviceGetUuid_v2", || unsafe {
             sys::cuDeviceGetUuid_v2(&mut uuid, device)
         })?;
-        let peer_access = (0..driver.device_count)
-            .filter(|&other| other != ordinal)
-            .any(|other| {
-                let Ok(peer) = cu_device(other) else {
-                    return false;
-                };
-                let mut can: c_int = 0;
-                // SAFETY: valid out-pointer and devices.
-                let ok = guarded("cuDeviceCanAccessPeer", || unsafe {
-                    sys::cuDeviceCanAccessPeer(&mut can, device, peer)
-                });
-                ok.is_ok() && can != 0
+        let can_access = |from: CUdevice, to: CUdevice| {
+            let mut can: c_int = 0;
+            // SAFETY: valid out-pointer and devices.
+            let ok = guarded("cuDeviceCanAccessPeer", || unsafe {
+                sys::cuDeviceCanAccessPeer(&mut can, from, to)
             });
+            ok.is_ok() && can != 0
+        };
+        let others: Vec<(c_int, CUdevice)> = (0..driver.device_count)
+            .filter(|&other| other != ordinal)
+            .filter_map(|other| cu_device(other).ok().map(|d| (other, d)))
+            .collect();
+        let peer_access = others.iter().any(|&(_, peer)| can_access(device, peer));
+        // Devices that can reach this one's memory: growable allocations map their
+        // granules for them too, so peer copies and NCCL work on them.
+        let accessed_by: Vec<c_int> = others
+            .iter()
+            .filter(|&&(_, peer)| can_access(peer, device))
+            .map(|&(o, _)| o)
+            .collect();
         let mut ctx: CUcontext = std::ptr::null_mut();
         cu(
             &name,
@@ -260,23 +270,44 @@ impl CudaDevice {
             || unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, device) },
         )?;
         let vmm_granularity = vmm_granularity(&driver, &name, device, ordinal, ctx);
-        let wait_value = driver.stream_wait_value
-            && attribute(
-                &name,
-                device,
-                A::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR,
-            )
-            .is_ok_and(|v| v == 1);
+        // The stream waits with `CU_STREAM_WAIT_VALUE_GEQ`, which the v2 memory
+        // operations support on every device: only the NOR comparison, which xpu does
+        // not use, needs `CAN_USE_STREAM_WAIT_VALUE_NOR_V2`.
+        let wait_value = driver.stream_wait_value;
         let uuid_text = uuid_string(&uuid.bytes);
-        let kernel_formats = if driver.nvrtc {
+        let nvrtc = driver.nvrtc.as_ref().ok();
+        let kernel_formats = if nvrtc.is_some() {
             vec![KernelFormat::Ptx, KernelFormat::CudaC]
         } else {
             vec![KernelFormat::Ptx]
         };
-        let dtypes = if driver.nvrtc {
+        let dtypes = if nvrtc.is_some() {
             DType::ALL.to_vec()
         } else {
             Vec::new()
+        };
+        let arch_code = major * 10 + minor;
+        let nvrtc_extra = match &driver.nvrtc {
+            Ok(n) => format!(
+                "nvrtc={}.{} ({}; {})",
+                n.version.0,
+                n.version.1,
+                n.path,
+                match crate::nvrtc::target(&n.archs, arch_code) {
+                    crate::nvrtc::Target::Sm(a) => format!("machine code for sm_{a}"),
+                    crate::nvrtc::Target::Compute(a) =>
+                        format!("PTX for compute_{a}, compiled forward by the driver"),
+                }
+            ),
+            Err(reason) => format!("nvrtc=none ({reason})"),
+        };
+        let nccl_extra = match &driver.nccl {
+            Ok(n) => format!(
+                "nccl={} ({})",
+                crate::nccl::version_string(n.version),
+                n.path
+            ),
+            Err(reason) => format!("nccl=none ({reason})"),
         };
         let info = DeviceInfo {
             name: gpu_name,
@@ -286,7 +317,7 @@ impl CudaDevice {
                 "CUDA driver {}, compute capability {major}.{minor}, {sms} SMs, PCI {}, UUID {uuid_text}{}",
                 version_string(driver.version),
                 c_string(&pci),
-                if driver.nvrtc { "" } else { ", no NVRTC (builtin operations unavailable)" }
+                if nvrtc.is_some() { "" } else { ", no NVRTC (builtin operations unavailable)" }
             ),
             memory_bytes: total as u64,
             capabilities: Capabilities {
@@ -304,7 +335,8 @@ impl CudaDevice {
             extra: vec![
                 format!("compute_capability={major}.{minor}"),
                 format!("sm_count={sms}"),
-                format!("nvrtc={}", driver.nvrtc),
+                nvrtc_extra,
+                nccl_extra,
                 format!(
                     "foreign_event_wait={}",
                     if wait_value {
@@ -326,6 +358,7 @@ impl CudaDevice {
                 sm_count: sms.max(1) as u32,
                 total_memory: total as u64,
                 vmm_granularity,
+                accessed_by,
                 wait_value,
                 deferred: Mutex::new(None),
                 builtins: Mutex::new(HashMap::new()),

@@ -9,10 +9,13 @@
 use std::ffi::c_int;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUresult};
 use xpu_hal::Error;
 
+use crate::nccl::Nccl;
+use crate::nvrtc::Nvrtc;
 use crate::NAME;
 
 /// The driver API version the `cuda-12060` bindings are generated for (CUDA 12.6): a
@@ -222,10 +225,11 @@ pub struct Driver {
     pub version: c_int,
     /// Number of CUDA devices.
     pub device_count: c_int,
-    /// Whether NVRTC (`libnvrtc.so`) is loadable; builtin operations need it.
-    pub nvrtc: bool,
-    /// Whether NCCL (`libnccl.so`) is loadable (reported; collectives use it).
-    pub nccl: bool,
+    /// NVRTC, found as [`crate::libs`] describes and no newer than the driver, or why
+    /// there is none; builtin operations and CUDA C kernels need it.
+    pub nvrtc: Result<Arc<Nvrtc>, String>,
+    /// NCCL, found the same way, or why there is none (collectives use it).
+    pub nccl: Result<Arc<Nccl>, String>,
     /// Whether the driver exports every symbol of [`VMM_SYMBOLS`] (a device must also
     /// report virtual memory management support for growable allocations).
     pub vmm: bool,
@@ -330,8 +334,12 @@ impl Driver {
             device_count: count,
             vmm: missing_vmm.is_empty(),
             stream_wait_value: missing_wait.is_empty(),
-            nvrtc: probe(cudarc::nvrtc::sys::is_culib_present),
-            nccl: probe(cudarc::nccl::sys::is_culib_present),
+            nvrtc: Nvrtc::find(version, None)
+                .map(|found| Arc::new(found.value))
+                .map_err(|e| e.to_string()),
+            nccl: Nccl::find(None)
+                .map(|found| Arc::new(found.value))
+                .map_err(|e| e.to_string()),
         })
     }
 }

@@ -14,6 +14,7 @@ use xpu_hal::{
 
 use crate::device::DeviceShared;
 use crate::driver::cu;
+use crate::nvrtc::{Image, ImageKind, Target};
 use crate::stream::{buffer_of, Held, StreamShared};
 use crate::NAME;
 
@@ -49,7 +50,7 @@ impl Drop for CudaKernel {
 
 impl CudaKernel {
     pub(crate) fn load(dev: &Arc<DeviceShared>, desc: &KernelDesc) -> Result<Self> {
-        let ptx = match &desc.source {
+        let image = match &desc.source {
             KernelSource::Ptx(text) => {
                 if text.as_bytes().contains(&0) {
                     return Err(Error::invalid(format!(
@@ -59,7 +60,11 @@ impl CudaKernel {
                 }
                 let mut ptx = text.as_bytes().to_vec();
                 ptx.push(0);
-                Arc::new(ptx)
+                Arc::new(Image {
+                    bytes: ptx,
+                    kind: ImageKind::Ptx,
+                    target: Target::Compute(0),
+                })
             }
             KernelSource::CudaC(source) => compile_cuda_c(dev, &desc.name, source)?,
             other => {
@@ -71,7 +76,8 @@ impl CudaKernel {
                 )))
             }
         };
-        let (module, function) = crate::builtins::load_module(dev, &ptx, &desc.entry_point)?;
+        let (module, function) =
+            crate::builtins::load_module(dev, &image.bytes, image.kind, &desc.entry_point)?;
         Ok(CudaKernel {
             dev: dev.clone(),
             module,
@@ -80,26 +86,28 @@ impl CudaKernel {
     }
 }
 
-/// NUL-terminated PTX for the CUDA C kernel `name`, compiled by NVRTC for the device's
-/// compute capability.
-fn compile_cuda_c(dev: &DeviceShared, name: &str, source: &str) -> Result<Arc<Vec<u8>>> {
-    if !dev.driver.nvrtc {
-        return Err(Error::unsupported(format!(
-            "CUDA C kernel `{name}` needs NVRTC (libnvrtc.so) on {}, which was not found; install the CUDA toolkit's NVRTC or pass PTX",
+/// Device code for the CUDA C kernel `name`, compiled by NVRTC for the device's
+/// compute capability (see the `nvrtc` module for machine code and PTX).
+fn compile_cuda_c(dev: &DeviceShared, name: &str, source: &str) -> Result<Arc<Image>> {
+    let nvrtc = dev.driver.nvrtc.as_ref().map_err(|reason| {
+        Error::unsupported(format!(
+            "CUDA C kernel `{name}` needs NVRTC on {}: {reason}; or pass PTX",
             dev.name
-        )));
-    }
+        ))
+    })?;
     if source.as_bytes().contains(&0) {
         return Err(Error::invalid(format!(
             "the CUDA C source of kernel `{name}` contains a NUL byte"
         )));
     }
     let arch = dev.arch.0 * 10 + dev.arch.1;
-    crate::nvrtc::compile(source, arch, crate::nvrtc::Flavor::User).map_err(|e| {
-        Error::invalid(format!(
-            "NVRTC could not compile CUDA C kernel `{name}` for sm_{arch}: {e}"
-        ))
-    })
+    nvrtc
+        .compile(source, arch, crate::nvrtc::Flavor::User)
+        .map_err(|e| {
+            Error::invalid(format!(
+                "NVRTC could not compile CUDA C kernel `{name}` for sm_{arch}: {e}"
+            ))
+        })
 }
 
 /// A scalar's little-endian bits in the low bytes of a `u64` slot (the driver reads

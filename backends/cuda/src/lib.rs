@@ -5,9 +5,15 @@
 //! `Unavailable` with the reason and lists no devices.
 //!
 //! **Required driver:** one that supports CUDA 12.6 (`cuDriverGetVersion` ≥ 12060,
-//! NVIDIA driver 560 or newer). Builtin operations additionally need NVRTC
-//! (`libnvrtc.so`, from the CUDA toolkit or the `nvidia-cuda-nvrtc` package); without
-//! it a device lists no builtin dtypes and only PTX kernels run (no CUDA C).
+//! NVIDIA driver 560 or newer; CUDA 13 drivers included). Builtin operations
+//! additionally need NVRTC, no newer than the driver; without it a device lists no
+//! builtin dtypes and only PTX kernels run (no CUDA C). NVRTC and NCCL are found where
+//! installs put them — the loader path under their versioned names (`libnvrtc.so.13`,
+//! `libnccl.so.2`), `CUDA_HOME`/`CUDA_PATH`, `/usr/local/cuda*`, the `lib` folders of
+//! Python's `nvidia-*` packages — or where `XPU_CUDA_NVRTC` and `XPU_NCCL_LIBRARY`
+//! say (module [`libs`]). `DeviceInfo::extra` names the file loaded and its version
+//! (`nvrtc=13.0 (/…/libnvrtc.so.13; machine code for sm_90)`), or where the search
+//! looked when it found none.
 //!
 //! ## Loading without panics
 //!
@@ -24,7 +30,9 @@
 //!
 //! As a second line of defence every driver call goes through `driver::guarded`, which
 //! catches a panic and returns it as a typed error. NVRTC and NCCL are probed the same
-//! way, separately; their absence only narrows what a device can do.
+//! way, separately, through function tables of our own over their C ABIs (not
+//! cudarc's loaders, which know neither their versioned names nor Python's folders);
+//! their absence only narrows what a device can do.
 //!
 //! ## Shape (sys → result → safe)
 //!
@@ -41,7 +49,8 @@
 //!   synchronize of any of its streams, never panicked or lost. Growable allocations
 //!   (`Device::allocate_growable`) use the virtual memory management API: an address
 //!   range from `cuMemAddressReserve`, backed by one `cuMemCreate` handle per granule
-//!   (mapped with `cuMemMap`, made accessible with `cuMemSetAccess`), so that a shrink
+//!   (mapped with `cuMemMap`, made accessible with `cuMemSetAccess` to the device and
+//!   to every device that can access it as a peer), so that a shrink
 //!   can unmap and release exactly the tail — after `cuCtxSynchronize`, so that work
 //!   already enqueued on the released range cannot fault. The capability
 //!   `virtual_memory_granularity` is the device's minimum VMM granularity, offered only
@@ -51,10 +60,10 @@
 //!   `cuMemHostRegister` (portable to every context); copies to and from them are one
 //!   `cuMemcpy*Async`, with no staging or host callback.
 //! - [`CudaStream`] — a non-blocking `CUstream`. Work goes straight to the stream;
-//!   host-side steps (copying between a `HostBuffer` and pinned staging memory, waiting
-//!   for another backend's event) are `cuLaunchHostFunc` callbacks, so stream order
-//!   holds across the host and the device. Callbacks never call CUDA and never drop
-//!   CUDA objects. A completion thread per stream synchronises checkpoint events in
+//!   host-side steps (copying between a `HostBuffer` and pinned staging memory) are
+//!   `cuLaunchHostFunc` callbacks, so stream order holds across the host and the
+//!   device. A callback runs a plain memcpy between raw addresses and owns nothing, so
+//!   it never calls CUDA, not even by dropping the last reference to something. A completion thread per stream synchronises checkpoint events in
 //!   order, completes xpu events, and releases what the work held. Callbacks never
 //!   block.
 //! - [`CudaEvent`] — a timing-enabled `CUevent` recorded on the stream, plus the
@@ -62,21 +71,27 @@
 //!   native (`cuStreamWaitEvent`, which accepts events of other devices' contexts).
 //!   Waits on other backends' events never block inside a host callback (the driver
 //!   runs a context's callbacks on one thread, so a blocked one can deadlock against
-//!   CUDA work the foreign event depends on). Where the device supports
-//!   `cuStreamWaitValue32` (`CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR`), the
-//!   stream waits on the device for a pinned host word that a per-stream helper thread
-//!   advances once the foreign event is done; elsewhere the stream runs a one-thread
-//!   kernel that spins on the word. Neither blocks a host thread the caller needs.
+//!   CUDA work the foreign event depends on). Where the driver exports
+//!   `cuStreamWaitValue32_v2` (the v2 memory operations work on every device; only
+//!   their NOR comparison, unused here, needs a device attribute), the stream waits on
+//!   the device for a pinned host word that a per-stream helper thread advances once
+//!   the foreign event is done; elsewhere the stream runs a one-thread kernel that
+//!   spins on the word. Neither blocks a host thread the caller needs.
 //!   `DeviceInfo::extra` says which (`foreign_event_wait=stream-wait-value` or
 //!   `spin-kernel`); the `stream` module has the details.
 //! - `builtins` — every builtin operation as generated CUDA C (one kernel per
 //!   operation and dtype), compiled by NVRTC on first use, once per (source, GPU
 //!   architecture) in the process, and loaded once per device.
+//! - [`nvrtc`] — compiles to the device's own machine code (`sm_XX`, a cubin) when
+//!   NVRTC knows the architecture, and to PTX for the newest architecture it knows
+//!   otherwise (the driver compiles that forward).
 //! - `kernel` — user kernels in PTX (`cuModuleLoadData`) or in CUDA C
-//!   (`KernelFormat::CudaC`, compiled to PTX by NVRTC for the device's compute
-//!   capability with NVRTC's default options, cached per (source, architecture) for the
-//!   process; offered when NVRTC is present). A compile error is an `InvalidArgument`
-//!   error carrying NVRTC's log.
+//!   (`KernelFormat::CudaC`, compiled by NVRTC for the device as above with NVRTC's
+//!   default options, cached per (source, architecture) for the process; offered when
+//!   NVRTC is present). A compile error is an `InvalidArgument` error carrying NVRTC's
+//!   log.
+//! - [`nccl`] — NCCL groups; their work is accounted to the ranks' xpu streams, so
+//!   `synchronize`, `query` and events cover it and it holds its buffers.
 //!
 //! ## Errors of asynchronous work
 //!
@@ -98,18 +113,18 @@
 //!
 //! ## Limits
 //!
-//! Growable allocations are accessible from their own device only (no peer mappings).
-//! A shrink waits for the whole context, not only for the work that uses the
-//! allocation.
+//! A shrink of a growable allocation waits for the whole context, not only for the
+//! work that uses the allocation.
 
 pub mod builtins;
 mod device;
 pub mod driver;
 mod event;
 mod kernel;
+pub mod libs;
 mod memory;
 pub mod nccl;
-mod nvrtc;
+pub mod nvrtc;
 mod pinned;
 mod stream;
 

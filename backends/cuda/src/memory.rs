@@ -12,7 +12,8 @@
 //!   Before it unmaps anything a shrink synchronizes the context (`cuCtxSynchronize`),
 //!   so work already enqueued that still touches the released range finishes first and
 //!   cannot fault. Dropping unmaps and releases every handle and frees the addresses
-//!   (`cuMemAddressFree`). The memory is accessible from its own device only.
+//!   (`cuMemAddressFree`). Access is granted to the owning device and to every device
+//!   that can access its memory as a peer, as for a plain block.
 //!
 //! Slices are a device address (the first byte, which never moves) plus a byte offset,
 //! whichever the backing.
@@ -89,6 +90,20 @@ pub(crate) fn vmm_properties(ordinal: c_int) -> sys::CUmemAllocationProp {
     prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = ordinal;
     prop
+}
+
+/// Read-write access for the owning device `own` and for every device in `peers`
+/// (those that can access its memory): what `cuMemSetAccess` grants each granule of a
+/// growable allocation, so that peer copies and NCCL reach it as they reach a plain
+/// `cuMemAlloc` block.
+pub(crate) fn access_descriptors(own: c_int, peers: &[c_int]) -> Vec<sys::CUmemAccessDesc> {
+    std::iter::once(own)
+        .chain(peers.iter().copied().filter(|p| *p != own))
+        .map(|ordinal| sys::CUmemAccessDesc {
+            location: vmm_properties(ordinal).location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        })
+        .collect()
 }
 
 impl CudaBuffer {
@@ -246,18 +261,16 @@ impl CudaBuffer {
             m.handles.push(handle);
         }
         if failure.is_none() && m.handles.len() > first {
-            let desc = sys::CUmemAccessDesc {
-                location: prop.location,
-                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            };
+            let descs = access_descriptors(self.dev.index as c_int, &self.dev.accessed_by);
             let at = self.ptr + first as u64 * g;
             let len = (m.handles.len() - first) * g_bytes;
-            // SAFETY: `[at, at + len)` is fully mapped (just above); one valid descriptor.
+            // SAFETY: `[at, at + len)` is fully mapped (just above); `descs` holds
+            // `descs.len()` valid descriptors.
             let access = cu(
                 &self.dev.name,
                 "making a growable allocation accessible",
                 "cuMemSetAccess",
-                || unsafe { sys::cuMemSetAccess(at, len, &desc, 1) },
+                || unsafe { sys::cuMemSetAccess(at, len, descs.as_ptr(), descs.len()) },
             );
             failure = access.err();
         }
@@ -484,5 +497,22 @@ impl Drop for Lease {
         if let Err(e) = result {
             self.dev.record_error(e);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn growable_memory_is_mapped_for_its_peers_too() {
+        let descs = access_descriptors(1, &[0, 2, 1]);
+        let ordinals: Vec<c_int> = descs.iter().map(|d| d.location.id).collect();
+        assert_eq!(ordinals, [1, 0, 2], "the owner first, then each peer once");
+        assert!(descs.iter().all(|d| {
+            d.location.type_ == sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE
+                && d.flags == sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        }));
+        assert_eq!(access_descriptors(0, &[]).len(), 1);
     }
 }

@@ -13,11 +13,17 @@
 //! # Host steps
 //! Host work that must happen in stream order (filling a staging buffer from a
 //! `HostBuffer` that earlier work may still write, draining a staging buffer into a
-//! `HostBuffer`) is a `cuLaunchHostFunc` callback. Callbacks never call CUDA, never own
-//! CUDA objects (they hold raw staging pointers; the leases stay in the pending list),
-//! and never block, so nothing they drop calls the driver and the driver's callback
-//! thread is never held up. Their errors go to a slot that the completion thread folds
-//! into the stream's error at the next checkpoint.
+//! `HostBuffer`) is a `cuLaunchHostFunc` callback that runs one [`HostCopy`]: a memcpy
+//! between raw addresses. A callback owns nothing but those addresses — the staging
+//! lease and the `HostBuffer`'s memory stay in the pending list like every other held
+//! resource — so nothing it drops can call the driver (CUDA forbids driver calls in a
+//! callback; the last reference to a pinned buffer, say, unregisters it). Callbacks
+//! never block, so the driver's callback thread is never held up.
+//!
+//! An operation made of several steps (a device copy into staging and the host copy
+//! out of it) is issued under one hold of the submission lock, and what it holds joins
+//! the pending list only after its last step: a checkpoint can never fall between the
+//! steps and release the staging buffer while a later step still reads it.
 //!
 //! # Waiting for another backend's event
 //! A wait for a foreign event must not start later work before `Event::wait` would
@@ -71,8 +77,27 @@ pub const CHECKPOINT_LIMIT: u32 = 256;
 
 /// Something enqueued work keeps alive until it completes.
 pub(crate) type Held = Arc<dyn Any + Send + Sync>;
-/// Host work run in stream order by a `cuLaunchHostFunc` callback.
-pub(crate) type HostAction = Box<dyn FnOnce() -> Result<()> + Send>;
+
+/// A memcpy the host runs in stream order, from a `cuLaunchHostFunc` callback. Plain
+/// addresses only (it is `Copy`, so it owns nothing whose drop could call CUDA); the
+/// memory behind them is held by the operation's pending list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HostCopy {
+    /// The first byte read.
+    pub(crate) from: usize,
+    /// The first byte written.
+    pub(crate) to: usize,
+    /// Bytes copied.
+    pub(crate) len: usize,
+}
+
+/// One step of an operation (see [`StreamShared::enqueue_steps`]).
+pub(crate) enum Step<'a> {
+    /// Device work issued on the `CUstream` (the context is current).
+    Device(Box<dyn FnOnce(CUstream) -> Result<()> + 'a>),
+    /// A host copy run in stream order.
+    Host(HostCopy),
+}
 
 /// A `CUevent`, destroyed on drop (an error then is recorded on the device).
 pub(crate) struct CuEvent {
@@ -259,30 +284,12 @@ fn run_foreign_waits(flag: Arc<FlagWord>, errors: Arc<ForeignErrors>, rx: Receiv
     }
 }
 
-/// Errors of host callbacks, until the completion thread takes them.
-#[derive(Default)]
-pub(crate) struct ErrorSlot(Mutex<Option<Error>>);
-
-impl ErrorSlot {
-    fn set(&self, e: Error) {
-        let mut s = lock(&self.0);
-        if s.is_none() {
-            *s = Some(e);
-        }
-    }
-
-    fn take(&self) -> Option<Error> {
-        lock(&self.0).take()
-    }
-}
-
 /// What a stream, its events and its completion thread share.
 pub(crate) struct StreamShared {
     pub(crate) dev: Arc<DeviceShared>,
     pub(crate) stream: CUstream,
     submit: Mutex<SubmitState>,
     pub(crate) progress: StreamProgress,
-    host_errors: Arc<ErrorSlot>,
     foreign_errors: Arc<ForeignErrors>,
 }
 
@@ -292,30 +299,17 @@ unsafe impl Send for StreamShared {}
 // SAFETY: as above.
 unsafe impl Sync for StreamShared {}
 
-/// The payload of one host callback.
-struct HostTask {
-    action: HostAction,
-    errors: Arc<ErrorSlot>,
-}
-
-/// The `cuLaunchHostFunc` callback: runs one [`HostTask`].
+/// The `cuLaunchHostFunc` callback: runs one [`HostCopy`].
 ///
 /// # Safety
-/// `data` must come from `Box::into_raw` of a `Box<HostTask>` and be passed once.
-unsafe extern "C" fn run_host_task(data: *mut c_void) {
-    // SAFETY: the caller's contract: `data` is a leaked Box<HostTask>, passed once.
-    let task = unsafe { Box::from_raw(data.cast::<HostTask>()) };
-    let HostTask { action, errors } = *task;
-    // A panic must not cross this `extern "C"` boundary.
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(action));
-    match outcome {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => errors.set(e),
-        Err(p) => errors.set(Error::aborted(format!(
-            "a host step of a CUDA stream panicked: {}",
-            panic_message(&*p)
-        ))),
-    }
+/// `data` must come from `Box::into_raw` of a `Box<HostCopy>` and be passed once; its
+/// ranges must be valid, disjoint and held until the callback has run.
+unsafe extern "C" fn run_host_copy(data: *mut c_void) {
+    // SAFETY: the caller's contract: `data` is a leaked Box<HostCopy>, passed once.
+    let copy = *unsafe { Box::from_raw(data.cast::<HostCopy>()) };
+    // SAFETY: the caller's contract: both ranges are valid for `len` bytes, disjoint,
+    // and their memory is held by the stream until this step has run.
+    unsafe { std::ptr::copy_nonoverlapping(copy.from as *const u8, copy.to as *mut u8, copy.len) };
 }
 
 impl StreamShared {
@@ -347,9 +341,44 @@ impl StreamShared {
         held: Vec<Held>,
         f: impl FnOnce(CUstream) -> Result<()>,
     ) -> Result<()> {
+        self.enqueue_steps(held, vec![Step::Device(Box::new(f))])
+    }
+
+    /// Enqueues an operation of several steps, in order, under one hold of the
+    /// submission lock; `held` joins the pending list after the last step issued, so
+    /// the checkpoint that releases it comes after every step that uses it. A failure
+    /// stops at the failing step; what was issued before it stays held.
+    pub(crate) fn enqueue_steps(&self, held: Vec<Held>, steps: Vec<Step<'_>>) -> Result<()> {
         let mut st = lock(&self.submit);
         self.dev.bind()?;
-        f(self.stream)?;
+        let mut issued = 0u32;
+        let mut outcome = Ok(());
+        for step in steps {
+            let r = match step {
+                Step::Device(f) => f(self.stream),
+                Step::Host(copy) => self.launch_host_copy(copy),
+            };
+            if let Err(e) = r {
+                outcome = Err(e);
+                break;
+            }
+            issued += 1;
+        }
+        if issued == 0 {
+            return outcome;
+        }
+        st.held.extend(held);
+        st.ops += issued;
+        if st.ops >= CHECKPOINT_LIMIT {
+            self.checkpoint(&mut st, None)?;
+        }
+        outcome
+    }
+
+    /// Accounts work that other code issued straight on the `CUstream` (NCCL): the next
+    /// checkpoint covers it, and `held` is kept until it completes.
+    pub(crate) fn issued_outside(&self, held: Vec<Held>) -> Result<()> {
+        let mut st = lock(&self.submit);
         st.held.extend(held);
         st.ops += 1;
         if st.ops >= CHECKPOINT_LIMIT {
@@ -358,32 +387,26 @@ impl StreamShared {
         Ok(())
     }
 
-    /// Enqueues host work in stream order.
-    pub(crate) fn host_step(&self, action: HostAction) -> Result<()> {
-        let task = Box::new(HostTask {
-            action,
-            errors: self.host_errors.clone(),
-        });
-        let mut st = lock(&self.submit);
-        self.dev.bind()?;
-        let data = Box::into_raw(task).cast::<c_void>();
+    /// Enqueues `copy` as a host callback. The caller holds the submission lock and
+    /// has bound the context.
+    fn launch_host_copy(&self, copy: HostCopy) -> Result<()> {
+        let data = Box::into_raw(Box::new(copy)).cast::<c_void>();
         let stream = self.stream;
         // SAFETY: the callback takes ownership of `data` when it runs; it calls no CUDA
-        // function and owns no CUDA object.
+        // function and owns nothing but plain addresses, whose memory the operation
+        // holds in the pending list until a checkpoint after this step.
         let r = cu(
             &self.dev.name,
             "enqueueing a host step",
             "cuLaunchHostFunc",
-            || unsafe { sys::cuLaunchHostFunc(stream, Some(run_host_task), data) },
+            || unsafe { sys::cuLaunchHostFunc(stream, Some(run_host_copy), data) },
         );
-        if let Err(e) = r {
+        if r.is_err() {
             // SAFETY: the launch failed, so the callback will never run: the Box is
             // still ours, reclaimed once here.
-            drop(unsafe { Box::from_raw(data.cast::<HostTask>()) });
-            return Err(e);
+            drop(unsafe { Box::from_raw(data.cast::<HostCopy>()) });
         }
-        st.ops += 1;
-        Ok(())
+        r
     }
 
     /// Records a checkpoint at the current end of the stream; returns its position and
@@ -547,9 +570,6 @@ impl StreamShared {
             ) {
                 self.set_error(err);
             }
-            if let Some(err) = self.host_errors.take() {
-                self.set_error(err);
-            }
             for err in self.foreign_errors.take_upto(cp.foreign_upto) {
                 self.set_error(err);
             }
@@ -615,7 +635,6 @@ impl CudaStream {
                 foreign: None,
             }),
             progress: StreamProgress::new(),
-            host_errors: Arc::new(ErrorSlot::default()),
             foreign_errors: Arc::new(ForeignErrors::default()),
         });
         let worker = shared.clone();
@@ -685,36 +704,10 @@ impl StreamImpl for CudaStream {
         let lease = StagingPool::lease(&self.shared.dev, src.len)?;
         let stage = lease.ptr() as usize;
         let len = src.len;
-        if host_exclusive(&src) {
-            // Nothing enqueued can change the host bytes before this copy would read
-            // them, so reading them now is reading them in order.
-            // SAFETY: the host range is in bounds (HAL); the staging buffer is ours
-            // (fresh lease) and at least `len` bytes.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    src.memory.as_ptr().add(src.offset),
-                    stage as *mut u8,
-                    len,
-                )
-            };
-            drop(src);
-        } else {
-            self.shared.host_step(Box::new(move || {
-                // SAFETY: as above; runs after all earlier work of the stream; the
-                // lease outlives the callback (held until a later checkpoint).
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        src.memory.as_ptr().add(src.offset),
-                        stage as *mut u8,
-                        len,
-                    )
-                };
-                Ok(())
-            }))?;
-        }
+        let from = src.memory.as_ptr().wrapping_add(src.offset) as usize;
         let target = dst_buf.address(dst.offset);
         let name = self.shared.dev.name.clone();
-        self.shared.enqueue(vec![lease, dst_buf], |s| {
+        let copy: Step<'_> = Step::Device(Box::new(move |s| {
             // SAFETY: pinned source and device destination, both valid for `len`
             // bytes and held until the copy completes.
             cu(
@@ -723,7 +716,26 @@ impl StreamImpl for CudaStream {
                 "cuMemcpyHtoDAsync_v2",
                 || unsafe { sys::cuMemcpyHtoDAsync_v2(target, stage as *const c_void, len, s) },
             )
-        })
+        }));
+        if host_exclusive(&src) {
+            // Nothing enqueued can change the host bytes before this copy would read
+            // them, so reading them now is reading them in order.
+            // SAFETY: the host range is in bounds (HAL); the staging buffer is ours
+            // (fresh lease) and at least `len` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(from as *const u8, stage as *mut u8, len) };
+            drop(src);
+            return self.shared.enqueue_steps(vec![lease, dst_buf], vec![copy]);
+        }
+        // Earlier work may still write the host bytes: fill the staging buffer in
+        // stream order, then copy. The host memory and the lease are held until both
+        // steps have run.
+        let fill = Step::Host(HostCopy {
+            from,
+            to: stage,
+            len,
+        });
+        self.shared
+            .enqueue_steps(vec![lease, dst_buf, src.memory], vec![fill, copy])
     }
 
     fn copy_device_to_host(&self, src: RawSlice, dst: HostSlice) -> Result<()> {
@@ -748,8 +760,9 @@ impl StreamImpl for CudaStream {
         let stage = lease.ptr() as usize;
         let len = dst.len;
         let source = src_buf.address(src.offset);
+        let to = dst.memory.as_ptr().wrapping_add(dst.offset) as usize;
         let name = self.shared.dev.name.clone();
-        self.shared.enqueue(vec![lease, src_buf], |s| {
+        let copy = Step::Device(Box::new(move |s| {
             // SAFETY: device source and pinned destination, valid for `len` bytes and
             // held until the copy completes.
             cu(
@@ -758,20 +771,17 @@ impl StreamImpl for CudaStream {
                 "cuMemcpyDtoHAsync_v2",
                 || unsafe { sys::cuMemcpyDtoHAsync_v2(stage as *mut c_void, source, len, s) },
             )
-        })?;
-        self.shared.host_step(Box::new(move || {
-            // SAFETY: the copy into the staging buffer completed (stream order); the
-            // host range is in bounds (HAL) and nobody touches it while `dst` holds it.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    stage as *const u8,
-                    dst.memory.as_ptr().add(dst.offset),
-                    len,
-                )
-            };
-            drop(dst);
-            Ok(())
-        }))
+        }));
+        // The drain runs after the copy (stream order); the lease and the host memory
+        // are held until both have run, so the staging buffer cannot be reused and the
+        // host memory cannot be freed (or unpinned) inside the callback.
+        let drain = Step::Host(HostCopy {
+            from: stage,
+            to,
+            len,
+        });
+        self.shared
+            .enqueue_steps(vec![lease, src_buf, dst.memory], vec![copy, drain])
     }
 
     fn copy_device_to_device(&self, src: RawSlice, dst: RawSlice) -> Result<()> {
@@ -887,6 +897,21 @@ impl StreamImpl for CudaStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A host step's payload is `Copy`, so it can own nothing whose drop calls CUDA
+    /// inside the driver's callback (a staging lease, a pinned buffer's last reference);
+    /// this stops compiling if it ever could.
+    #[test]
+    fn host_steps_own_nothing() {
+        fn plain<T: Copy + Send + 'static>(_: &T) {}
+        let copy = HostCopy {
+            from: 0,
+            to: 0,
+            len: 0,
+        };
+        plain(&copy);
+        assert!(!std::mem::needs_drop::<HostCopy>());
+    }
 
     #[test]
     fn foreign_failures_are_reported_at_the_first_checkpoint_after_their_wait() {

@@ -277,3 +277,135 @@ fn host_buffers_are_page_locked_and_copied_directly() {
     assert!(got[3..mib - 2].iter().all(|&b| b == 7));
     assert_eq!(&got[mib - 2..mib], &[1u8; 2]);
 }
+
+#[test]
+fn the_device_says_which_nvrtc_and_nccl_it_uses_and_how_it_waits() {
+    let Some((cuda, _)) = devices() else { return };
+    let extra = cuda.info().extra.join("\n");
+    eprintln!("{extra}");
+    let driver = xpu_cuda::driver().unwrap();
+    let nvrtc = extra.lines().find(|l| l.starts_with("nvrtc=")).unwrap();
+    match &driver.nvrtc {
+        Ok(n) => {
+            assert!(nvrtc.contains(&n.path), "{nvrtc}");
+            // An H100/H200 (sm_90) is known to every NVRTC of CUDA 12 and 13: its
+            // builtins are its own machine code, not PTX for the driver to compile.
+            if extra.contains("compute_capability=9.0") {
+                assert!(nvrtc.contains("machine code for sm_90"), "{nvrtc}");
+            }
+        }
+        Err(reason) => assert!(nvrtc.contains(reason.as_str()), "{nvrtc}"),
+    }
+    assert!(extra.lines().any(|l| l.starts_with("nccl=")), "{extra}");
+    // Waits on other backends' events use cuStreamWaitValue32 wherever the driver
+    // exports it: the GEQ comparison needs no device attribute.
+    let mode = if driver.stream_wait_value {
+        "foreign_event_wait=stream-wait-value"
+    } else {
+        "foreign_event_wait=spin-kernel"
+    };
+    assert!(extra.contains(mode), "{extra}");
+}
+
+#[test]
+fn nccl_work_is_seen_by_synchronize_and_holds_its_buffers() {
+    use xpu_cuda::nccl::{NcclGroup, NcclOp, NcclPart, NcclReduce};
+    let Some((cuda, _)) = devices() else { return };
+    if let Err(reason) = xpu_cuda::nccl::available() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let group = NcclGroup::new(std::slice::from_ref(&cuda)).unwrap();
+    let stream = cuda.create_stream().unwrap();
+    let other = cuda.create_stream().unwrap();
+    // Large enough that the all-reduce is still running when synchronize is called.
+    let count = 64usize << 20;
+    let values: Vec<u8> = (0..count as u32)
+        .flat_map(|i| ((i % 1000) as f32).to_le_bytes())
+        .collect();
+    for _ in 0..3 {
+        let send = cuda.allocate(values.len() as u64).unwrap();
+        let recv = cuda.allocate(values.len() as u64).unwrap();
+        stream.write(&send, &values).unwrap();
+        stream.fill(&recv, Scalar::U8(0)).unwrap();
+        stream.synchronize().unwrap();
+        let part = NcclPart {
+            stream: &stream,
+            send: Some(send.whole()),
+            recv: Some(recv.whole()),
+        };
+        group
+            .run(
+                NcclOp::AllReduce {
+                    count,
+                    dtype: xpu_hal::DType::F32,
+                    op: NcclReduce::Sum,
+                },
+                &[part],
+            )
+            .unwrap();
+        // The stream holds the send buffer until the all-reduce has read it.
+        drop(send);
+        // Synchronize covers the NCCL work: read on another stream afterwards.
+        stream.synchronize().unwrap();
+        assert!(
+            other.read(&recv).unwrap() == values,
+            "synchronize returned before NCCL's all-reduce finished"
+        );
+    }
+}
+
+#[test]
+fn staged_device_to_host_copies_keep_their_staging_buffer_across_checkpoints() {
+    let Some((cuda, _)) = devices() else { return };
+    let (a, b) = (cuda.create_stream().unwrap(), cuda.create_stream().unwrap());
+    let len = 1usize << 20;
+    let (x, y) = (
+        cuda.allocate(len as u64).unwrap(),
+        cuda.allocate(len as u64).unwrap(),
+    );
+    let tiny = cuda.allocate(8).unwrap();
+    a.write(&x, &vec![0xA1; len]).unwrap();
+    b.write(&y, &vec![0xB2; len]).unwrap();
+    // Stream `a` is one operation short of its automatic checkpoint before each staged
+    // copy, so the checkpoint falls right after the copy into staging: the staging
+    // buffer must stay leased until the drain into the host buffer has run, even while
+    // stream `b` asks for staging of the same size.
+    for round in 0..20 {
+        let (mut ha, mut hb) = (HostBuffer::new(len).unwrap(), HostBuffer::new(len).unwrap());
+        for _ in 0..255 {
+            a.copy(tiny.slice(0, 4), tiny.slice(4, 4)).unwrap();
+        }
+        a.copy_to_host(&x, &ha, 0).unwrap();
+        b.copy_to_host(&y, &hb, 0).unwrap();
+        a.synchronize().unwrap();
+        b.synchronize().unwrap();
+        assert!(
+            ha.as_slice().unwrap().iter().all(|v| *v == 0xA1),
+            "round {round}: stream a's copy read a reused staging buffer"
+        );
+        assert!(hb.as_slice().unwrap().iter().all(|v| *v == 0xB2));
+    }
+}
+
+#[test]
+fn a_pinned_buffers_last_reference_never_drops_inside_a_callback() {
+    let Some((cuda, _)) = devices() else { return };
+    let s = cuda.create_stream().unwrap();
+    let len = 4usize << 20;
+    let big = cuda.allocate(1 << 30).unwrap();
+    let src = cuda.allocate(len as u64).unwrap();
+    s.fill(&src, Scalar::U8(3)).unwrap();
+    for _ in 0..5 {
+        // Unpinned when enqueued: the copy stages and drains in a host step.
+        let host = HostBuffer::new(len).unwrap();
+        s.fill(&big, Scalar::U8(1)).unwrap();
+        s.copy_to_host(&src, &host, 0).unwrap();
+        // Pinned (cuMemHostRegister) while the copy is queued, then the caller lets go:
+        // the stream's reference is the last, and unregistering is a driver call that
+        // CUDA forbids inside a callback.
+        assert!(cuda.pin_host(&host).unwrap());
+        drop(host);
+        s.synchronize().unwrap();
+    }
+}

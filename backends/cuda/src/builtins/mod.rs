@@ -13,6 +13,7 @@ use xpu_hal::{BinaryOp, DType, Error, Result, Scalar};
 
 use crate::device::{lock, DeviceShared};
 use crate::driver::{cu, guarded};
+use crate::nvrtc::ImageKind;
 use crate::stream::{buffer_of, Held, StreamShared};
 use crate::NAME;
 
@@ -74,24 +75,39 @@ impl Drop for BuiltinKernel {
     }
 }
 
-/// Loads NUL-terminated PTX and looks up `entry`.
+/// Loads device code — NUL-terminated PTX, or a cubin — and looks up `entry`.
 pub(crate) fn load_module(
     dev: &DeviceShared,
-    ptx: &[u8],
+    image: &[u8],
+    kind: ImageKind,
     entry: &str,
 ) -> Result<(CUmodule, CUfunction)> {
-    if ptx.last() != Some(&0) {
-        return Err(Error::invalid(
-            "PTX must not contain NUL bytes except at the end",
-        ));
+    match kind {
+        ImageKind::Ptx if image.last() != Some(&0) => {
+            return Err(Error::invalid(
+                "PTX must not contain NUL bytes except at the end",
+            ));
+        }
+        ImageKind::Cubin if !image.starts_with(b"\x7fELF") => {
+            return Err(Error::backend_message(
+                NAME,
+                "internal error: NVRTC's machine code is not an ELF image",
+            ));
+        }
+        _ => {}
     }
     let name = CString::new(entry)
         .map_err(|_| Error::invalid(format!("the entry point `{entry}` contains a NUL byte")))?;
     dev.bind()?;
     let mut module: CUmodule = std::ptr::null_mut();
-    // SAFETY: context current; `ptx` is NUL-terminated text that outlives the call.
-    cu(&dev.name, "loading PTX", "cuModuleLoadData", || unsafe {
-        sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast())
+    let what = match kind {
+        ImageKind::Ptx => "loading PTX",
+        ImageKind::Cubin => "loading machine code",
+    };
+    // SAFETY: context current; `image` is NUL-terminated PTX or a complete cubin (both
+    // checked above), and outlives the call.
+    cu(&dev.name, what, "cuModuleLoadData", || unsafe {
+        sys::cuModuleLoadData(&mut module, image.as_ptr().cast())
     })?;
     let mut function: CUfunction = std::ptr::null_mut();
     let m = module;
@@ -115,21 +131,22 @@ fn kernel(dev: &Arc<DeviceShared>, kind: BuiltinKind) -> Result<Arc<BuiltinKerne
     if let Some(k) = cache.get(&kind) {
         return Ok(k.clone());
     }
-    if !dev.driver.nvrtc {
-        return Err(Error::unsupported(format!(
-            "builtin operations on {} need NVRTC (libnvrtc.so), which was not found; install the CUDA toolkit's NVRTC",
+    let nvrtc = dev.driver.nvrtc.as_ref().map_err(|reason| {
+        Error::unsupported(format!(
+            "builtin operations on {} need NVRTC: {reason}",
             dev.name
-        )));
-    }
+        ))
+    })?;
     let arch = dev.arch.0 * 10 + dev.arch.1;
-    let ptx = crate::nvrtc::compile(&source::source(kind), arch, crate::nvrtc::Flavor::Builtin)
+    let image = nvrtc
+        .compile(&source::source(kind), arch, crate::nvrtc::Flavor::Builtin)
         .map_err(|e| {
             Error::backend_message(
                 NAME,
                 format!("NVRTC could not compile the builtin kernel {kind:?} for sm_{arch}: {e}"),
             )
         })?;
-    let (module, function) = load_module(dev, &ptx, &source::entry(kind))?;
+    let (module, function) = load_module(dev, &image.bytes, image.kind, &source::entry(kind))?;
     let k = Arc::new(BuiltinKernel { module, function });
     cache.insert(kind, k.clone());
     Ok(k)
@@ -286,7 +303,12 @@ pub(crate) fn flag_wait_kernel(dev: &Arc<DeviceShared>) -> Result<Arc<BuiltinKer
     if let Some(k) = &*slot {
         return Ok(k.clone());
     }
-    let (module, function) = load_module(dev, FLAG_WAIT_PTX.as_bytes(), FLAG_WAIT_ENTRY)?;
+    let (module, function) = load_module(
+        dev,
+        FLAG_WAIT_PTX.as_bytes(),
+        ImageKind::Ptx,
+        FLAG_WAIT_ENTRY,
+    )?;
     let k = Arc::new(BuiltinKernel { module, function });
     *slot = Some(k.clone());
     Ok(k)
