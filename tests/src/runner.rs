@@ -94,6 +94,12 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 
 /// Runs `case` in `ctx` on a thread of its own, catching panics and giving up after
 /// `timeout`. Returns the outcome and the wall time.
+///
+/// A case that finishes in time has also finished with its devices when this returns:
+/// its thread drops its share of the context before it reports, and is joined. The
+/// share it drops may be the last reference to a device, and tearing a device down (a
+/// Vulkan instance unloading its layers, say) on a thread that outlives the run races
+/// the process's exit handlers and can crash the process after the report is written.
 pub fn run_guarded(case: &Case, ctx: &CaseContext, timeout: Duration) -> (CaseOutcome, Duration) {
     let start = Instant::now();
     let (tx, rx) = mpsc::channel();
@@ -109,6 +115,8 @@ pub fn run_guarded(case: &Case, ctx: &CaseContext, timeout: Duration) -> (CaseOu
                         panic_message(&*payload)
                     )))
                 });
+            // Devices are released here, before the runner hears of the outcome.
+            drop(thread_ctx);
             // The receiver is gone only when the runner gave up on this case.
             let _ = tx.send(outcome);
         });
@@ -116,8 +124,12 @@ pub fn run_guarded(case: &Case, ctx: &CaseContext, timeout: Duration) -> (CaseOu
         Err(e) => Err(CaseError::fail(format!(
             "could not start a thread for the case: {e}"
         ))),
-        Ok(_handle) => match rx.recv_timeout(timeout) {
-            Ok(outcome) => outcome,
+        Ok(handle) => match rx.recv_timeout(timeout) {
+            Ok(outcome) => {
+                // It has sent its last word; what is left is the thread's own exit.
+                let _ = handle.join();
+                outcome
+            }
             Err(mpsc::RecvTimeoutError::Timeout) => Err(CaseError::fail(format!(
                 "did not finish within {:.1} s; the device or its backend appears to hang (the case's thread was left running)",
                 timeout.as_secs_f64()

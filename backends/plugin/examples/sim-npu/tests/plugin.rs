@@ -320,6 +320,9 @@ fn events_order_streams_across_devices() {
 
     std::thread::sleep(Duration::from_millis(20));
     assert!(event_done(start).unwrap());
+    // `start` completed no later than now (its timestamp is at most this); `done`
+    // cannot complete before the gate opens below.
+    let start_seen = Instant::now();
     assert!(
         !event_done(done).unwrap(),
         "s0 must hold work behind the external wait"
@@ -332,10 +335,19 @@ fn events_order_streams_across_devices() {
     let e = event_wait(after, 1_000_000).unwrap_err();
     assert_eq!(e.code(), ErrorCode::Timeout);
 
+    std::thread::sleep(Duration::from_millis(20));
+    let opened = Instant::now();
     gate.open(0);
     event_wait(after, u64::MAX).unwrap();
     assert!(event_done(done).unwrap());
-    assert!(elapsed_ns(start, done).unwrap() >= 20_000_000);
+    // The device's timestamps and the host's clock are the same monotonic clock, so
+    // the time between the events covers at least what the host saw between them.
+    let held = opened.duration_since(start_seen).as_nanos() as u64;
+    let elapsed = elapsed_ns(start, done).unwrap();
+    assert!(
+        elapsed >= held,
+        "{elapsed} ns between the events, {held} ns held"
+    );
     let e = elapsed_ns(start, after).unwrap_err();
     assert_eq!(
         e.code(),
