@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by .ci/run and scripts/stress-tests.sh: the environment the test command runs
 # under in CI, so that a run by hand requires what CI requires.
 #

@@ -18,7 +18,7 @@
 # failed. Run it before submitting a change: CI runs the test command once, on an idle
 # machine, and a test that fails by chance there blocks every landing.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 rounds="${1:-5}"
 if ! [[ "$rounds" =~ ^[1-9][0-9]*$ ]]; then

@@ -167,6 +167,20 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Pinned host↔device copies and the launch + synchronize of an empty kernel on
+    /// cuda:0, against the same driver calls made directly through cudarc; prints
+    /// `skipped: REASON` without CUDA (an error when XPU_REQUIRE lists cuda).
+    Cuda {
+        /// Interleaved measurement rounds (mean and median are reported).
+        #[arg(long, default_value_t = 20)]
+        rounds: usize,
+        /// Bytes per copy (K, M, G suffixes).
+        #[arg(long, default_value = "64M", value_parser = xpu::parse_bytes, value_name = "BYTES")]
+        size: u64,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Replays an allocation trace through the caching allocator on real devices, beside
     /// a baseline that follows PyTorch's default rules, and prints reserved memory,
     /// utilization, device calls and latency.
@@ -329,6 +343,10 @@ fn run(cli: Cli) -> Result<bool> {
         }
         Some(Command::Bench(BenchCommand::Vulkan { rounds, json })) => {
             cli::bench::vulkan(json, rounds)?;
+            Ok(true)
+        }
+        Some(Command::Bench(BenchCommand::Cuda { rounds, size, json })) => {
+            cli::bench::cuda(json, rounds, size)?;
             Ok(true)
         }
         Some(Command::Bench(BenchCommand::Memory {

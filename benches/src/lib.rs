@@ -10,6 +10,7 @@ use xpu_hal::backend::Backend;
 use xpu_hal::{Device, DeviceId, Error, Result};
 use xpu_host::{HostBackend, HostConfig, HostDevice};
 
+pub mod cuda_raw;
 pub mod vulkan_raw;
 
 /// Memory each benchmark device may hold.
@@ -60,6 +61,30 @@ pub fn vulkan_devices() -> Result<(Device, vulkan_raw::RawVulkan)> {
     if raw.device_name() != hal.name() {
         return Err(Error::invalid(format!(
             "the raw reference opened `{}` but vulkan:0 is `{}`",
+            raw.device_name(),
+            hal.name()
+        )));
+    }
+    Ok((hal, raw))
+}
+
+/// `cuda:0` through the HAL, and the raw-cudarc reference ([`cuda_raw::RawCuda`]) on the
+/// same GPU (its primary context, its own stream). Without a CUDA driver or device,
+/// [`Error::Unavailable`] with the backend's reason.
+pub fn cuda_devices() -> Result<(Device, cuda_raw::RawCuda)> {
+    let backend = xpu_cuda::CudaBackend::new();
+    let listed = backend.enumerate()?;
+    if listed.is_empty() {
+        return Err(Error::unavailable(
+            xpu_cuda::NAME,
+            "the backend lists no device",
+        ));
+    }
+    let hal = Device::from_impl(DeviceId::new(xpu_cuda::NAME, 0), backend.create_device(0)?);
+    let raw = cuda_raw::RawCuda::new(0)?;
+    if raw.device_name() != hal.name() {
+        return Err(Error::invalid(format!(
+            "the raw reference opened `{}` but cuda:0 is `{}`",
             raw.device_name(),
             hal.name()
         )));

@@ -1,6 +1,6 @@
-//! `xpu bench hal` and `xpu bench vulkan`: the HAL's overheads and the Vulkan backend's
-//! costs, each figure beside its reference measured in the same run (interleaved
-//! rounds, medians), because shared machines are noisy.
+//! `xpu bench hal`, `xpu bench vulkan` and `xpu bench cuda`: the HAL's overheads and the
+//! Vulkan and CUDA backends' costs, each figure beside its reference measured in the same
+//! run (interleaved rounds, medians), because shared machines are noisy.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,9 +10,10 @@ use xpu::backend::{BuiltinOp, StreamImpl};
 use xpu::host::{HostBackend, HostConfig};
 use xpu::vulkan::builtins::abi::ShaderKind;
 use xpu::{
-    Allocation, BinaryOp, DType, Device, DeviceId, Error, HostBuffer, RawAllocation, RawSlice,
-    Result, Scalar, Stream,
+    Allocation, BinaryOp, DType, Device, DeviceId, Error, HostBuffer, KernelDesc, KernelSource,
+    LaunchDims, RawAllocation, RawSlice, Result, Scalar, Stream,
 };
+use xpu_benches::cuda_raw::{EMPTY_ENTRY, EMPTY_PTX};
 use xpu_benches::vulkan_raw::{Behind, Memory, RawBuffer, RawVulkan};
 
 /// One comparison: an xpu figure, its reference, and their ratio.
@@ -587,4 +588,339 @@ pub fn vulkan(json: bool, rounds: usize) -> Result<()> {
             "       xpu bandwidth / reference bandwidth for copies (1.0 = as fast).",
         ],
     )
+}
+
+/// Iterations per round of each copy in `xpu bench cuda`: about 256 MiB moved per round
+/// and side, between 1 and 64 copies. `benches/torch/cuda_copy_launch.py` uses the same
+/// rule.
+pub fn cuda_copy_iters(size: u64) -> usize {
+    ((256u64 << 20) / size.max(1)).clamp(1, 64) as usize
+}
+
+/// Launches per round and side in `xpu bench cuda` (and in the PyTorch script).
+pub const CUDA_LAUNCH_ITERS: usize = 200;
+
+/// The mean and median of one side's per-round figures.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Stats {
+    /// From the mean of the rounds' seconds per operation.
+    pub mean: f64,
+    /// From the median round's seconds per operation.
+    pub p50: f64,
+}
+
+/// One `xpu bench cuda` comparison: xpu beside raw cudarc, in the same run.
+#[derive(Debug, Serialize)]
+pub struct CudaFigure {
+    /// What is measured.
+    pub name: String,
+    /// The unit of `xpu` and `raw` (`GB/s` or `µs`).
+    pub unit: &'static str,
+    /// The xpu path.
+    pub xpu: Stats,
+    /// The raw cudarc path.
+    pub raw: Stats,
+    /// What the raw path does.
+    pub raw_is: &'static str,
+    /// From the p50 figures: xpu/raw throughput for copies (1.0 as fast, lower is
+    /// slower), xpu/raw time for launches (1.0 no overhead, higher is slower).
+    pub ratio: f64,
+    /// What `ratio` should be: at least this for copies, at most this for launches.
+    pub target: f64,
+    /// Whether `ratio` meets `target`.
+    pub meets_target: bool,
+}
+
+/// What `xpu bench cuda --json` prints.
+#[derive(Debug, Serialize)]
+pub struct CudaReport {
+    /// The device measured (`cuda:0`).
+    pub device: String,
+    /// Its name.
+    pub name: String,
+    /// Bytes per copy.
+    pub size: u64,
+    /// Interleaved rounds per figure.
+    pub rounds: usize,
+    /// Copies per round and side.
+    pub copy_iters: usize,
+    /// Launches per round and side.
+    pub launch_iters: usize,
+    /// `h2d`, `d2h` and `launch`.
+    pub figures: std::collections::BTreeMap<&'static str, CudaFigure>,
+}
+
+/// Seconds per operation of `a` and of `b` in each of `rounds` rounds, run in turns
+/// (a round of `a`, a round of `b`, …) after `warmup` calls of each.
+fn rounds_of(
+    rounds: usize,
+    iters: usize,
+    warmup: usize,
+    mut a: impl FnMut() -> Result<()>,
+    mut b: impl FnMut() -> Result<()>,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    for _ in 0..warmup {
+        a()?;
+        b()?;
+    }
+    let mut ta = Vec::with_capacity(rounds);
+    let mut tb = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        for (f, times) in [
+            (&mut a as &mut dyn FnMut() -> Result<()>, &mut ta),
+            (&mut b, &mut tb),
+        ] {
+            let t = Instant::now();
+            for _ in 0..iters {
+                f()?;
+            }
+            times.push(t.elapsed().as_secs_f64() / iters as f64);
+        }
+    }
+    Ok((ta, tb))
+}
+
+/// Mean and median of `seconds`, each mapped through `to_unit`.
+fn stats(seconds: &mut [f64], to_unit: impl Fn(f64) -> f64) -> Stats {
+    let mean = seconds.iter().sum::<f64>() / seconds.len().max(1) as f64;
+    Stats {
+        mean: to_unit(mean),
+        p50: to_unit(median(seconds)),
+    }
+}
+
+/// Whether one of `patterns` (backend names, a trailing `*` a prefix wildcard, as in
+/// `XPU_REQUIRE`) names `backend`.
+fn names_backend(patterns: &[String], backend: &str) -> bool {
+    patterns.iter().any(|p| {
+        p.strip_suffix('*')
+            .map_or(p == backend, |prefix| backend.starts_with(prefix))
+    })
+}
+
+/// Runs `xpu bench cuda` on `cuda:0`: pinned host→device and device→host copies of
+/// `size` bytes and the launch + synchronize of an empty PTX kernel, each beside the
+/// same driver calls made directly through cudarc ([`xpu_benches::cuda_raw`]), in
+/// interleaved rounds; prints a table or one JSON object. Without a CUDA driver or
+/// device it prints `skipped: <reason>` (with `--json`, `{"skipped": "<reason>"}`) and
+/// succeeds, unless `XPU_REQUIRE` names `cuda`: then the reason is the error.
+pub fn cuda(json: bool, rounds: usize, size: u64) -> Result<()> {
+    if rounds == 0 {
+        return Err(Error::invalid("--rounds must be at least 1"));
+    }
+    let len = usize::try_from(size)
+        .ok()
+        .filter(|n| *n >= xpu::HostMemory::PAGE)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "--size {size} must be at least {} bytes (Device::pin_host pins whole pages)",
+                xpu::HostMemory::PAGE
+            ))
+        })?;
+    let (device, raw) = match xpu_benches::cuda_devices() {
+        Ok(pair) => pair,
+        Err(Error::Unavailable { backend, reason }) => {
+            if names_backend(&xpu_conformance::required_from_env(), xpu::cuda::NAME) {
+                return Err(Error::unavailable(
+                    backend,
+                    format!("{reason} (XPU_REQUIRE lists cuda, so `xpu bench cuda` may not skip)"),
+                ));
+            }
+            if json {
+                let text = serde_json::to_string(&serde_json::json!({ "skipped": reason }))
+                    .map_err(|e| Error::backend("xpu", e))?;
+                println!("{text}");
+            } else {
+                println!("skipped: {reason}");
+            }
+            return Ok(());
+        }
+        Err(other) => return Err(other),
+    };
+    let copy_iters = cuda_copy_iters(size);
+    let mut figures = std::collections::BTreeMap::new();
+    let stream = device.create_stream()?;
+    let mib = size as f64 / f64::from(1u32 << 20);
+    let gbs = |t: f64| size as f64 / t / 1e9;
+    {
+        let content = prefaulted(len);
+        let src = HostBuffer::from_bytes(&content)?;
+        let dst = HostBuffer::from_bytes(&content)?;
+        if !(device.pin_host(&src)? && device.pin_host(&dst)?) {
+            return Err(Error::unsupported(
+                "cuda:0 did not pin the host buffers (Device::pin_host returned false)",
+            ));
+        }
+        let buf = device.allocate(size)?;
+        let mut raw_src = raw.pinned(len)?;
+        raw_src.bytes_mut().copy_from_slice(&content);
+        let mut raw_dst = raw.pinned(len)?;
+        let raw_buf = raw.device_memory(len)?;
+        let mut copy = |key: &'static str,
+                        name: String,
+                        raw_is: &'static str,
+                        (mut x, mut r): (Vec<f64>, Vec<f64>)| {
+            let (xpu, raw) = (stats(&mut x, gbs), stats(&mut r, gbs));
+            let ratio = xpu.p50 / raw.p50;
+            figures.insert(
+                key,
+                CudaFigure {
+                    name,
+                    unit: "GB/s",
+                    xpu,
+                    raw,
+                    raw_is,
+                    ratio,
+                    target: 0.9,
+                    meets_target: ratio >= 0.9,
+                },
+            );
+        };
+        let samples = rounds_of(
+            rounds,
+            copy_iters,
+            2,
+            || {
+                stream.copy_from_host(&src, 0, &buf)?;
+                stream.synchronize()
+            },
+            || raw.upload(&raw_src, &raw_buf),
+        )?;
+        copy(
+            "h2d",
+            format!("copy host→device {mib:.0} MiB, pinned"),
+            "cudarc: cuMemHostAlloc memory, cuMemcpyHtoDAsync + cuStreamSynchronize",
+            samples,
+        );
+        let samples = rounds_of(
+            rounds,
+            copy_iters,
+            2,
+            || {
+                stream.copy_to_host(&buf, &dst, 0)?;
+                stream.synchronize()
+            },
+            || raw.download(&raw_buf, &mut raw_dst),
+        )?;
+        copy(
+            "d2h",
+            format!("copy device→host {mib:.0} MiB, pinned"),
+            "cudarc: cuMemHostAlloc memory, cuMemcpyDtoHAsync + cuStreamSynchronize",
+            samples,
+        );
+    }
+    let kernel = device.load_kernel(KernelDesc {
+        name: EMPTY_ENTRY.to_string(),
+        entry_point: EMPTY_ENTRY.to_string(),
+        source: KernelSource::Ptx(EMPTY_PTX.to_string()),
+        params: Vec::new(),
+    })?;
+    let (mut x, mut r) = rounds_of(
+        rounds,
+        CUDA_LAUNCH_ITERS,
+        50,
+        || {
+            stream.launch(&kernel, LaunchDims::linear(1, 1), &[])?;
+            stream.synchronize()
+        },
+        || raw.launch_empty(),
+    )?;
+    let micros = |t: f64| t * 1e6;
+    let (xpu_launch, raw_launch) = (stats(&mut x, micros), stats(&mut r, micros));
+    let ratio = xpu_launch.p50 / raw_launch.p50;
+    figures.insert(
+        "launch",
+        CudaFigure {
+            name: "launch empty PTX kernel + synchronize".to_string(),
+            unit: "µs",
+            xpu: xpu_launch,
+            raw: raw_launch,
+            raw_is: "cudarc: cuModuleLoadData module, cuLaunchKernel + cuStreamSynchronize",
+            ratio,
+            target: 1.1,
+            meets_target: ratio <= 1.1,
+        },
+    );
+    let report = CudaReport {
+        device: device.id().to_string(),
+        name: device.name().to_string(),
+        size,
+        rounds,
+        copy_iters,
+        launch_iters: CUDA_LAUNCH_ITERS,
+        figures,
+    };
+    if json {
+        let text = serde_json::to_string_pretty(&report).map_err(|e| Error::backend("xpu", e))?;
+        println!("{text}");
+        return Ok(());
+    }
+    println!(
+        "{} = {}; {} rounds, {} copies or {} launches per round and side, interleaved",
+        report.device, report.name, rounds, copy_iters, CUDA_LAUNCH_ITERS
+    );
+    println!();
+    println!(
+        "{:<42} {:>10} {:>10} {:>10} {:>10}  {:<6} {:<7} reference is",
+        "figure", "xpu p50", "xpu mean", "raw p50", "raw mean", "ratio", "target"
+    );
+    for key in ["h2d", "d2h", "launch"] {
+        if let Some(f) = report.figures.get(key) {
+            let target = if f.unit == "GB/s" {
+                format!(">={}", f.target)
+            } else {
+                format!("<={}", f.target)
+            };
+            println!(
+                "{:<42} {:>10.3} {:>10.3} {:>10.3} {:>10.3}  {:<6.3} {:<7} {}{}",
+                format!("{} ({})", f.name, f.unit),
+                f.xpu.p50,
+                f.xpu.mean,
+                f.raw.p50,
+                f.raw.mean,
+                f.ratio,
+                target,
+                f.raw_is,
+                if f.meets_target {
+                    ""
+                } else {
+                    "  [misses target]"
+                }
+            );
+        }
+    }
+    println!();
+    println!("ratio (from p50): xpu bandwidth / raw bandwidth for copies (1.0 = as fast);");
+    println!("                  xpu time / raw time for launches (1.0 = no overhead).");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_copies_move_about_256_mib_per_round_and_side() {
+        assert_eq!(cuda_copy_iters(64 << 20), 4);
+        assert_eq!(cuda_copy_iters(1 << 30), 1);
+        assert_eq!(cuda_copy_iters(4096), 64);
+    }
+
+    #[test]
+    fn stats_are_the_mean_and_the_median_of_the_rounds() {
+        let mut rounds = vec![3.0, 1.0, 2.0, 10.0, 4.0];
+        let s = stats(&mut rounds, |t| t * 2.0);
+        assert_eq!(s.mean, 8.0);
+        assert_eq!(s.p50, 6.0);
+    }
+
+    #[test]
+    fn required_backends_match_by_name_or_prefix() {
+        let p = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(names_backend(&p(&["host", "cuda"]), "cuda"));
+        assert!(names_backend(&p(&["cu*"]), "cuda"));
+        assert!(names_backend(&p(&["*"]), "cuda"));
+        assert!(!names_backend(&p(&["host", "cudax"]), "cuda"));
+        assert!(!names_backend(&[], "cuda"));
+    }
 }

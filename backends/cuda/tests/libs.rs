@@ -21,12 +21,19 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// The stand-ins' sources, built into the test so that it runs from a prebuilt
+/// executable anywhere (the GPU check carries it without the source tree).
+const FIXTURES: [(&str, &str); 2] = [
+    ("fake_nvrtc", include_str!("fixtures/fake_nvrtc.c")),
+    ("fake_nccl", include_str!("fixtures/fake_nccl.c")),
+];
+
 /// Compiles `fixtures/<fixture>.c` with `defines` into `dir/<file>`.
 fn build(fixture: &str, defines: &[&str], dir: &Path, file: &str) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(format!("{fixture}.c"));
+    let (_, text) = FIXTURES.iter().find(|(n, _)| *n == fixture).unwrap();
+    let src = dir.join(format!("{fixture}-{}.c", file.replace('.', "_")));
+    std::fs::write(&src, text).unwrap();
     let out = dir.join(file);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
     let mut cmd = Command::new(&cc);
