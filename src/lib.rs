@@ -41,6 +41,9 @@ pub use xpu_cuda as cuda;
 /// The plugin loader crate.
 pub use xpu_plugin as plugin;
 
+/// The scheduler: task graphs over every device.
+pub use xpu_scheduler as scheduler;
+
 /// The environment variable holding the default device selector.
 pub const DEVICES_ENV: &str = "XPU_DEVICES";
 

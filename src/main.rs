@@ -90,6 +90,9 @@ enum Command {
     /// Measure xpu beside a reference measured in the same run.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Plan task graphs on given processors without running them.
+    #[command(subcommand)]
+    Sched(cli::sched::SchedCommand),
 }
 
 #[derive(Subcommand, Debug)]
@@ -230,6 +233,10 @@ fn selector(arg: Option<String>, default: &str) -> Result<DeviceSelector> {
 }
 
 fn run(cli: Cli) -> Result<bool> {
+    // Planning touches no device, so it needs no registry.
+    if let Some(Command::Sched(command)) = &cli.command {
+        return cli::sched::run(command);
+    }
     let (registry, plugin_errors) = xpu::registry_with_plugins(&cli.plugins)?;
     // A plugin named on the command line must load; one found on XPU_PLUGIN_PATH that
     // does not is listed by `xpu devices` with the reason.
@@ -337,6 +344,7 @@ fn run(cli: Cli) -> Result<bool> {
             };
             cli::collectives::run(registry.devices(&sel)?, &options)
         }
+        Some(Command::Sched(command)) => cli::sched::run(&command),
         Some(Command::Bench(BenchCommand::Hal { rounds, json })) => {
             cli::bench::hal(json, rounds)?;
             Ok(true)

@@ -5,6 +5,7 @@ pub mod collectives;
 pub mod conformance;
 pub mod devices;
 pub mod memory;
+pub mod sched;
 pub mod topo;
 
 /// `1536` → `1.5 KiB`, with binary units.

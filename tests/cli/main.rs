@@ -5,6 +5,8 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+mod sched;
+
 fn xpu(args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_xpu"));
     c.args(args);

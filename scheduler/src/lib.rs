@@ -1,0 +1,92 @@
+//! # xpu-scheduler: task graphs over every device
+//!
+//! A training framework describes its work as tasks over data; the scheduler decides
+//! where and when each task runs, moves the data there, and overlaps computation with
+//! the copies. It sits above the HAL the way StarPU, Legion/Realm and Taskflow sit above
+//! their devices, and works on any mix of backends.
+//!
+//! ## Sequential task flow
+//!
+//! Tasks are submitted in program order ([`Scheduler::submit`]), each naming a
+//! [`Codelet`], the [`Handle`]s it touches with how it touches them ([`AccessMode`]:
+//! read, write, read-write, commutative reduce) and scalars. The dependencies are
+//! inferred from the accesses ([`deps`]: read after write, write after read, write after
+//! write; reductions of one handle commute among themselves) plus explicit ones
+//! ([`Task::after`]). The result of any run is the result of running the tasks one after
+//! another in submission order — for every policy and every mix of devices, which the
+//! tests check byte for byte against a sequential run on one host device.
+//!
+//! ## Deferred execution
+//!
+//! Submission never waits for execution. A task is placed as soon as it is submitted and
+//! enqueued on its device's task stream at once, behind waits for the points on other
+//! streams it depends on (module `stream`: events are recorded lazily, only when another
+//! stream must wait, and a stream never waits twice for what it already waits for). The
+//! device runs it when its inputs are ready. Each device has a second stream for the
+//! copies that bring data to it, so transfers overlap computation.
+//!
+//! ## Data
+//!
+//! A [`Handle`] is a logical buffer with a home in host memory and at most one replica
+//! per device, kept coherent with the MSI protocol (module `data`): a write leaves the
+//! writer's replica the only valid copy; a read where the replica is invalid first
+//! copies from the cheapest valid one — a peer copy from a device of the same backend
+//! that allows it, else through the home. When a device's memory is full, the least
+//! recently used replicas there are dropped, a replica holding the only valid copy being
+//! written back home first; a task whose data a device cannot hold even then goes to the
+//! next candidate device. [`Scheduler::read`] and [`Scheduler::unregister`] bring the
+//! latest value home.
+//!
+//! ## Codelets and placement
+//!
+//! A [`Codelet`] has one implementation per kind of device: a kernel in any format the
+//! HAL loads (host function, WGSL/SPIR-V, PTX/CUDA C, plugin-native) or a HAL builtin
+//! operation, which every backend runs. A task may run on every device that has an
+//! implementation and supports the codelet's dtypes, or be pinned to one. Among those
+//! the [`Policy`] chooses: `eager` ignores costs and takes the least loaded device;
+//! `dmda` takes the earliest expected finish, from the device's expected free time, the
+//! predicted transfers of the task's inputs and the task's predicted time there.
+//!
+//! ## Performance models
+//!
+//! Task times are measured with device timestamps while a codelet's model learns
+//! (every run until [`perfmodel::MIN_SAMPLES`]-plus samples, then now and then), per
+//! (codelet, device architecture, footprint), as a history and a size regression
+//! `a·n^b + c` ([`perfmodel`]); an uncalibrated codelet is spread to where it has been
+//! measured least. Models persist under `XPU_CACHE_DIR/perfmodels`. Copy bandwidths to
+//! each device are measured the same way.
+//!
+//! ## Failures
+//!
+//! A task that cannot start (bad arguments, no device can run it, out of memory
+//! everywhere) is refused by `submit` with the reason, and tasks that depend on it are
+//! refused with `Aborted` naming it. A task that fails on its device is reported once, by
+//! the next wait.
+//!
+//! ## Planning without devices
+//!
+//! [`sim`] schedules a task graph with given costs on given processors, executing
+//! nothing, with HEFT and the other list-scheduling policies: `xpu sched simulate`.
+//!
+//! ## Not yet
+//!
+//! Work-stealing and static HEFT placement of recorded graphs, graph recording and
+//! replay, collectives as tasks, device loss, and the profiling trace.
+
+pub mod codelet;
+mod data;
+pub mod deps;
+pub mod perfmodel;
+pub mod policy;
+mod runtime;
+pub mod sim;
+mod stream;
+mod task;
+
+pub use codelet::{Builtin, Codelet, CodeletBuilder, Implementation};
+pub use data::Handle;
+pub use deps::AccessMode;
+pub use policy::{Candidate, Policy};
+pub use runtime::{SchedStats, Scheduler, SchedulerOptions};
+pub use stream::Point;
+pub use task::{Task, TaskId};

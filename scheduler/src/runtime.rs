@@ -1,0 +1,1037 @@
+//! The [`Scheduler`]: submission, placement, data movement and waiting.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use xpu_hal::{Allocation, Device, Error, Event, HostBuffer, KernelArg, Result};
+
+use crate::codelet::{Builtin, Codelet, Implementation};
+use crate::data::{Handle, HandleState, Replica};
+use crate::deps::AccessMode;
+use crate::perfmodel::PerfModels;
+use crate::policy::{Candidate, Policy};
+use crate::stream::{wait_for, Point, StreamSlot};
+use crate::task::{Task, TaskId};
+
+/// A marker event is recorded on a device's task stream every this many tasks, so that
+/// the scheduler learns how far each device has got without waiting for it.
+const MARKER_EVERY: u32 = 8;
+/// A codelet is timed on every run until a footprint has this many samples, and on one
+/// run in [`SAMPLE_EVERY`] after that (to notice when it changes).
+const CALIBRATION_SAMPLES: u64 = 10;
+/// See [`CALIBRATION_SAMPLES`].
+const SAMPLE_EVERY: u64 = 32;
+/// Assumed bytes per second of a copy to or from a device before any was measured.
+const DEFAULT_BANDWIDTH: f64 = 8e9;
+/// Copies smaller than this are not timed: their time is mostly latency.
+const MIN_TIMED_COPY: u64 = 256 << 10;
+
+/// How a [`Scheduler`] works.
+#[derive(Debug, Clone, Default)]
+pub struct SchedulerOptions {
+    /// The placement policy.
+    pub policy: Policy,
+    /// Where performance models persist; `None`: the default cache directory
+    /// ([`crate::perfmodel::default_dir`]).
+    pub model_dir: Option<PathBuf>,
+    /// Keep models in memory only.
+    pub no_persist: bool,
+}
+
+impl SchedulerOptions {
+    /// The defaults, with the policy from `XPU_SCHED` when set.
+    pub fn from_env() -> Result<SchedulerOptions> {
+        let mut o = SchedulerOptions::default();
+        if let Some(v) = std::env::var_os("XPU_SCHED") {
+            let v = v.to_string_lossy();
+            o.policy = v
+                .parse()
+                .map_err(|e: Error| Error::invalid(format!("XPU_SCHED: {e}")))?;
+        }
+        Ok(o)
+    }
+}
+
+/// What a scheduler has done so far, read at one instant (under its lock).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SchedStats {
+    /// Tasks submitted (including those that failed to start).
+    pub tasks: u64,
+    /// Tasks started on each device, in device order.
+    pub placed: Vec<u64>,
+    /// Copies that brought a handle to a device (from its home or a peer).
+    pub fetches: u64,
+    /// Copies of a handle back to its home.
+    pub write_backs: u64,
+    /// Bytes those copies moved.
+    pub bytes_moved: u64,
+    /// Replicas dropped to make room.
+    pub evictions: u64,
+}
+
+/// A task's record while it may still be pending.
+struct TaskRecord {
+    label: String,
+    device: usize,
+    point: Point,
+    failed: Option<String>,
+}
+
+/// What a pending timing measures.
+enum Timed {
+    /// One run of a codelet.
+    Task {
+        codelet: String,
+        arch: String,
+        footprint: u64,
+    },
+    /// A copy of `bytes` to device `device`.
+    Copy { device: usize, bytes: u64 },
+}
+
+/// A pending timing: two events around the work.
+struct Measurement {
+    what: Timed,
+    start: Event,
+    end: Event,
+}
+
+/// What the scheduler tracks of one device.
+struct DeviceState {
+    /// Seconds since the scheduler's epoch when the device is expected to be free.
+    busy_until: f64,
+    /// Marker events on its task stream, oldest first, with the `seq` they cover.
+    markers: VecDeque<(u64, Event)>,
+    /// The highest `seq` of its task stream known to have completed.
+    completed: u64,
+    since_marker: u32,
+    /// Bytes per second of copies to it, as measured (None: not yet).
+    bandwidth: Option<f64>,
+}
+
+struct State {
+    streams: Vec<StreamSlot>,
+    handles: HashMap<u64, HandleState>,
+    tasks: HashMap<u64, TaskRecord>,
+    next_task: u64,
+    devices: Vec<DeviceState>,
+    models: PerfModels,
+    measurements: Vec<Measurement>,
+    /// Copies from homes so far.
+    copies: u64,
+    clock: u64,
+    /// Asynchronous failures observed and not yet reported.
+    errors: Vec<Error>,
+    stats: SchedStats,
+}
+
+struct Shared {
+    devices: Vec<Device>,
+    archs: Vec<String>,
+    policy: Policy,
+    state: Mutex<State>,
+    epoch: Instant,
+}
+
+/// Task graphs over a set of devices (see the crate docs). Cheap to clone; every clone
+/// drives the same devices, streams and data.
+#[derive(Clone)]
+pub struct Scheduler {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<String> = self
+            .shared
+            .devices
+            .iter()
+            .map(|d| d.id().to_string())
+            .collect();
+        f.debug_struct("Scheduler")
+            .field("devices", &ids)
+            .field("policy", &self.shared.policy)
+            .finish()
+    }
+}
+
+fn compute_stream(d: usize) -> usize {
+    2 * d
+}
+
+fn copy_stream(d: usize) -> usize {
+    2 * d + 1
+}
+
+impl Scheduler {
+    /// A scheduler over `devices` (distinct, at least one).
+    pub fn new(devices: &[Device], options: SchedulerOptions) -> Result<Scheduler> {
+        if devices.is_empty() {
+            return Err(Error::invalid(
+                "a scheduler needs at least one device; select some with --devices or XPU_DEVICES",
+            ));
+        }
+        for (i, d) in devices.iter().enumerate() {
+            if devices[..i].iter().any(|e| e == d) {
+                return Err(Error::invalid(format!(
+                    "{} is listed twice; give each device once",
+                    d.id()
+                )));
+            }
+        }
+        let n = devices.len();
+        let mut streams = Vec::with_capacity(2 * n);
+        for d in devices {
+            streams.push(StreamSlot::new(d.create_stream()?, 2 * n));
+            streams.push(StreamSlot::new(d.create_stream()?, 2 * n));
+        }
+        let dir = if options.no_persist {
+            None
+        } else {
+            options
+                .model_dir
+                .clone()
+                .or_else(crate::perfmodel::default_dir)
+        };
+        let archs = devices
+            .iter()
+            .map(|d| format!("{}/{}", d.backend(), d.name()))
+            .collect();
+        Ok(Scheduler {
+            shared: Arc::new(Shared {
+                devices: devices.to_vec(),
+                archs,
+                policy: options.policy,
+                state: Mutex::new(State {
+                    streams,
+                    handles: HashMap::new(),
+                    tasks: HashMap::new(),
+                    next_task: 0,
+                    devices: (0..n)
+                        .map(|_| DeviceState {
+                            busy_until: 0.0,
+                            markers: VecDeque::new(),
+                            completed: 0,
+                            since_marker: 0,
+                            bandwidth: None,
+                        })
+                        .collect(),
+                    models: PerfModels::new(dir),
+                    measurements: Vec::new(),
+                    copies: 0,
+                    clock: 0,
+                    errors: Vec::new(),
+                    stats: SchedStats {
+                        placed: vec![0; n],
+                        ..SchedStats::default()
+                    },
+                }),
+                epoch: Instant::now(),
+            }),
+        })
+    }
+
+    /// Its devices, in placement order.
+    pub fn devices(&self) -> &[Device] {
+        &self.shared.devices
+    }
+
+    /// Its policy.
+    pub fn policy(&self) -> Policy {
+        self.shared.policy
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now(&self) -> f64 {
+        self.shared.epoch.elapsed().as_secs_f64()
+    }
+
+    /// Takes `buffer` as the home of a new handle; its bytes are the handle's value.
+    /// The scheduler owns the buffer until [`Scheduler::unregister`] gives it back.
+    pub fn register(&self, buffer: HostBuffer) -> Result<Handle> {
+        if buffer.in_flight() > 0 {
+            return Err(Error::invalid(
+                "the buffer is still used by enqueued copies; synchronize their streams before registering it",
+            ));
+        }
+        let handle = Handle::fresh(buffer.len() as u64);
+        let n = self.shared.devices.len();
+        self.lock()
+            .handles
+            .insert(handle.id, HandleState::new(handle, buffer, n));
+        Ok(handle)
+    }
+
+    /// A new handle of `len` bytes, zero-filled.
+    pub fn create(&self, len: u64) -> Result<Handle> {
+        let len = usize::try_from(len)
+            .map_err(|_| Error::invalid(format!("{len} bytes do not fit this host")))?;
+        self.register(HostBuffer::new(len)?)
+    }
+
+    /// Submits `task` (see the crate docs). Returns at once: the task runs when what it
+    /// depends on has run.
+    pub fn submit(&self, task: Task) -> Result<TaskId> {
+        let mut st = self.lock();
+        st.poll(&self.shared);
+        let label = task.label();
+        // Arguments: known handles, each once (merging modes).
+        let mut accesses: Vec<(Handle, AccessMode)> = Vec::with_capacity(task.accesses.len());
+        for (h, m) in &task.accesses {
+            if !st.handles.contains_key(&h.id) {
+                return Err(Error::invalid(format!(
+                    "{label}: {h} is not registered with this scheduler (unregistered, or from another one)"
+                )));
+            }
+            match accesses.iter_mut().find(|(a, _)| a.id == h.id) {
+                Some((_, mode)) => *mode = mode.merge(*m),
+                None => accesses.push((*h, *m)),
+            }
+        }
+        for t in &task.after {
+            if t.0 >= st.next_task {
+                return Err(Error::invalid(format!(
+                    "{label}: {t} has not been submitted; a task can only follow earlier tasks"
+                )));
+            }
+        }
+        // Where it can run.
+        let mut reasons = Vec::new();
+        let mut candidates: Vec<(usize, usize)> = Vec::new();
+        for (d, device) in self.shared.devices.iter().enumerate() {
+            if let Some(p) = &task.pinned {
+                if p != device {
+                    continue;
+                }
+            }
+            match task.codelet.implementation_for(device) {
+                Ok(i) => candidates.push((d, i)),
+                Err(why) => reasons.push(why),
+            }
+        }
+        if let Some(p) = &task.pinned {
+            if !self.shared.devices.contains(p) {
+                return Err(Error::invalid(format!(
+                    "{label} is pinned to {}, which is not one of this scheduler's devices",
+                    p.id()
+                )));
+            }
+        }
+        if candidates.is_empty() {
+            return Err(Error::unsupported(format!(
+                "{label} (codelet `{}`) can run on none of the scheduler's devices: {}",
+                task.codelet.name(),
+                reasons.join("; ")
+            )));
+        }
+        check_arguments(&task, &accesses, candidates[0].1)?;
+        // Dependencies.
+        let id = st.next_task;
+        let mut deps = BTreeSet::new();
+        for (h, m) in &accesses {
+            if let Some(hs) = st.handles.get_mut(&h.id) {
+                hs.deps.access(id, *m, &mut deps);
+            }
+        }
+        deps.extend(task.after.iter().map(|t| t.0));
+        st.next_task += 1;
+        st.stats.tasks += 1;
+        // A task after a failed one fails too.
+        if let Some((dep, why)) = deps.iter().find_map(|d| {
+            st.tasks
+                .get(d)
+                .and_then(|t| t.failed.clone().map(|f| (*d, f)))
+        }) {
+            let message = format!("{label} depends on task {dep}, which failed: {why}");
+            st.fail_task(id, &label, &accesses, message.clone());
+            return Err(Error::aborted(message));
+        }
+        // Placement.
+        let footprint: u64 = accesses.iter().map(|(h, _)| h.len).sum();
+        let now = self.now();
+        let chosen = if candidates.len() == 1 {
+            candidates[0]
+        } else {
+            let infos: Vec<Candidate> = candidates
+                .iter()
+                .map(|&(d, _)| {
+                    st.candidate(&self.shared, &task.codelet, d, &accesses, footprint, now)
+                })
+                .collect();
+            candidates[self.shared.policy.choose(&infos)]
+        };
+        // The chosen device first; when its memory cannot hold the task's data even
+        // after eviction, the next candidates in turn.
+        let mut order = vec![chosen];
+        order.extend(candidates.iter().copied().filter(|c| *c != chosen));
+        let mut last = None;
+        for (d, implementation) in order {
+            match st.dispatch(
+                &self.shared,
+                &task,
+                id,
+                &label,
+                d,
+                implementation,
+                &accesses,
+                &deps,
+                footprint,
+                now,
+            ) {
+                Ok(()) => return Ok(TaskId(id)),
+                Err(e @ Error::OutOfMemory { .. }) => last = Some((d, e)),
+                Err(e) => {
+                    last = Some((d, e));
+                    break;
+                }
+            }
+        }
+        let (d, e) = last.unwrap_or((
+            chosen.0,
+            Error::invalid(format!("{label}: no device to run on")),
+        ));
+        let message = format!(
+            "{label} could not be started on {}: {e}",
+            self.shared.devices[d].id()
+        );
+        st.fail_task(id, &label, &accesses, message);
+        Err(e)
+    }
+
+    /// Waits until every task submitted so far has run; returns the first failure of any
+    /// of them not yet reported (each is reported once).
+    pub fn wait_all(&self) -> Result<()> {
+        let (streams, seen): (Vec<xpu_hal::Stream>, Vec<u64>) = {
+            let st = self.lock();
+            (
+                st.streams.iter().map(|s| s.stream.clone()).collect(),
+                (0..st.devices.len())
+                    .map(|d| st.streams[compute_stream(d)].seq)
+                    .collect(),
+            )
+        };
+        let mut first: Option<Error> = None;
+        for s in &streams {
+            if let Err(e) = s.synchronize() {
+                first.get_or_insert(e);
+            }
+        }
+        let mut st = self.lock();
+        st.poll(&self.shared);
+        // Everything submitted before the synchronizations has run.
+        let now = self.now();
+        for (i, slots) in streams.iter().enumerate().step_by(2) {
+            let _ = slots;
+            let d = i / 2;
+            let done = st.streams[compute_stream(d)].seq.min(seen[d]);
+            let dev = &mut st.devices[d];
+            dev.completed = dev.completed.max(done);
+            if dev.completed >= st.streams[compute_stream(d)].seq {
+                st.devices[d].busy_until = now;
+            }
+        }
+        st.poll(&self.shared);
+        if let Some(e) = first {
+            st.errors.push(e);
+        }
+        if st.errors.is_empty() {
+            Ok(())
+        } else {
+            Err(st.errors.remove(0))
+        }
+    }
+
+    /// Waits until `task` has run.
+    pub fn wait(&self, task: TaskId) -> Result<()> {
+        let event = {
+            let mut st = self.lock();
+            let Some(rec) = st.tasks.get(&task.0) else {
+                if task.0 >= st.next_task {
+                    return Err(Error::invalid(format!("{task} has not been submitted")));
+                }
+                return Ok(());
+            };
+            if let Some(why) = &rec.failed {
+                return Err(Error::aborted(format!(
+                    "{task} ({}) failed: {why}",
+                    rec.label
+                )));
+            }
+            let p = rec.point;
+            st.streams[p.stream].event_covering(p.seq)?
+        };
+        event.wait()
+    }
+
+    /// The handle's current value, once every task submitted so far that writes it has
+    /// run.
+    pub fn read(&self, handle: Handle) -> Result<Vec<u8>> {
+        let mut st = self.lock();
+        st.bring_home(&self.shared, handle)?;
+        let hs = st
+            .handles
+            .get_mut(&handle.id)
+            .ok_or_else(|| unknown(handle))?;
+        let bytes = hs.home.buffer.as_slice()?.to_vec();
+        Ok(bytes)
+    }
+
+    /// Gives `handle`'s home buffer back with the handle's current value, once every
+    /// task submitted so far that uses it has run; the handle can no longer be used.
+    pub fn unregister(&self, handle: Handle) -> Result<HostBuffer> {
+        let mut st = self.lock();
+        st.bring_home(&self.shared, handle)?;
+        let hs = st
+            .handles
+            .remove(&handle.id)
+            .ok_or_else(|| unknown(handle))?;
+        Ok(hs.home.buffer)
+    }
+
+    /// What it has done so far.
+    pub fn stats(&self) -> SchedStats {
+        self.lock().stats.clone()
+    }
+
+    /// Writes the performance models to their directory.
+    pub fn save_models(&self) -> Result<()> {
+        let st = self.lock();
+        st.models
+            .save()
+            .map_err(|e| Error::backend_message("scheduler", e))
+    }
+
+    /// The predicted seconds of `codelet` on device `d` for `footprint` bytes, if its
+    /// model is calibrated.
+    pub fn predict(&self, codelet: &Codelet, d: usize, footprint: u64) -> Option<f64> {
+        let arch = self.shared.archs.get(d)?;
+        self.lock().models.predict(codelet.name(), arch, footprint)
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for s in &st.streams {
+            let _ = s.stream.synchronize();
+        }
+        let _ = st.models.save();
+    }
+}
+
+fn unknown(handle: Handle) -> Error {
+    Error::invalid(format!(
+        "{handle} is not registered with this scheduler (unregistered, or from another one)"
+    ))
+}
+
+/// Checks the task's arguments against implementation `i` of its codelet, so that a
+/// mismatch is an error of the submission rather than of the device.
+fn check_arguments(task: &Task, accesses: &[(Handle, AccessMode)], i: usize) -> Result<()> {
+    let label = task.label();
+    match task.codelet.implementations().get(i) {
+        Some(Implementation::Builtin(op))
+            if accesses.len() != op.buffers() || !task.scalars.is_empty() =>
+        {
+            return Err(Error::invalid(format!(
+                    "{label}: the builtin {op:?} takes {} distinct handles and no scalars; the task gives {} handles and {} scalars",
+                    op.buffers(),
+                    accesses.len(),
+                    task.scalars.len()
+                )));
+        }
+        Some(Implementation::Kernel { params, .. }) => {
+            let want = accesses.len() + task.scalars.len();
+            if params.len() != want {
+                return Err(Error::invalid(format!(
+                    "{label}: codelet `{}` declares {} parameters; the task gives {} distinct handles and {} scalars",
+                    task.codelet.name(),
+                    params.len(),
+                    accesses.len(),
+                    task.scalars.len()
+                )));
+            }
+        }
+        Some(Implementation::Builtin(_)) | None => {}
+    }
+    Ok(())
+}
+
+impl State {
+    /// Learns how far devices have got and collects finished timings.
+    fn poll(&mut self, shared: &Shared) {
+        for d in 0..self.devices.len() {
+            while let Some((seq, e)) = self.devices[d].markers.front() {
+                match e.query() {
+                    Ok(true) => {
+                        let seq = *seq;
+                        self.devices[d].completed = seq;
+                        self.devices[d].markers.pop_front();
+                    }
+                    Ok(false) => break,
+                    Err(err) => {
+                        self.errors.push(err);
+                        self.devices[d].markers.pop_front();
+                    }
+                }
+            }
+        }
+        let mut pending = Vec::new();
+        for m in std::mem::take(&mut self.measurements) {
+            match m.end.query() {
+                Ok(true) => {
+                    let Ok(t) = m.end.elapsed_since(&m.start) else {
+                        continue;
+                    };
+                    let t = t.as_secs_f64();
+                    match m.what {
+                        Timed::Task {
+                            codelet,
+                            arch,
+                            footprint,
+                        } => self.models.record(&codelet, &arch, footprint, t),
+                        Timed::Copy { device, bytes } if t > 0.0 => {
+                            let measured = bytes as f64 / t;
+                            let bw = &mut self.devices[device].bandwidth;
+                            // A running average that follows changes within a few copies.
+                            *bw = Some(bw.map_or(measured, |b| 0.75 * b + 0.25 * measured));
+                        }
+                        Timed::Copy { .. } => {}
+                    }
+                }
+                Ok(false) => pending.push(m),
+                Err(_) => {}
+            }
+        }
+        self.measurements = pending;
+        // Forget tasks every device has passed (failed ones stay: dependants must
+        // learn of the failure).
+        let completed: Vec<u64> = self.devices.iter().map(|d| d.completed).collect();
+        let before = self.tasks.len();
+        self.tasks
+            .retain(|_, t| t.failed.is_some() || t.point.seq > completed[t.device]);
+        if self.tasks.len() != before {
+            let tasks = &self.tasks;
+            for h in self.handles.values_mut() {
+                h.deps.prune(|t| !tasks.contains_key(&t));
+            }
+        }
+        let _ = shared;
+    }
+
+    /// What the policy sees of device `d` for a task.
+    fn candidate(
+        &mut self,
+        shared: &Shared,
+        codelet: &Codelet,
+        d: usize,
+        accesses: &[(Handle, AccessMode)],
+        footprint: u64,
+        now: f64,
+    ) -> Candidate {
+        let arch = &shared.archs[d];
+        let exec = self.models.predict(codelet.name(), arch, footprint);
+        let samples = self.models.samples(codelet.name(), arch);
+        let bandwidth = self.devices[d].bandwidth.unwrap_or(DEFAULT_BANDWIDTH);
+        let transfer: f64 = accesses
+            .iter()
+            .filter(|(_, m)| m.reads())
+            .filter_map(|(h, _)| self.handles.get(&h.id))
+            .filter(|hs| !hs.replicas[d].as_ref().is_some_and(|r| r.valid))
+            .map(|hs| hs.handle.len as f64 / bandwidth)
+            .sum();
+        let dev = &self.devices[d];
+        let queued = self.streams[compute_stream(d)]
+            .seq
+            .saturating_sub(dev.completed);
+        Candidate {
+            device: d,
+            queued,
+            free_in: (dev.busy_until - now).max(0.0),
+            exec,
+            samples,
+            transfer,
+        }
+    }
+
+    /// Records a task that could not run, so that its dependants fail too.
+    fn fail_task(
+        &mut self,
+        id: u64,
+        label: &str,
+        accesses: &[(Handle, AccessMode)],
+        message: String,
+    ) {
+        let _ = accesses;
+        self.tasks.insert(
+            id,
+            TaskRecord {
+                label: label.to_string(),
+                device: 0,
+                point: Point { stream: 0, seq: 0 },
+                failed: Some(message),
+            },
+        );
+    }
+
+    /// A replica of `handle` on device `d`, allocated if missing.
+    fn replica(&mut self, shared: &Shared, handle: Handle, d: usize) -> Result<Allocation> {
+        self.clock += 1;
+        let clock = self.clock;
+        if let Some(Some(r)) = self.handles.get_mut(&handle.id).map(|h| &mut h.replicas[d]) {
+            r.last_use = clock;
+            return Ok(r.memory.clone());
+        }
+        let device = &shared.devices[d];
+        let memory = match device.allocate(handle.len) {
+            Ok(m) => m,
+            Err(Error::OutOfMemory { .. }) => {
+                self.evict(shared, d, handle.len, handle)?;
+                match device.allocate(handle.len) {
+                    Ok(m) => m,
+                    Err(Error::OutOfMemory { .. }) => {
+                        // Evicted replicas are freed once the work queued on them has
+                        // run: wait for the device, then try again.
+                        for s in [compute_stream(d), copy_stream(d)] {
+                            if let Err(e) = self.streams[s].stream.synchronize() {
+                                self.errors.push(e);
+                            }
+                        }
+                        device.allocate(handle.len)?
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some(h) = self.handles.get_mut(&handle.id) {
+            h.replicas[d] = Some(Replica {
+                memory: memory.clone(),
+                valid: false,
+                ready: None,
+                last_use: clock,
+            });
+        }
+        Ok(memory)
+    }
+
+    /// Frees at least `need` bytes of replicas on device `d` (never `keep`'s), least
+    /// recently used first; a replica that holds the only valid copy is written back to
+    /// its home first.
+    fn evict(&mut self, shared: &Shared, d: usize, need: u64, keep: Handle) -> Result<()> {
+        let mut victims: Vec<(u64, u64)> = self
+            .handles
+            .values()
+            .filter(|h| h.handle.id != keep.id)
+            .filter_map(|h| h.replicas[d].as_ref().map(|r| (r.last_use, h.handle.id)))
+            .collect();
+        victims.sort_unstable();
+        let mut freed = 0;
+        for (_, id) in victims {
+            if freed >= need {
+                break;
+            }
+            let sole = self.handles.get(&id).is_some_and(|h| {
+                h.replicas[d].as_ref().is_some_and(|r| r.valid)
+                    && !h.home.valid
+                    && h.valid_on().all(|e| e == d)
+            });
+            if sole {
+                self.write_home(shared, id, d)?;
+            }
+            if let Some(h) = self.handles.get_mut(&id) {
+                if let Some(r) = h.replicas[d].take() {
+                    freed += r.memory.size();
+                    self.stats.evictions += 1;
+                }
+            }
+        }
+        if freed < need {
+            return Err(Error::OutOfMemory {
+                device: shared.devices[d].id().to_string(),
+                requested: need,
+                free: freed,
+                capacity: shared.devices[d].info().memory_bytes,
+                hint: "the handles one task uses do not fit the device together; use smaller handles or a device with more memory".to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies device `d`'s replica of handle `id` to its home (which becomes valid).
+    fn write_home(&mut self, shared: &Shared, id: u64, d: usize) -> Result<()> {
+        let s = copy_stream(d);
+        let (memory, ready) = match self.handles.get(&id).and_then(|h| h.replicas[d].as_ref()) {
+            Some(r) => (r.memory.clone(), r.ready),
+            None => return Ok(()),
+        };
+        if let Some(p) = ready {
+            wait_for(&mut self.streams, s, p)?;
+        }
+        let Some(h) = self.handles.get_mut(&id) else {
+            return Ok(());
+        };
+        self.streams[s]
+            .stream
+            .copy_to_host(&memory, &h.home.buffer, 0)?;
+        let point = self.streams[s].advance(s);
+        h.home.valid = true;
+        h.home.ready = Some(point);
+        self.stats.write_backs += 1;
+        self.stats.bytes_moved += memory.size();
+        let _ = shared;
+        Ok(())
+    }
+
+    /// Makes device `d`'s replica of `handle` valid, copying from the cheapest valid
+    /// copy; returns the point after which it is.
+    fn fetch(
+        &mut self,
+        shared: &Shared,
+        handle: Handle,
+        d: usize,
+        dst: &Allocation,
+    ) -> Result<Option<Point>> {
+        let Some(h) = self.handles.get(&handle.id) else {
+            return Err(unknown(handle));
+        };
+        if let Some(r) = &h.replicas[d] {
+            if r.valid {
+                return Ok(r.ready);
+            }
+        }
+        let s = copy_stream(d);
+        // A peer copy from a device of the same backend that allows it.
+        let device = &shared.devices[d];
+        let peer = h.valid_on().find(|&e| {
+            let other = &shared.devices[e];
+            other.backend() == device.backend()
+                && device.capabilities().peer_access
+                && other.capabilities().peer_access
+        });
+        let point = if let Some(e) = peer {
+            let (src, ready) = match &h.replicas[e] {
+                Some(r) => (r.memory.clone(), r.ready),
+                None => return Err(unknown(handle)),
+            };
+            if let Some(p) = ready {
+                wait_for(&mut self.streams, s, p)?;
+            }
+            self.streams[s].stream.copy_peer(&src, dst)?;
+            self.streams[s].advance(s)
+        } else {
+            if !h.home.valid {
+                let Some(e) = h.valid_on().next() else {
+                    return Err(Error::invalid(format!(
+                        "{handle} has no valid copy anywhere; this is a scheduler bug"
+                    )));
+                };
+                self.write_home(shared, handle.id, e)?;
+            }
+            let Some(h) = self.handles.get(&handle.id) else {
+                return Err(unknown(handle));
+            };
+            if let Some(p) = h.home.ready {
+                wait_for(&mut self.streams, s, p)?;
+            }
+            // Copies from the home are timed now and then, to learn the bandwidth.
+            self.copies += 1;
+            let timed = shared.devices[d].capabilities().event_timing
+                && handle.len >= MIN_TIMED_COPY
+                && (self.devices[d].bandwidth.is_none()
+                    || self.copies.is_multiple_of(SAMPLE_EVERY));
+            let start = if timed {
+                Some(self.streams[s].stream.record_event()?)
+            } else {
+                None
+            };
+            self.streams[s]
+                .stream
+                .copy_from_host(&h.home.buffer, 0, dst)?;
+            if let Some(start) = start {
+                let end = self.streams[s].stream.record_event()?;
+                self.measurements.push(Measurement {
+                    what: Timed::Copy {
+                        device: d,
+                        bytes: handle.len,
+                    },
+                    start,
+                    end,
+                });
+            }
+            self.streams[s].advance(s)
+        };
+        if let Some(h) = self.handles.get_mut(&handle.id) {
+            if let Some(r) = &mut h.replicas[d] {
+                r.valid = true;
+                r.ready = Some(point);
+            }
+        }
+        self.stats.fetches += 1;
+        self.stats.bytes_moved += handle.len;
+        Ok(Some(point))
+    }
+
+    /// Makes the home of `handle` valid and waits until every task submitted so far that
+    /// uses it has run.
+    fn bring_home(&mut self, shared: &Shared, handle: Handle) -> Result<()> {
+        let Some(h) = self.handles.get(&handle.id) else {
+            return Err(unknown(handle));
+        };
+        let source = if h.home.valid {
+            None
+        } else {
+            h.valid_on().next()
+        };
+        if let Some(e) = source {
+            self.write_home(shared, handle.id, e)?;
+        }
+        // Every stream, so that every copy and task that used the home has also let go
+        // of it (the lock keeps new work out meanwhile).
+        let mut first = None;
+        for slot in &self.streams {
+            if let Err(e) = slot.stream.synchronize() {
+                first.get_or_insert(e);
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Enqueues task `id` on device `d`.
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch(
+        &mut self,
+        shared: &Shared,
+        task: &Task,
+        id: u64,
+        label: &str,
+        d: usize,
+        implementation: usize,
+        accesses: &[(Handle, AccessMode)],
+        deps: &BTreeSet<u64>,
+        footprint: u64,
+        now: f64,
+    ) -> Result<()> {
+        let s = compute_stream(d);
+        // Data: a replica of every handle on the device, valid for those it reads.
+        let mut memories = Vec::with_capacity(accesses.len());
+        for (h, m) in accesses {
+            let memory = self.replica(shared, *h, d)?;
+            if m.reads() {
+                if let Some(p) = self.fetch(shared, *h, d, &memory)? {
+                    wait_for(&mut self.streams, s, p)?;
+                }
+            }
+            memories.push(memory);
+        }
+        // Dependencies on other streams.
+        let dep_points: Vec<Point> = deps
+            .iter()
+            .filter_map(|t| self.tasks.get(t).map(|r| r.point))
+            .collect();
+        for p in dep_points {
+            wait_for(&mut self.streams, s, p)?;
+        }
+        // Timing, while the model learns (and now and then after).
+        let arch = &shared.archs[d];
+        let timed = shared.devices[d].capabilities().event_timing && {
+            let samples = self
+                .models
+                .get(task.codelet.name())
+                .archs
+                .get(arch)
+                .and_then(|a| a.history.get(&footprint))
+                .map_or(0, |h| h.count);
+            samples < CALIBRATION_SAMPLES || id.is_multiple_of(SAMPLE_EVERY)
+        };
+        let start = if timed {
+            Some(self.streams[s].stream.record_event()?)
+        } else {
+            None
+        };
+        // The work.
+        let stream = &self.streams[s].stream;
+        match &task.codelet.implementations()[implementation] {
+            Implementation::Builtin(op) => {
+                let m = &memories;
+                match *op {
+                    Builtin::Fill { value } => stream.fill(&m[0], value)?,
+                    Builtin::Binary { op, dtype } => {
+                        stream.binary(op, dtype, &m[0], &m[1], &m[2])?
+                    }
+                    Builtin::Accumulate { op, dtype } => {
+                        stream.accumulate(op, dtype, &m[0], &m[1])?
+                    }
+                    Builtin::Scale { alpha } => stream.scale(&m[0], &m[1], alpha)?,
+                    Builtin::Cast { from, to } => stream.cast(&m[0], from, &m[1], to)?,
+                }
+            }
+            Implementation::Kernel { dims, .. } => {
+                let kernel = task
+                    .codelet
+                    .kernel(&shared.devices[d], implementation)?
+                    .ok_or_else(|| Error::invalid(format!("{label}: no kernel")))?;
+                let sizes: Vec<u64> = accesses.iter().map(|(h, _)| h.len).collect();
+                let mut args: Vec<KernelArg<'_>> = memories
+                    .iter()
+                    .map(|m| KernelArg::Buffer(m.whole()))
+                    .collect();
+                args.extend(task.scalars.iter().map(|v| KernelArg::Scalar(*v)));
+                stream.launch(&kernel, dims(&sizes), &args)?;
+            }
+        }
+        let point = self.streams[s].advance(s);
+        if let Some(start) = start {
+            let end = self.streams[s].stream.record_event()?;
+            self.measurements.push(Measurement {
+                what: Timed::Task {
+                    codelet: task.codelet.name().to_string(),
+                    arch: arch.clone(),
+                    footprint,
+                },
+                start,
+                end,
+            });
+        }
+        // The data it wrote is valid there only.
+        for (h, m) in accesses {
+            if m.writes() {
+                if let Some(hs) = self.handles.get_mut(&h.id) {
+                    hs.written(d, point);
+                }
+            }
+        }
+        // Bookkeeping for placement.
+        let predicted = self
+            .models
+            .predict(task.codelet.name(), arch, footprint)
+            .unwrap_or(0.0);
+        let dev = &mut self.devices[d];
+        dev.busy_until = dev.busy_until.max(now) + predicted;
+        dev.since_marker += 1;
+        if dev.since_marker >= MARKER_EVERY {
+            dev.since_marker = 0;
+            let e = self.streams[s].event_at_end()?;
+            self.devices[d].markers.push_back((point.seq, e));
+        }
+        self.tasks.insert(
+            id,
+            TaskRecord {
+                label: label.to_string(),
+                device: d,
+                point,
+                failed: None,
+            },
+        );
+        self.stats.placed[d] += 1;
+        Ok(())
+    }
+}

@@ -1,0 +1,575 @@
+//! The scheduler on real devices: host devices, Vulkan on lavapipe, and both example
+//! plugins (sim-npu built as a dependency, the C example compiled here as a vendor
+//! would), alone and mixed, under every policy. Random task programs run against the
+//! same program executed in order on one host device, byte for byte; then dependency
+//! order with host functions, eviction under a small memory budget, failures and bad
+//! input. A backend that `XPU_REQUIRE` names must be present; others are skipped with
+//! the reason.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use xpu_hal::{
+    BinaryOp, DType, Device, DeviceSelector, Error, HostBuffer, KernelParam, Registry, Scalar,
+};
+use xpu_host::{HostBackend, HostConfig};
+use xpu_scheduler::{AccessMode, Builtin, Codelet, Policy, Scheduler, SchedulerOptions, Task};
+
+/// Backends `XPU_REQUIRE` names.
+fn required() -> Vec<String> {
+    std::env::var("XPU_REQUIRE")
+        .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
+        .unwrap_or_default()
+}
+
+fn is_required(backend: &str) -> bool {
+    required().iter().any(|r| {
+        r.strip_suffix('*')
+            .map_or(r == backend, |p| backend.starts_with(p))
+    })
+}
+
+/// The sim-npu plugin's shared library, built as a dependency of this package.
+fn sim_npu() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    let name = format!(
+        "{}xpu_sim_npu{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    [dir.join(&name), dir.join("..").join(&name)]
+        .into_iter()
+        .find(|p| p.exists())
+}
+
+/// The C example plugin, compiled once per test process.
+fn c_minimal() -> Option<PathBuf> {
+    static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+            let src = root.join("backends/plugin/examples/c-minimal/minimal.c");
+            let dir =
+                std::env::temp_dir().join(format!("xpu-sched-plugins-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).ok()?;
+            let out = dir.join("libxpu_minimal.so");
+            let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+            let ok = Command::new(cc)
+                .args([
+                    "-std=c11",
+                    "-O2",
+                    "-shared",
+                    "-fPIC",
+                    "-fvisibility=hidden",
+                    "-pthread",
+                ])
+                .arg(format!(
+                    "-I{}",
+                    root.join("backends/plugin/include").display()
+                ))
+                .arg(&src)
+                .arg("-o")
+                .arg(&out)
+                .status()
+                .ok()?
+                .success();
+            if !ok {
+                return None;
+            }
+            use std::os::unix::fs::PermissionsExt;
+            for p in [&dir, &out] {
+                let mut perm = std::fs::metadata(p).ok()?.permissions();
+                perm.set_mode(perm.mode() & !0o022);
+                std::fs::set_permissions(p, perm).ok()?;
+            }
+            Some(out)
+        })
+        .clone()
+}
+
+/// One registry for the whole test process (devices are shared like an application's).
+fn registry() -> &'static Mutex<Registry> {
+    static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let mut r = Registry::new();
+        r.register(Arc::new(HostBackend::new(HostConfig {
+            devices: 4,
+            capacity: 256 << 20,
+        })))
+        .unwrap();
+        r.register(Arc::new(xpu_vulkan::VulkanBackend::new()))
+            .unwrap();
+        for lib in [sim_npu(), c_minimal()].into_iter().flatten() {
+            match xpu_plugin::PluginBackend::load(&lib) {
+                Ok(b) => r.register(Arc::new(b)).unwrap(),
+                Err(e) => eprintln!("plugin {} not loaded: {e}", lib.display()),
+            }
+        }
+        Mutex::new(r)
+    })
+}
+
+/// The devices of `sel`, or `None` (with a note) when a backend it names is missing and
+/// not required.
+fn devices(sel: &str) -> Option<Vec<Device>> {
+    let r = registry().lock().unwrap();
+    let selector = DeviceSelector::parse(sel).unwrap();
+    match r.devices(&selector) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            let missing: Vec<&str> = sel
+                .split(';')
+                .filter_map(|t| t.split(':').next())
+                .filter(|b| is_required(b))
+                .collect();
+            assert!(
+                missing.is_empty(),
+                "{sel}: a required backend is missing ({missing:?}): {e}"
+            );
+            eprintln!("skipped {sel}: {e}");
+            None
+        }
+    }
+}
+
+fn options(policy: Policy) -> SchedulerOptions {
+    SchedulerOptions {
+        policy,
+        model_dir: None,
+        no_persist: true,
+    }
+}
+
+// --------------------------------------------------------------- random programs --
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// One step of a random program.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// `c = a op b`.
+    Binary(BinaryOp, usize, usize, usize),
+    /// `dst op= src`, with `dst` accessed read-write, or as a reduction for the
+    /// commutative max and min.
+    Accumulate(BinaryOp, usize, usize, bool),
+    /// `dst = src * 0.5`.
+    Half(usize, usize),
+    /// `dst = v`.
+    Fill(usize, f32),
+}
+
+const ELEMS: usize = 517;
+
+fn program(seed: u64, handles: usize, steps: usize) -> (Vec<Vec<f32>>, Vec<Step>) {
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let init = (0..handles)
+        .map(|_| {
+            (0..ELEMS)
+                .map(|_| (rng.below(200) as f32 - 100.0) / 8.0)
+                .collect()
+        })
+        .collect();
+    let distinct = |rng: &mut Rng, k: usize| -> Vec<usize> {
+        let mut v = Vec::new();
+        while v.len() < k {
+            let h = rng.below(handles);
+            if !v.contains(&h) {
+                v.push(h);
+            }
+        }
+        v
+    };
+    let ops = [BinaryOp::Sum, BinaryOp::Max, BinaryOp::Min];
+    let prog = (0..steps)
+        .map(|_| match rng.below(10) {
+            0..=2 => {
+                let h = distinct(&mut rng, 3);
+                Step::Binary(ops[rng.below(3)], h[0], h[1], h[2])
+            }
+            3..=5 => {
+                let h = distinct(&mut rng, 2);
+                let op = ops[rng.below(3)];
+                // Max and min commute exactly: those may be reductions.
+                let reduce = op != BinaryOp::Sum && rng.below(2) == 0;
+                Step::Accumulate(op, h[0], h[1], reduce)
+            }
+            6..=8 => {
+                let h = distinct(&mut rng, 2);
+                Step::Half(h[0], h[1])
+            }
+            _ => Step::Fill(rng.below(handles), rng.below(16) as f32),
+        })
+        .collect();
+    (init, prog)
+}
+
+fn bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The program run in order on one host device's stream, directly through the HAL.
+fn reference(init: &[Vec<f32>], prog: &[Step]) -> Vec<Vec<u8>> {
+    let device = {
+        let r = registry().lock().unwrap();
+        r.devices(&DeviceSelector::parse("host:3").unwrap())
+            .unwrap()
+            .remove(0)
+    };
+    let s = device.create_stream().unwrap();
+    let bufs: Vec<_> = init
+        .iter()
+        .map(|v| {
+            let a = device.allocate((v.len() * 4) as u64).unwrap();
+            s.write(&a, &bytes(v)).unwrap();
+            a
+        })
+        .collect();
+    for step in prog {
+        match *step {
+            Step::Binary(op, a, b, c) => s
+                .binary(op, DType::F32, &bufs[a], &bufs[b], &bufs[c])
+                .unwrap(),
+            Step::Accumulate(op, d, src, _) => {
+                s.accumulate(op, DType::F32, &bufs[d], &bufs[src]).unwrap()
+            }
+            Step::Half(src, dst) => s.scale(&bufs[src], &bufs[dst], Scalar::F32(0.5)).unwrap(),
+            Step::Fill(d, v) => s.fill(&bufs[d], Scalar::F32(v)).unwrap(),
+        }
+    }
+    bufs.iter().map(|b| s.read(b).unwrap()).collect()
+}
+
+/// The program through a scheduler over `devices`.
+fn scheduled(devices: &[Device], policy: Policy, init: &[Vec<f32>], prog: &[Step]) -> Vec<Vec<u8>> {
+    let sched = Scheduler::new(devices, options(policy)).unwrap();
+    let handles: Vec<_> = init
+        .iter()
+        .map(|v| {
+            sched
+                .register(HostBuffer::from_bytes(&bytes(v)).unwrap())
+                .unwrap()
+        })
+        .collect();
+    for step in prog {
+        let task = match *step {
+            Step::Binary(op, a, b, c) => Task::new(&Codelet::from_builtin(Builtin::Binary {
+                op,
+                dtype: DType::F32,
+            }))
+            .read(handles[a])
+            .read(handles[b])
+            .write(handles[c]),
+            Step::Accumulate(op, d, src, reduce) => {
+                let mode = if reduce {
+                    AccessMode::Reduce
+                } else {
+                    AccessMode::ReadWrite
+                };
+                Task::new(&Codelet::from_builtin(Builtin::Accumulate {
+                    op,
+                    dtype: DType::F32,
+                }))
+                .access(handles[d], mode)
+                .read(handles[src])
+            }
+            Step::Half(src, dst) => Task::new(&Codelet::from_builtin(Builtin::Scale {
+                alpha: Scalar::F32(0.5),
+            }))
+            .read(handles[src])
+            .write(handles[dst]),
+            Step::Fill(d, v) => Task::new(&Codelet::from_builtin(Builtin::Fill {
+                value: Scalar::F32(v),
+            }))
+            .write(handles[d]),
+        };
+        sched.submit(task).unwrap();
+    }
+    sched.wait_all().unwrap();
+    // Half read while registered, half given back.
+    handles
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            if i % 2 == 0 {
+                sched.read(*h).unwrap()
+            } else {
+                let mut b = sched.unregister(*h).unwrap();
+                b.as_slice().unwrap().to_vec()
+            }
+        })
+        .collect()
+}
+
+const DEVICE_SETS: [&str; 6] = [
+    "host:0",
+    "host:0,1,2",
+    "host:0;vulkan:0",
+    "host:0,1;plugin.simnpu:0;plugin.minimal:0",
+    "vulkan:0;plugin.simnpu:0,1",
+    "host:0;vulkan:0;plugin.simnpu:0;plugin.minimal:0",
+];
+
+#[test]
+fn random_programs_match_a_sequential_run_on_every_device_set_and_policy() {
+    let base: u64 = std::env::var("XPU_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    for (k, sel) in DEVICE_SETS.iter().enumerate() {
+        let Some(devs) = devices(sel) else { continue };
+        for policy in Policy::ALL {
+            for round in 0..3u64 {
+                let seed = base ^ (1000 * k as u64 + 10 * round + policy as u64 + 1);
+                let (init, prog) = program(seed, 6, 40);
+                let want = reference(&init, &prog);
+                let got = scheduled(&devs, policy, &init, &prog);
+                for (h, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        g == w,
+                        "{sel}, {policy}, seed {seed} (XPU_TEST_SEED={base}): handle {h} differs from the sequential run\n{prog:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------ dependencies --
+
+/// A host function appending its tag to a shared log when it runs, after reading and
+/// writing one-byte handles.
+fn logger(log: &Arc<Mutex<Vec<u32>>>, tag: u32, params: Vec<KernelParam>) -> Codelet {
+    let log = log.clone();
+    Codelet::new(format!("log{tag}"))
+        .host(params, move |_| {
+            std::thread::sleep(std::time::Duration::from_millis(u64::from(tag % 3)));
+            log.lock().unwrap().push(tag);
+            Ok(())
+        })
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn hazards_order_tasks_across_host_devices() {
+    let Some(devs) = devices("host:0,1,2") else {
+        return;
+    };
+    for policy in Policy::ALL {
+        let sched = Scheduler::new(&devs, options(policy)).unwrap();
+        let a = sched.create(8).unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let w = KernelParam::Buffer(xpu_hal::Access::Write);
+        let r = KernelParam::Buffer(xpu_hal::Access::Read);
+        // t0 writes; t1, t2 read (RAW, free among themselves); t3 writes (WAR, WAW).
+        sched
+            .submit(Task::new(&logger(&log, 0, vec![w])).write(a))
+            .unwrap();
+        sched
+            .submit(Task::new(&logger(&log, 1, vec![r])).read(a))
+            .unwrap();
+        sched
+            .submit(Task::new(&logger(&log, 2, vec![r])).read(a))
+            .unwrap();
+        sched
+            .submit(Task::new(&logger(&log, 3, vec![w])).write(a))
+            .unwrap();
+        sched.wait_all().unwrap();
+        let order = log.lock().unwrap().clone();
+        let pos = |t: u32| order.iter().position(|x| *x == t).unwrap();
+        assert_eq!(order.len(), 4, "{order:?}");
+        assert!(pos(0) < pos(1) && pos(0) < pos(2), "{policy}: {order:?}");
+        assert!(pos(3) > pos(1) && pos(3) > pos(2), "{policy}: {order:?}");
+    }
+}
+
+#[test]
+fn explicit_dependencies_and_pinning_are_honoured() {
+    let Some(devs) = devices("host:0,1") else {
+        return;
+    };
+    let sched = Scheduler::new(&devs, options(Policy::Eager)).unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let first = sched
+        .submit(Task::new(&logger(&log, 5, vec![])).on(&devs[1]))
+        .unwrap();
+    sched
+        .submit(
+            Task::new(&logger(&log, 1, vec![]))
+                .on(&devs[0])
+                .after(first),
+        )
+        .unwrap();
+    sched.wait_all().unwrap();
+    assert_eq!(*log.lock().unwrap(), vec![5, 1]);
+}
+
+// ---------------------------------------------------------------------- memory --
+
+#[test]
+fn replicas_are_evicted_and_written_back_under_a_small_device_memory() {
+    // Two host devices of 1 MiB each; twelve 256 KiB handles cycled through them.
+    let backend = HostBackend::new(HostConfig {
+        devices: 2,
+        capacity: 1 << 20,
+    });
+    let devs: Vec<Device> = (0..2)
+        .map(|i| {
+            Device::from_impl(
+                xpu_hal::DeviceId::new("host", i),
+                Arc::new(backend.create_host_device(i).unwrap()),
+            )
+        })
+        .collect();
+    let sched = Scheduler::new(&devs, options(Policy::Eager)).unwrap();
+    let elems = (256 << 10) / 4;
+    let handles: Vec<_> = (0..12)
+        .map(|i| {
+            let v: Vec<f32> = vec![i as f32; elems];
+            sched
+                .register(HostBuffer::from_bytes(&bytes(&v)).unwrap())
+                .unwrap()
+        })
+        .collect();
+    let add = Codelet::from_builtin(Builtin::Accumulate {
+        op: BinaryOp::Sum,
+        dtype: DType::F32,
+    });
+    // h[i] += h[i-1], round after round: every handle moves between devices and their
+    // memories.
+    for _ in 0..3 {
+        for i in 1..handles.len() {
+            sched
+                .submit(Task::new(&add).read_write(handles[i]).read(handles[i - 1]))
+                .unwrap();
+        }
+    }
+    sched.wait_all().unwrap();
+    let stats = sched.stats();
+    assert!(stats.evictions > 0 && stats.write_backs > 0, "{stats:?}");
+    assert_eq!(stats.placed.iter().sum::<u64>(), stats.tasks);
+    // The same in order on the host.
+    let mut want: Vec<f32> = (0..12).map(|i| i as f32).collect();
+    for _ in 0..3 {
+        for i in 1..12 {
+            want[i] += want[i - 1];
+        }
+    }
+    for (i, h) in handles.iter().enumerate() {
+        let got = sched.read(*h).unwrap();
+        assert_eq!(got, bytes(&vec![want[i]; elems]), "handle {i}");
+    }
+}
+
+// -------------------------------------------------------------------- failures --
+
+#[test]
+fn a_failing_task_is_reported_at_the_next_wait() {
+    let Some(devs) = devices("host:0") else {
+        return;
+    };
+    let sched = Scheduler::new(&devs, options(Policy::Dmda)).unwrap();
+    let fails = Codelet::new("fails")
+        .host(vec![], |_| Err("this codelet fails on purpose".to_string()))
+        .build()
+        .unwrap();
+    sched.submit(Task::new(&fails)).unwrap();
+    let e = sched.wait_all().unwrap_err();
+    assert!(e.to_string().contains("fails on purpose"), "{e}");
+    // Reported once; the scheduler goes on.
+    sched.wait_all().unwrap();
+    let ok = Codelet::new("ok").host(vec![], |_| Ok(())).build().unwrap();
+    sched.submit(Task::new(&ok)).unwrap();
+    sched.wait_all().unwrap();
+}
+
+// ------------------------------------------------------------------- bad input --
+
+#[test]
+fn bad_input_is_refused_with_the_reason() {
+    let Some(devs) = devices("host:0,1") else {
+        return;
+    };
+    let sched = Scheduler::new(&devs, options(Policy::Dmda)).unwrap();
+    let h = sched.create(16).unwrap();
+    let fill = Codelet::from_builtin(Builtin::Fill {
+        value: Scalar::F32(1.0),
+    });
+
+    // A handle after unregistering.
+    let gone = sched.create(16).unwrap();
+    sched.unregister(gone).unwrap();
+    let e = sched.submit(Task::new(&fill).write(gone)).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    assert!(e.to_string().contains("not registered"), "{e}");
+    assert!(sched.read(gone).is_err());
+
+    // No implementation for any device.
+    let wgsl = Codelet::new("wgsl-only")
+        .kernel(
+            xpu_hal::KernelSource::Wgsl(String::new()),
+            "main",
+            vec![],
+            |_| xpu_hal::LaunchDims::linear(1, 1),
+        )
+        .build()
+        .unwrap();
+    let e = sched
+        .submit(Task::new(&wgsl).named("the wgsl task"))
+        .unwrap_err();
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    assert!(e.to_string().contains("the wgsl task"), "{e}");
+    assert!(e.to_string().contains("host:0"), "{e}");
+
+    // The wrong number of arguments for a builtin.
+    let e = sched
+        .submit(Task::new(&fill).write(h).read(sched.create(16).unwrap()))
+        .unwrap_err();
+    assert!(e.to_string().contains("takes 1 distinct handles"), "{e}");
+
+    // Waiting for a task never submitted.
+    let e = sched
+        .submit(
+            Task::new(&fill)
+                .write(h)
+                .after(xpu_scheduler::TaskId::from_index(99)),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("has not been submitted"), "{e}");
+
+    // A device that is not the scheduler's.
+    let other = devices("host:2").unwrap().remove(0);
+    let e = sched
+        .submit(Task::new(&fill).write(h).on(&other))
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("not one of this scheduler's devices"),
+        "{e}"
+    );
+
+    // Nothing was lost: the scheduler still works.
+    sched.submit(Task::new(&fill).write(h)).unwrap();
+    assert_eq!(sched.read(h).unwrap(), bytes(&[1.0; 4]));
+
+    // Schedulers over nothing or the same device twice.
+    assert!(Scheduler::new(&[], options(Policy::Eager)).is_err());
+    assert!(Scheduler::new(&[devs[0].clone(), devs[0].clone()], options(Policy::Eager)).is_err());
+}
