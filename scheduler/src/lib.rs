@@ -63,6 +63,14 @@
 //! refused with `Aborted` naming it. A task that fails on its device is reported once, by
 //! the next wait.
 //!
+//! ## Observability
+//!
+//! [`Scheduler::stats`] counts tasks per device, copies, bytes moved and evictions.
+//! Profiling ([`Scheduler::start_profiling`], or `XPU_PROFILE=FILE`) times every task and
+//! copy with device timestamps and writes a Chrome/Perfetto trace — one track per device
+//! stream, flow arrows for dependencies, a counter of replica memory — with a per-device
+//! summary of busy time, idle time and bytes moved ([`profile`]).
+//!
 //! ## Planning without devices
 //!
 //! [`sim`] schedules a task graph with given costs on given processors, executing
@@ -71,13 +79,14 @@
 //! ## Not yet
 //!
 //! Work-stealing and static HEFT placement of recorded graphs, graph recording and
-//! replay, collectives as tasks, device loss, and the profiling trace.
+//! replay, collectives as tasks, and device loss.
 
 pub mod codelet;
 mod data;
 pub mod deps;
 pub mod perfmodel;
 pub mod policy;
+pub mod profile;
 mod runtime;
 pub mod sim;
 mod stream;
@@ -87,6 +96,7 @@ pub use codelet::{Builtin, Codelet, CodeletBuilder, Implementation};
 pub use data::Handle;
 pub use deps::AccessMode;
 pub use policy::{Candidate, Policy};
+pub use profile::Profile;
 pub use runtime::{SchedStats, Scheduler, SchedulerOptions};
 pub use stream::Point;
 pub use task::{Task, TaskId};

@@ -12,6 +12,7 @@ use crate::data::{Handle, HandleState, Replica};
 use crate::deps::AccessMode;
 use crate::perfmodel::PerfModels;
 use crate::policy::{Candidate, Policy};
+use crate::profile::{MemorySample, Profile, Span, SpanKind};
 use crate::stream::{wait_for, Point, StreamSlot};
 use crate::task::{Task, TaskId};
 
@@ -38,12 +39,21 @@ pub struct SchedulerOptions {
     pub model_dir: Option<PathBuf>,
     /// Keep models in memory only.
     pub no_persist: bool,
+    /// Profile from the start and write the trace here when the scheduler is dropped
+    /// (see [`crate::profile`]).
+    pub profile: Option<PathBuf>,
 }
 
 impl SchedulerOptions {
-    /// The defaults, with the policy from `XPU_SCHED` when set.
+    /// The defaults, with the policy from `XPU_SCHED` and the profile's file from
+    /// `XPU_PROFILE` when set.
     pub fn from_env() -> Result<SchedulerOptions> {
-        let mut o = SchedulerOptions::default();
+        let mut o = SchedulerOptions {
+            profile: std::env::var_os("XPU_PROFILE")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+            ..SchedulerOptions::default()
+        };
         if let Some(v) = std::env::var_os("XPU_SCHED") {
             let v = v.to_string_lossy();
             o.policy = v
@@ -125,12 +135,41 @@ struct State {
     /// Asynchronous failures observed and not yet reported.
     errors: Vec<Error>,
     stats: SchedStats,
+    profiling: Option<Profiling>,
+    /// Bytes of replicas held per device.
+    replica_bytes: Vec<u64>,
+}
+
+/// A span whose events have not been read yet.
+struct PendingSpan {
+    kind: SpanKind,
+    name: String,
+    task: Option<u64>,
+    device: usize,
+    stream: usize,
+    bytes: u64,
+    deps: Vec<u64>,
+    start: Event,
+    end: Event,
+}
+
+/// A profile being recorded (see the `profile` module).
+struct Profiling {
+    /// When it started, on the host's clock.
+    started: Instant,
+    /// Per device: its origin event and the host seconds (since `started`) at which it
+    /// completed; `None` for a device that cannot time events.
+    origins: Vec<Option<(Event, f64)>>,
+    spans: Vec<PendingSpan>,
+    memory: Vec<MemorySample>,
 }
 
 struct Shared {
     devices: Vec<Device>,
     archs: Vec<String>,
     policy: Policy,
+    /// Where the trace goes when the scheduler is dropped.
+    profile_path: Option<PathBuf>,
     state: Mutex<State>,
     epoch: Instant,
 }
@@ -199,11 +238,12 @@ impl Scheduler {
             .iter()
             .map(|d| format!("{}/{}", d.backend(), d.name()))
             .collect();
-        Ok(Scheduler {
+        let sched = Scheduler {
             shared: Arc::new(Shared {
                 devices: devices.to_vec(),
                 archs,
                 policy: options.policy,
+                profile_path: options.profile.clone(),
                 state: Mutex::new(State {
                     streams,
                     handles: HashMap::new(),
@@ -227,10 +267,64 @@ impl Scheduler {
                         placed: vec![0; n],
                         ..SchedStats::default()
                     },
+                    profiling: None,
+                    replica_bytes: vec![0; n],
                 }),
                 epoch: Instant::now(),
             }),
-        })
+        };
+        if sched.shared.profile_path.is_some() {
+            sched.start_profiling()?;
+        }
+        Ok(sched)
+    }
+
+    /// Starts recording a profile (see [`crate::profile`]): waits for the work already
+    /// enqueued, then times every task and copy from here on. Restarts a profile that
+    /// is being recorded.
+    pub fn start_profiling(&self) -> Result<()> {
+        let mut st = self.lock();
+        let started = Instant::now();
+        let mut origins = Vec::with_capacity(self.shared.devices.len());
+        for (d, device) in self.shared.devices.iter().enumerate() {
+            if !device.capabilities().event_timing {
+                origins.push(None);
+                continue;
+            }
+            for s in [copy_stream(d), compute_stream(d)] {
+                st.streams[s].stream.synchronize()?;
+            }
+            let origin = st.streams[compute_stream(d)].stream.record_event()?;
+            origin.wait()?;
+            origins.push(Some((origin, started.elapsed().as_secs_f64())));
+        }
+        st.profiling = Some(Profiling {
+            started,
+            origins,
+            spans: Vec::new(),
+            memory: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Stops profiling and returns the profile, once everything profiled has run.
+    pub fn stop_profiling(&self) -> Result<Profile> {
+        self.wait_all()?;
+        let mut st = self.lock();
+        let Some(p) = st.profiling.take() else {
+            return Err(Error::invalid(
+                "no profile is being recorded; call start_profiling first (or set XPU_PROFILE)",
+            ));
+        };
+        Ok(finish_profile(&self.shared, p))
+    }
+
+    /// Stops profiling and writes the Chrome/Perfetto trace to `path`; returns the
+    /// profile.
+    pub fn write_profile(&self, path: &std::path::Path) -> Result<Profile> {
+        let profile = self.stop_profiling()?;
+        write_trace(&profile, path)?;
+        Ok(profile)
     }
 
     /// Its devices, in placement order.
@@ -516,12 +610,71 @@ impl Scheduler {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        for s in &st.streams {
-            let _ = s.stream.synchronize();
+        let profile = {
+            let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+            for s in &st.streams {
+                let _ = s.stream.synchronize();
+            }
+            let _ = st.models.save();
+            st.profiling.take()
+        };
+        if let (Some(p), Some(path)) = (profile, self.profile_path.clone()) {
+            let profile = finish_profile(self, p);
+            // A drop cannot return the error: say it where the user asked for a file.
+            if let Err(e) = write_trace(&profile, &path) {
+                eprintln!("xpu: XPU_PROFILE: {e}");
+            }
         }
-        let _ = st.models.save();
     }
+}
+
+/// Reads the profiled events (the work has run) into a [`Profile`].
+fn finish_profile(shared: &Shared, p: Profiling) -> Profile {
+    let mut spans = Vec::with_capacity(p.spans.len());
+    let mut length: f64 = 0.0;
+    for span in p.spans {
+        let Some(Some((origin, zero))) = p.origins.get(span.device) else {
+            continue;
+        };
+        let (Ok(a), Ok(b)) = (
+            span.start.elapsed_since(origin),
+            span.end.elapsed_since(origin),
+        ) else {
+            continue;
+        };
+        let (start, end) = (zero + a.as_secs_f64(), zero + b.as_secs_f64());
+        length = length.max(end);
+        spans.push(Span {
+            kind: span.kind,
+            name: span.name,
+            task: span.task,
+            device: span.device,
+            stream: span.stream,
+            start,
+            end,
+            bytes: span.bytes,
+            deps: span.deps,
+        });
+    }
+    Profile {
+        devices: shared.devices.iter().map(|d| d.id().to_string()).collect(),
+        timed: p.origins.iter().map(Option::is_some).collect(),
+        spans,
+        memory: p.memory,
+        length,
+    }
+}
+
+/// Writes `profile`'s trace to `path`.
+fn write_trace(profile: &Profile, path: &std::path::Path) -> Result<()> {
+    let text = serde_json::to_string(&profile.to_chrome_json())
+        .map_err(|e| Error::backend_message("scheduler", e.to_string()))?;
+    std::fs::write(path, text).map_err(|e| {
+        Error::invalid(format!(
+            "could not write the profile to {}: {e}",
+            path.display()
+        ))
+    })
 }
 
 fn unknown(handle: Handle) -> Error {
@@ -659,6 +812,63 @@ impl State {
         }
     }
 
+    /// When profiling device `d`: an event on stream `s` before a copy.
+    fn profiling_start(&mut self, d: usize, s: usize) -> Result<Option<Event>> {
+        let timed = self
+            .profiling
+            .as_ref()
+            .is_some_and(|p| p.origins.get(d).is_some_and(Option::is_some));
+        if timed {
+            Ok(Some(self.streams[s].stream.record_event()?))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Closes a copy's span begun by [`State::profiling_start`]; returns the end event.
+    fn profiling_end(
+        &mut self,
+        start: Option<Event>,
+        kind: SpanKind,
+        handle: u64,
+        d: usize,
+        s: usize,
+        bytes: u64,
+    ) -> Result<Option<Event>> {
+        let Some(start) = start else {
+            return Ok(None);
+        };
+        let end = self.streams[s].stream.record_event()?;
+        if let Some(p) = &mut self.profiling {
+            p.spans.push(PendingSpan {
+                kind,
+                name: format!("handle {handle}"),
+                task: None,
+                device: d,
+                stream: usize::from(s == copy_stream(d)),
+                bytes,
+                deps: Vec::new(),
+                start,
+                end: end.clone(),
+            });
+        }
+        Ok(Some(end))
+    }
+
+    /// Notes a change of the replica bytes held on device `d`.
+    fn replica_bytes_changed(&mut self, d: usize, added: u64, removed: u64) {
+        let held = &mut self.replica_bytes[d];
+        *held = held.saturating_add(added).saturating_sub(removed);
+        let bytes = *held;
+        if let Some(p) = &mut self.profiling {
+            p.memory.push(MemorySample {
+                device: d,
+                at: p.started.elapsed().as_secs_f64(),
+                bytes,
+            });
+        }
+    }
+
     /// Records a task that could not run, so that its dependants fail too.
     fn fail_task(
         &mut self,
@@ -717,6 +927,7 @@ impl State {
                 last_use: clock,
             });
         }
+        self.replica_bytes_changed(d, handle.len, 0);
         Ok(memory)
     }
 
@@ -748,6 +959,8 @@ impl State {
                 if let Some(r) = h.replicas[d].take() {
                     freed += r.memory.size();
                     self.stats.evictions += 1;
+                    let size = r.memory.size();
+                    self.replica_bytes_changed(d, 0, size);
                 }
             }
         }
@@ -773,6 +986,7 @@ impl State {
         if let Some(p) = ready {
             wait_for(&mut self.streams, s, p)?;
         }
+        let profiled = self.profiling_start(d, s)?;
         let Some(h) = self.handles.get_mut(&id) else {
             return Ok(());
         };
@@ -780,6 +994,10 @@ impl State {
             .stream
             .copy_to_host(&memory, &h.home.buffer, 0)?;
         let point = self.streams[s].advance(s);
+        self.profiling_end(profiled, SpanKind::WriteBack, id, d, s, memory.size())?;
+        let Some(h) = self.handles.get_mut(&id) else {
+            return Ok(());
+        };
         h.home.valid = true;
         h.home.ready = Some(point);
         self.stats.write_backs += 1;
@@ -822,8 +1040,11 @@ impl State {
             if let Some(p) = ready {
                 wait_for(&mut self.streams, s, p)?;
             }
+            let profiled = self.profiling_start(d, s)?;
             self.streams[s].stream.copy_peer(&src, dst)?;
-            self.streams[s].advance(s)
+            let point = self.streams[s].advance(s);
+            self.profiling_end(profiled, SpanKind::Fetch, handle.id, d, s, handle.len)?;
+            point
         } else {
             if !h.home.valid {
                 let Some(e) = h.valid_on().next() else {
@@ -845,16 +1066,25 @@ impl State {
                 && handle.len >= MIN_TIMED_COPY
                 && (self.devices[d].bandwidth.is_none()
                     || self.copies.is_multiple_of(SAMPLE_EVERY));
-            let start = if timed {
-                Some(self.streams[s].stream.record_event()?)
-            } else {
-                None
+            let profiled = self.profiling_start(d, s)?;
+            let start = match (&profiled, timed) {
+                (Some(e), _) => Some(e.clone()),
+                (None, true) => Some(self.streams[s].stream.record_event()?),
+                (None, false) => None,
+            };
+            let Some(h) = self.handles.get(&handle.id) else {
+                return Err(unknown(handle));
             };
             self.streams[s]
                 .stream
                 .copy_from_host(&h.home.buffer, 0, dst)?;
+            let profiled_end =
+                self.profiling_end(profiled, SpanKind::Fetch, handle.id, d, s, handle.len)?;
             if let Some(start) = start {
-                let end = self.streams[s].stream.record_event()?;
+                let end = match profiled_end {
+                    Some(e) => e,
+                    None => self.streams[s].stream.record_event()?,
+                };
                 self.measurements.push(Measurement {
                     what: Timed::Copy {
                         device: d,
@@ -942,16 +1172,21 @@ impl State {
         }
         // Timing, while the model learns (and now and then after).
         let arch = &shared.archs[d];
-        let timed = shared.devices[d].capabilities().event_timing && {
-            let samples = self
-                .models
-                .get(task.codelet.name())
-                .archs
-                .get(arch)
-                .and_then(|a| a.history.get(&footprint))
-                .map_or(0, |h| h.count);
-            samples < CALIBRATION_SAMPLES || id.is_multiple_of(SAMPLE_EVERY)
-        };
+        let profiled = self
+            .profiling
+            .as_ref()
+            .is_some_and(|p| p.origins.get(d).is_some_and(Option::is_some));
+        let timed = profiled
+            || shared.devices[d].capabilities().event_timing && {
+                let samples = self
+                    .models
+                    .get(task.codelet.name())
+                    .archs
+                    .get(arch)
+                    .and_then(|a| a.history.get(&footprint))
+                    .map_or(0, |h| h.count);
+                samples < CALIBRATION_SAMPLES || id.is_multiple_of(SAMPLE_EVERY)
+            };
         let start = if timed {
             Some(self.streams[s].stream.record_event()?)
         } else {
@@ -991,6 +1226,19 @@ impl State {
         let point = self.streams[s].advance(s);
         if let Some(start) = start {
             let end = self.streams[s].stream.record_event()?;
+            if let (true, Some(p)) = (profiled, &mut self.profiling) {
+                p.spans.push(PendingSpan {
+                    kind: SpanKind::Task,
+                    name: label.to_string(),
+                    task: Some(id),
+                    device: d,
+                    stream: 0,
+                    bytes: footprint,
+                    deps: deps.iter().copied().collect(),
+                    start: start.clone(),
+                    end: end.clone(),
+                });
+            }
             self.measurements.push(Measurement {
                 what: Timed::Task {
                     codelet: task.codelet.name().to_string(),

@@ -139,8 +139,8 @@ fn devices(sel: &str) -> Option<Vec<Device>> {
 fn options(policy: Policy) -> SchedulerOptions {
     SchedulerOptions {
         policy,
-        model_dir: None,
         no_persist: true,
+        ..SchedulerOptions::default()
     }
 }
 
@@ -572,4 +572,77 @@ fn bad_input_is_refused_with_the_reason() {
     // Schedulers over nothing or the same device twice.
     assert!(Scheduler::new(&[], options(Policy::Eager)).is_err());
     assert!(Scheduler::new(&[devs[0].clone(), devs[0].clone()], options(Policy::Eager)).is_err());
+}
+
+// ------------------------------------------------------------------- profiling --
+
+#[test]
+fn a_profile_times_every_task_and_copy_and_writes_a_trace() {
+    let sel = if devices("host:0;vulkan:0").is_some() {
+        "host:0,1;vulkan:0"
+    } else {
+        "host:0,1"
+    };
+    let Some(devs) = devices(sel) else { return };
+    let path = std::env::temp_dir().join(format!("xpu-sched-profile-{}.json", std::process::id()));
+    let (init, prog) = program(7, 4, 30);
+    {
+        let sched = Scheduler::new(
+            &devs,
+            SchedulerOptions {
+                profile: Some(path.clone()),
+                ..options(Policy::Dmda)
+            },
+        )
+        .unwrap();
+        let handles: Vec<_> = init
+            .iter()
+            .map(|v| {
+                sched
+                    .register(HostBuffer::from_bytes(&bytes(v)).unwrap())
+                    .unwrap()
+            })
+            .collect();
+        let add = Codelet::from_builtin(Builtin::Accumulate {
+            op: BinaryOp::Max,
+            dtype: DType::F32,
+        });
+        for (i, _) in prog.iter().enumerate() {
+            let (a, b) = (i % 4, (i + 1) % 4);
+            sched
+                .submit(Task::new(&add).read_write(handles[a]).read(handles[b]))
+                .unwrap();
+        }
+        let profile = sched.stop_profiling().unwrap();
+        let tasks = profile
+            .spans
+            .iter()
+            .filter(|s| s.kind == xpu_scheduler::profile::SpanKind::Task)
+            .count();
+        assert_eq!(tasks, prog.len(), "every task timed: {profile}");
+        assert!(profile
+            .spans
+            .iter()
+            .all(|s| s.end >= s.start && s.start >= 0.0));
+        for s in profile.summary() {
+            assert!((0.0..=1.0 + 1e-9).contains(&s.busy_fraction), "{profile}");
+        }
+        let trace = profile.to_chrome_json();
+        let events = trace["traceEvents"].as_array().unwrap();
+        assert!(events.iter().any(|e| e["ph"] == "s"), "dependency arrows");
+        assert!(events.iter().any(|e| e["ph"] == "C"), "memory counters");
+        // XPU_PROFILE's file is written at drop only while profiling: start again.
+        sched.start_profiling().unwrap();
+        sched
+            .submit(Task::new(&add).read_write(handles[0]).read(handles[1]))
+            .unwrap();
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    let trace: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["ph"] == "X"));
+    std::fs::remove_file(&path).unwrap();
 }
