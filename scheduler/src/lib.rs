@@ -43,9 +43,13 @@
 //! HAL loads (host function, WGSL/SPIR-V, PTX/CUDA C, plugin-native) or a HAL builtin
 //! operation, which every backend runs. A task may run on every device that has an
 //! implementation and supports the codelet's dtypes, or be pinned to one. Among those
-//! the [`Policy`] chooses: `eager` ignores costs and takes the least loaded device;
-//! `dmda` takes the earliest expected finish, from the device's expected free time, the
-//! predicted transfers of the task's inputs and the task's predicted time there.
+//! the [`Policy`] chooses. `dmda` places a task when it is submitted, on the device with
+//! the earliest expected finish (the device's expected free time, the predicted
+//! transfers of the task's inputs and the task's predicted time there). `eager` and `ws`
+//! queue ready tasks (tasks whose dependencies have all been dispatched) and give each
+//! device a worker thread that takes one whenever its device has fewer than a few tasks
+//! in flight: from one central queue (`eager`), or from its own deque, stealing from the
+//! most loaded other deque when it is empty (`ws`).
 //!
 //! ## Performance models
 //!
@@ -78,8 +82,8 @@
 //!
 //! ## Not yet
 //!
-//! Work-stealing and static HEFT placement of recorded graphs, graph recording and
-//! replay, collectives as tasks, and device loss.
+//! Static HEFT placement of recorded graphs, graph recording and replay, collectives as
+//! tasks, and device loss.
 
 pub mod codelet;
 mod data;

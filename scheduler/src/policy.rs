@@ -6,9 +6,14 @@
 //! calibrated) and how long it would take to bring the task's data there. It returns the
 //! candidate to use. A task pinned to a device skips the policy.
 //!
-//! - **`eager`** ignores costs: the device with the fewest tasks still queued gets the
-//!   task (what a central queue served by idle devices amounts to). Use it when tasks
-//!   are short and alike, or as a baseline.
+//! - **`eager`** ignores costs: ready tasks wait in one central queue, and each device's
+//!   worker takes the oldest task it can run whenever the device has room (fewer than a
+//!   few tasks in flight). Use it as a baseline, or when tasks are alike.
+//! - **`ws`** (work stealing): each device has a deque of ready tasks; a task made ready
+//!   by one dispatched on a device goes to that device's deque (its inputs are there), a
+//!   device with room takes its newest task, and an idle device steals the oldest task
+//!   of the most loaded other device that it can run. Use it for irregular graphs of
+//!   alike devices, where locality matters more than speed differences.
 //! - **`dmda`** (StarPU's "deque model data aware", HEFT's rule applied online): the
 //!   device with the earliest expected finish — when it is free, plus the transfers of
 //!   the task's inputs, plus the task's predicted time there. A task whose model is not
@@ -42,8 +47,10 @@ pub struct Candidate {
 /// The placement policies (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Policy {
-    /// Cost-unaware: the least loaded device.
+    /// Cost-unaware: one central queue, served by each device when it has room.
     Eager,
+    /// Work stealing between per-device deques.
+    Ws,
     /// Earliest expected finish time, with performance and transfer models.
     #[default]
     Dmda,
@@ -51,17 +58,26 @@ pub enum Policy {
 
 impl Policy {
     /// Every policy, by name.
-    pub const ALL: [Policy; 2] = [Policy::Eager, Policy::Dmda];
+    pub const ALL: [Policy; 3] = [Policy::Eager, Policy::Ws, Policy::Dmda];
 
     /// Its name.
     pub fn name(self) -> &'static str {
         match self {
             Policy::Eager => "eager",
+            Policy::Ws => "ws",
             Policy::Dmda => "dmda",
         }
     }
 
-    /// The index in `candidates` (never empty) of the device to use.
+    /// Whether tasks wait in queues for a device to take them (`eager`, `ws`), rather
+    /// than being placed when submitted (`dmda`).
+    pub fn queued(self) -> bool {
+        matches!(self, Policy::Eager | Policy::Ws)
+    }
+
+    /// The index in `candidates` (never empty) of the device to use, for a task placed
+    /// when submitted (queued policies use it only for pinned or single-candidate
+    /// tasks, where it is trivial).
     pub fn choose(self, candidates: &[Candidate]) -> usize {
         let by = |key: &dyn Fn(&Candidate) -> (f64, f64)| {
             let mut best = 0;
@@ -73,7 +89,7 @@ impl Policy {
             best
         };
         match self {
-            Policy::Eager => by(&|c| (c.queued as f64, c.device as f64)),
+            Policy::Eager | Policy::Ws => by(&|c| (c.queued as f64, c.device as f64)),
             Policy::Dmda => {
                 if candidates.iter().any(|c| c.exec.is_none()) {
                     // Calibrate: where the codelet has been measured least.
@@ -150,6 +166,6 @@ mod tests {
     fn policies_parse_by_name() {
         assert_eq!("dmda".parse::<Policy>().unwrap(), Policy::Dmda);
         let e = "heftt".parse::<Policy>().unwrap_err();
-        assert!(e.to_string().contains("eager, dmda"), "{e}");
+        assert!(e.to_string().contains("eager, ws, dmda"), "{e}");
     }
 }

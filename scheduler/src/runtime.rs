@@ -2,8 +2,9 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use xpu_hal::{Allocation, Device, Error, Event, HostBuffer, KernelArg, Result};
 
@@ -19,6 +20,13 @@ use crate::task::{Task, TaskId};
 /// A marker event is recorded on a device's task stream every this many tasks, so that
 /// the scheduler learns how far each device has got without waiting for it.
 const MARKER_EVERY: u32 = 8;
+/// Tasks a device may have enqueued and not finished before its worker takes another
+/// from the queues (queued policies): few enough that a fast device takes more of the
+/// work, enough to keep it fed while the worker dispatches the next.
+const DEPTH: u64 = 4;
+/// How long an idle worker sleeps before it looks again (new work wakes it earlier).
+const WORKER_NAP: Duration = Duration::from_millis(2);
+
 /// A codelet is timed on every run until a footprint has this many samples, and on one
 /// run in [`SAMPLE_EVERY`] after that (to notice when it changes).
 const CALIBRATION_SAMPLES: u64 = 10;
@@ -138,6 +146,37 @@ struct State {
     profiling: Option<Profiling>,
     /// Bytes of replicas held per device.
     replica_bytes: Vec<u64>,
+    queues: Queues,
+    /// Set when the last handle to the scheduler is dropped: workers finish the queues
+    /// and exit.
+    shutdown: bool,
+}
+
+/// A task submitted under a queued policy and not dispatched yet.
+struct Pending {
+    task: Task,
+    label: String,
+    accesses: Vec<(Handle, AccessMode)>,
+    deps: BTreeSet<u64>,
+    /// Devices that can run it, with the implementation each runs.
+    candidates: Vec<(usize, usize)>,
+    footprint: u64,
+    /// Dependencies not dispatched yet.
+    remaining: usize,
+}
+
+/// The queues of the queued policies.
+#[derive(Default)]
+struct Queues {
+    pending: HashMap<u64, Pending>,
+    /// Per pending task: the pending tasks waiting for it.
+    successors: HashMap<u64, Vec<u64>>,
+    /// Ready tasks, oldest first (`eager`).
+    central: VecDeque<u64>,
+    /// Ready tasks per device (`ws`).
+    local: Vec<VecDeque<u64>>,
+    /// Where the next ready task of a submission goes (`ws`).
+    next: usize,
 }
 
 /// A span whose events have not been read yet.
@@ -171,6 +210,8 @@ struct Shared {
     /// Where the trace goes when the scheduler is dropped.
     profile_path: Option<PathBuf>,
     state: Mutex<State>,
+    /// Signalled when tasks become ready or are dispatched.
+    work: Condvar,
     epoch: Instant,
 }
 
@@ -179,6 +220,72 @@ struct Shared {
 #[derive(Clone)]
 pub struct Scheduler {
     shared: Arc<Shared>,
+    /// Stops the workers when the last clone goes.
+    owner: Arc<Owner>,
+}
+
+/// The workers of a queued policy; dropping the last owner lets them drain the queues
+/// and joins them.
+#[derive(Default)]
+struct Owner {
+    shared: Option<Arc<Shared>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let Some(shared) = &self.shared else {
+            return;
+        };
+        {
+            let mut st = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.shutdown = true;
+        }
+        shared.work.notify_all();
+        let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()));
+        for w in workers {
+            if w.thread().id() != std::thread::current().id() {
+                let _ = w.join();
+            }
+        }
+    }
+}
+
+/// A device's worker under a queued policy: takes ready tasks it can run while the
+/// device has room, until shut down with the queues empty.
+fn worker(shared: &Shared, d: usize) {
+    let mut st = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        st.poll(shared);
+        let room = st.outstanding(d) < DEPTH;
+        if room {
+            if let Some(id) = st.pop_ready(shared.policy, d) {
+                st.start_pending(shared, id, d);
+                shared.work.notify_all();
+                continue;
+            }
+        }
+        if st.shutdown && st.queues.pending.is_empty() {
+            break;
+        }
+        if room {
+            st = match shared.work.wait_timeout(st, WORKER_NAP) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        } else {
+            // Full: wait for the device to finish its oldest marked task.
+            let oldest = st.devices[d].markers.front().map(|(_, e)| e.clone());
+            drop(st);
+            match oldest {
+                Some(e) => {
+                    let _ = e.wait_timeout(WORKER_NAP);
+                }
+                None => std::thread::sleep(WORKER_NAP),
+            }
+            st = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        }
+    }
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -238,7 +345,7 @@ impl Scheduler {
             .iter()
             .map(|d| format!("{}/{}", d.backend(), d.name()))
             .collect();
-        let sched = Scheduler {
+        let mut sched = Scheduler {
             shared: Arc::new(Shared {
                 devices: devices.to_vec(),
                 archs,
@@ -269,10 +376,37 @@ impl Scheduler {
                     },
                     profiling: None,
                     replica_bytes: vec![0; n],
+                    queues: Queues {
+                        local: (0..n).map(|_| VecDeque::new()).collect(),
+                        ..Queues::default()
+                    },
+                    shutdown: false,
                 }),
+                work: Condvar::new(),
                 epoch: Instant::now(),
             }),
+            owner: Arc::new(Owner::default()),
         };
+        if options.policy.queued() {
+            let mut workers = Vec::with_capacity(n);
+            for (d, device) in devices.iter().enumerate() {
+                let shared = sched.shared.clone();
+                let handle = std::thread::Builder::new()
+                    .name(format!("xpu-sched-{}", device.id()))
+                    .spawn(move || worker(&shared, d))
+                    .map_err(|e| {
+                        Error::backend_message(
+                            "scheduler",
+                            format!("could not start a worker thread: {e}"),
+                        )
+                    })?;
+                workers.push(handle);
+            }
+            sched.owner = Arc::new(Owner {
+                shared: Some(sched.shared.clone()),
+                workers: Mutex::new(workers),
+            });
+        }
         if sched.shared.profile_path.is_some() {
             sched.start_profiling()?;
         }
@@ -335,6 +469,19 @@ impl Scheduler {
     /// Its policy.
     pub fn policy(&self) -> Policy {
         self.shared.policy
+    }
+
+    /// The state, once every task submitted so far has been dispatched (queued
+    /// policies; at once otherwise).
+    fn drained(&self) -> MutexGuard<'_, State> {
+        let mut st = self.lock();
+        while !st.queues.pending.is_empty() {
+            st = match self.shared.work.wait_timeout(st, WORKER_NAP) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        st
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -445,8 +592,26 @@ impl Scheduler {
             st.fail_task(id, &label, &accesses, message.clone());
             return Err(Error::aborted(message));
         }
-        // Placement.
         let footprint: u64 = accesses.iter().map(|(h, _)| h.len).sum();
+        if self.shared.policy.queued() {
+            st.enqueue(
+                self.shared.devices.len(),
+                Pending {
+                    task,
+                    label,
+                    accesses,
+                    deps,
+                    candidates,
+                    footprint,
+                    remaining: 0,
+                },
+                id,
+            );
+            drop(st);
+            self.shared.work.notify_all();
+            return Ok(TaskId(id));
+        }
+        // Placement.
         let now = self.now();
         let chosen = if candidates.len() == 1 {
             candidates[0]
@@ -459,49 +624,24 @@ impl Scheduler {
                 .collect();
             candidates[self.shared.policy.choose(&infos)]
         };
-        // The chosen device first; when its memory cannot hold the task's data even
-        // after eviction, the next candidates in turn.
-        let mut order = vec![chosen];
-        order.extend(candidates.iter().copied().filter(|c| *c != chosen));
-        let mut last = None;
-        for (d, implementation) in order {
-            match st.dispatch(
-                &self.shared,
-                &task,
-                id,
-                &label,
-                d,
-                implementation,
-                &accesses,
-                &deps,
-                footprint,
-                now,
-            ) {
-                Ok(()) => return Ok(TaskId(id)),
-                Err(e @ Error::OutOfMemory { .. }) => last = Some((d, e)),
-                Err(e) => {
-                    last = Some((d, e));
-                    break;
-                }
-            }
-        }
-        let (d, e) = last.unwrap_or((
-            chosen.0,
-            Error::invalid(format!("{label}: no device to run on")),
-        ));
-        let message = format!(
-            "{label} could not be started on {}: {e}",
-            self.shared.devices[d].id()
-        );
-        st.fail_task(id, &label, &accesses, message);
-        Err(e)
+        let pending = Pending {
+            task,
+            label,
+            accesses,
+            deps,
+            candidates,
+            footprint,
+            remaining: 0,
+        };
+        st.start(&self.shared, id, &pending, chosen, now)
+            .map(|()| TaskId(id))
     }
 
     /// Waits until every task submitted so far has run; returns the first failure of any
     /// of them not yet reported (each is reported once).
     pub fn wait_all(&self) -> Result<()> {
         let (streams, seen): (Vec<xpu_hal::Stream>, Vec<u64>) = {
-            let st = self.lock();
+            let st = self.drained();
             (
                 st.streams.iter().map(|s| s.stream.clone()).collect(),
                 (0..st.devices.len())
@@ -544,6 +684,12 @@ impl Scheduler {
     pub fn wait(&self, task: TaskId) -> Result<()> {
         let event = {
             let mut st = self.lock();
+            while st.queues.pending.contains_key(&task.0) {
+                st = match self.shared.work.wait_timeout(st, WORKER_NAP) {
+                    Ok((g, _)) => g,
+                    Err(p) => p.into_inner().0,
+                };
+            }
             let Some(rec) = st.tasks.get(&task.0) else {
                 if task.0 >= st.next_task {
                     return Err(Error::invalid(format!("{task} has not been submitted")));
@@ -565,7 +711,7 @@ impl Scheduler {
     /// The handle's current value, once every task submitted so far that writes it has
     /// run.
     pub fn read(&self, handle: Handle) -> Result<Vec<u8>> {
-        let mut st = self.lock();
+        let mut st = self.drained();
         st.bring_home(&self.shared, handle)?;
         let hs = st
             .handles
@@ -578,7 +724,7 @@ impl Scheduler {
     /// Gives `handle`'s home buffer back with the handle's current value, once every
     /// task submitted so far that uses it has run; the handle can no longer be used.
     pub fn unregister(&self, handle: Handle) -> Result<HostBuffer> {
-        let mut st = self.lock();
+        let mut st = self.drained();
         st.bring_home(&self.shared, handle)?;
         let hs = st
             .handles
@@ -769,9 +915,11 @@ impl State {
         self.tasks
             .retain(|_, t| t.failed.is_some() || t.point.seq > completed[t.device]);
         if self.tasks.len() != before {
-            let tasks = &self.tasks;
+            // Done: neither waiting in the queues nor possibly still running.
+            let (tasks, pending) = (&self.tasks, &self.queues.pending);
             for h in self.handles.values_mut() {
-                h.deps.prune(|t| !tasks.contains_key(&t));
+                h.deps
+                    .prune(|t| !tasks.contains_key(&t) && !pending.contains_key(&t));
             }
         }
         let _ = shared;
@@ -810,6 +958,206 @@ impl State {
             samples,
             transfer,
         }
+    }
+
+    /// Tasks enqueued on device `d`'s task stream and not known to have finished.
+    fn outstanding(&self, d: usize) -> u64 {
+        self.streams[compute_stream(d)]
+            .seq
+            .saturating_sub(self.devices[d].completed)
+    }
+
+    /// Queues task `id` (queued policies): ready at once if everything it depends on
+    /// has been dispatched, else when the last of those is.
+    fn enqueue(&mut self, devices: usize, mut pending: Pending, id: u64) {
+        let mut remaining = 0;
+        for dep in &pending.deps {
+            if self.queues.pending.contains_key(dep) {
+                remaining += 1;
+                self.queues.successors.entry(*dep).or_default().push(id);
+            }
+        }
+        pending.remaining = remaining;
+        let first = pending.candidates.first().map_or(0, |c| c.0);
+        let can = pending.candidates.iter().map(|c| c.0).collect::<Vec<_>>();
+        self.queues.pending.insert(id, pending);
+        if remaining == 0 {
+            // A submission has no device of its own: spread over the candidates.
+            let start = self.queues.next;
+            self.queues.next = (start + 1) % devices.max(1);
+            let home = (0..devices)
+                .map(|k| (start + k) % devices)
+                .find(|d| can.contains(d))
+                .unwrap_or(first);
+            self.make_ready(id, home);
+        }
+    }
+
+    /// Puts a ready task in the queue its policy uses (`near`: the device whose work
+    /// made it ready, for `ws`).
+    fn make_ready(&mut self, id: u64, near: usize) {
+        self.queues.central.push_back(id);
+        let runs_near = self
+            .queues
+            .pending
+            .get(&id)
+            .is_some_and(|p| p.candidates.iter().any(|c| c.0 == near));
+        let at = if runs_near {
+            near
+        } else {
+            self.queues
+                .pending
+                .get(&id)
+                .and_then(|p| p.candidates.first())
+                .map_or(near, |c| c.0)
+        };
+        if let Some(q) = self.queues.local.get_mut(at) {
+            q.push_back(id);
+        }
+    }
+
+    /// The next ready task device `d` takes under `policy`, removed from the queues.
+    fn pop_ready(&mut self, policy: Policy, d: usize) -> Option<u64> {
+        let runs = |q: &Queues, id: &u64| {
+            q.pending
+                .get(id)
+                .is_some_and(|p| p.candidates.iter().any(|c| c.0 == d))
+        };
+        let id = match policy {
+            Policy::Ws => {
+                // Its own newest first, then the oldest of the most loaded other deque.
+                let own = self.queues.local[d]
+                    .iter()
+                    .rposition(|id| runs(&self.queues, id))
+                    .and_then(|i| self.queues.local[d].remove(i));
+                own.or_else(|| {
+                    let mut victims: Vec<usize> = (0..self.queues.local.len())
+                        .filter(|&v| v != d && !self.queues.local[v].is_empty())
+                        .collect();
+                    victims.sort_by_key(|&v| std::cmp::Reverse(self.queues.local[v].len()));
+                    victims.into_iter().find_map(|v| {
+                        let i = self.queues.local[v]
+                            .iter()
+                            .position(|id| runs(&self.queues, id))?;
+                        self.queues.local[v].remove(i)
+                    })
+                })?
+            }
+            _ => {
+                let i = self
+                    .queues
+                    .central
+                    .iter()
+                    .position(|id| runs(&self.queues, id))?;
+                self.queues.central.remove(i)?
+            }
+        };
+        // Out of the other policy's queue too.
+        if let Some(i) = self.queues.central.iter().position(|x| *x == id) {
+            self.queues.central.remove(i);
+        }
+        for q in &mut self.queues.local {
+            if let Some(i) = q.iter().position(|x| *x == id) {
+                q.remove(i);
+            }
+        }
+        Some(id)
+    }
+
+    /// Dispatches queued task `id` on device `d` and releases what waited for it.
+    fn start_pending(&mut self, shared: &Shared, id: u64, d: usize) {
+        let Some(pending) = self.queues.pending.remove(&id) else {
+            return;
+        };
+        let chosen = pending
+            .candidates
+            .iter()
+            .copied()
+            .find(|c| c.0 == d)
+            .unwrap_or((d, 0));
+        let failed_dep = pending.deps.iter().find_map(|dep| {
+            self.tasks
+                .get(dep)
+                .and_then(|t| t.failed.clone().map(|f| (*dep, f)))
+        });
+        let outcome = match failed_dep {
+            Some((dep, why)) => {
+                let message = format!(
+                    "{} depends on task {dep}, which failed: {why}",
+                    pending.label
+                );
+                self.fail_task(id, &pending.label, &pending.accesses, message.clone());
+                Err(Error::aborted(message))
+            }
+            None => {
+                let now = shared.epoch.elapsed().as_secs_f64();
+                self.start(shared, id, &pending, chosen, now)
+            }
+        };
+        if let Err(e) = outcome {
+            // Reported at the next wait; dependants fail when they are dispatched.
+            self.errors.push(e);
+        }
+        for s in self.queues.successors.remove(&id).unwrap_or_default() {
+            let ready = match self.queues.pending.get_mut(&s) {
+                Some(p) => {
+                    p.remaining = p.remaining.saturating_sub(1);
+                    p.remaining == 0
+                }
+                None => false,
+            };
+            if ready {
+                self.make_ready(s, d);
+            }
+        }
+    }
+
+    /// Dispatches task `id` on `chosen`, or — when that device's memory cannot hold the
+    /// task's data even after eviction — on the next candidates in turn. A task that
+    /// cannot start anywhere is recorded as failed (its dependants fail too).
+    fn start(
+        &mut self,
+        shared: &Shared,
+        id: u64,
+        p: &Pending,
+        chosen: (usize, usize),
+        now: f64,
+    ) -> Result<()> {
+        let mut order = vec![chosen];
+        order.extend(p.candidates.iter().copied().filter(|c| *c != chosen));
+        let mut last = None;
+        for (d, implementation) in order {
+            match self.dispatch(
+                shared,
+                &p.task,
+                id,
+                &p.label,
+                d,
+                implementation,
+                &p.accesses,
+                &p.deps,
+                p.footprint,
+                now,
+            ) {
+                Ok(()) => return Ok(()),
+                Err(e @ Error::OutOfMemory { .. }) => last = Some((d, e)),
+                Err(e) => {
+                    last = Some((d, e));
+                    break;
+                }
+            }
+        }
+        let (d, e) = last.unwrap_or((
+            chosen.0,
+            Error::invalid(format!("{}: no device to run on", p.label)),
+        ));
+        let message = format!(
+            "{} could not be started on {}: {e}",
+            p.label,
+            shared.devices[d].id()
+        );
+        self.fail_task(id, &p.label, &p.accesses, message);
+        Err(e)
     }
 
     /// When profiling device `d`: an event on stream `s` before a copy.
@@ -1265,7 +1613,7 @@ impl State {
         let dev = &mut self.devices[d];
         dev.busy_until = dev.busy_until.max(now) + predicted;
         dev.since_marker += 1;
-        if dev.since_marker >= MARKER_EVERY {
+        if dev.since_marker >= MARKER_EVERY || shared.policy.queued() {
             dev.since_marker = 0;
             let e = self.streams[s].event_at_end()?;
             self.devices[d].markers.push_back((point.seq, e));
