@@ -51,6 +51,15 @@
 //! in flight: from one central queue (`eager`), or from its own deque, stealing from the
 //! most loaded other deque when it is empty (`ws`).
 //!
+//! ## Collectives as tasks
+//!
+//! [`Scheduler::collective`] (and [`Scheduler::all_reduce`]) runs an all-reduce,
+//! reduce-scatter or all-gather of an `xpu-collectives` communicator over one handle per
+//! rank as a task: it waits for what wrote those handles, tasks that read them after
+//! wait for it, and the operation is enqueued on each rank's task stream — so a
+//! gradient bucket's all-reduce overlaps the backward computation that follows it on
+//! other handles (the DDP pattern).
+//!
 //! ## Performance models
 //!
 //! Task times are measured with device timestamps while a codelet's model learns
@@ -82,8 +91,8 @@
 //!
 //! ## Not yet
 //!
-//! Static HEFT placement of recorded graphs, graph recording and replay, collectives as
-//! tasks, and device loss.
+//! Static HEFT placement of recorded graphs, graph recording and replay, and device
+//! loss.
 
 pub mod codelet;
 mod data;
@@ -101,6 +110,6 @@ pub use data::Handle;
 pub use deps::AccessMode;
 pub use policy::{Candidate, Policy};
 pub use profile::Profile;
-pub use runtime::{SchedStats, Scheduler, SchedulerOptions};
+pub use runtime::{CollectiveTask, SchedStats, Scheduler, SchedulerOptions};
 pub use stream::Point;
 pub use task::{Task, TaskId};

@@ -646,3 +646,92 @@ fn a_profile_times_every_task_and_copy_and_writes_a_trace() {
         .any(|e| e["ph"] == "X"));
     std::fs::remove_file(&path).unwrap();
 }
+
+// ----------------------------------------------------------------- collectives --
+
+#[test]
+fn collectives_are_tasks_ordered_by_their_handles() {
+    use xpu_collectives::{CommOptions, Communicator, ReduceOp};
+    use xpu_scheduler::CollectiveTask;
+    for sel in ["host:0,1", "host:0;vulkan:0", "host:1;plugin.simnpu:0"] {
+        let Some(devs) = devices(sel) else { continue };
+        for policy in Policy::ALL {
+            let sched = Scheduler::new(&devs, options(policy)).unwrap();
+            let comm = Communicator::new(devs.clone(), CommOptions::default()).unwrap();
+            let n = devs.len();
+            let elems = 300;
+            // Per rank: a gradient filled on its device, then all-reduced in place, then
+            // halved by a task that must see the sum.
+            let grads: Vec<_> = (0..n).map(|_| sched.create(elems * 4).unwrap()).collect();
+            let halves: Vec<_> = (0..n).map(|_| sched.create(elems * 4).unwrap()).collect();
+            for (r, g) in grads.iter().enumerate() {
+                let fill = Codelet::from_builtin(Builtin::Fill {
+                    value: Scalar::F32(r as f32 + 1.0),
+                });
+                sched
+                    .submit(Task::new(&fill).write(*g).on(&devs[r]))
+                    .unwrap();
+            }
+            sched
+                .all_reduce(&comm, &grads, DType::F32, ReduceOp::Sum)
+                .unwrap();
+            let half = Codelet::from_builtin(Builtin::Scale {
+                alpha: Scalar::F32(0.5),
+            });
+            for r in 0..n {
+                sched
+                    .submit(Task::new(&half).read(grads[r]).write(halves[r]))
+                    .unwrap();
+            }
+            let sum: f32 = (1..=n).map(|r| r as f32).sum();
+            for r in 0..n {
+                assert_eq!(
+                    sched.read(grads[r]).unwrap(),
+                    bytes(&vec![sum; elems as usize]),
+                    "{sel} {policy}"
+                );
+                assert_eq!(
+                    sched.read(halves[r]).unwrap(),
+                    bytes(&vec![sum / 2.0; elems as usize])
+                );
+            }
+            // Reduce-scatter then all-gather: back to the full sum everywhere.
+            let blocks: Vec<_> = (0..n)
+                .map(|_| sched.create(elems * 4 / n as u64).unwrap())
+                .collect();
+            let full: Vec<_> = (0..n).map(|_| sched.create(elems * 4).unwrap()).collect();
+            if (elems as usize).is_multiple_of(n) {
+                sched
+                    .collective(
+                        &comm,
+                        CollectiveTask::ReduceScatter {
+                            dtype: DType::F32,
+                            op: ReduceOp::Sum,
+                        },
+                        &grads,
+                        &blocks,
+                    )
+                    .unwrap();
+                sched
+                    .collective(&comm, CollectiveTask::AllGather, &blocks, &full)
+                    .unwrap();
+                for f in &full {
+                    assert_eq!(
+                        sched.read(*f).unwrap(),
+                        bytes(&vec![sum * n as f32; elems as usize])
+                    );
+                }
+            }
+            sched.wait_all().unwrap();
+            // Bad input: the wrong number of handles, and mismatched sizes.
+            let e = sched
+                .all_reduce(&comm, &grads[..1], DType::F32, ReduceOp::Sum)
+                .unwrap_err();
+            assert!(e.to_string().contains("one of each per rank"), "{e}");
+            let e = sched
+                .collective(&comm, CollectiveTask::AllGather, &grads, &grads)
+                .unwrap_err();
+            assert!(e.to_string().contains("ranks × its send handle"), "{e}");
+        }
+    }
+}
