@@ -1,0 +1,272 @@
+//! Collectives over handles as tasks.
+
+use super::*;
+
+impl Scheduler {
+    /// A collective over one handle per rank of `comm`, as a task: rank `r`'s handles
+    /// are `send[r]` (read) and `recv[r]` (written; the same handle as `send[r]` for an
+    /// in-place operation), on rank `r`'s device, which must be one of the scheduler's.
+    /// It waits for what wrote those handles, and what reads them after waits for it,
+    /// like any task; the operation itself is enqueued on each rank's task stream, so
+    /// it overlaps the work other devices do meanwhile. Under the queued policies the
+    /// call first waits until every task submitted before it has been dispatched.
+    pub fn collective(
+        &self,
+        comm: &Communicator,
+        kind: CollectiveTask,
+        send: &[Handle],
+        recv: &[Handle],
+    ) -> Result<TaskId> {
+        let n = comm.size();
+        let label = kind.name().to_string();
+        if send.len() != n || recv.len() != n {
+            return Err(Error::invalid(format!(
+                "{label}: the communicator has {n} ranks but {} send and {} receive handles were given; give one of each per rank",
+                send.len(),
+                recv.len()
+            )));
+        }
+        let mut ranks = Vec::with_capacity(n);
+        for (r, device) in comm.devices().iter().enumerate() {
+            let Some(d) = self.shared.devices.iter().position(|x| x == device) else {
+                return Err(Error::invalid(format!(
+                    "{label}: rank {r} is on {}, which is not one of this scheduler's devices",
+                    device.id()
+                )));
+            };
+            ranks.push(d);
+        }
+        for (r, (s, v)) in send.iter().zip(recv).enumerate() {
+            let (bytes_s, bytes_r) = (s.len, v.len);
+            let ok = match kind {
+                CollectiveTask::AllReduce { .. } => bytes_s == bytes_r,
+                CollectiveTask::ReduceScatter { .. } => bytes_s == bytes_r * n as u64,
+                CollectiveTask::AllGather => bytes_r == bytes_s * n as u64,
+            };
+            if !ok {
+                return Err(Error::invalid(format!(
+                    "{label}: rank {r}'s send handle is {bytes_s} bytes and its receive handle {bytes_r}; {}",
+                    kind.sizes()
+                )));
+            }
+        }
+        let mut st = self.drained();
+        st.poll(&self.shared);
+        let mut seen = BTreeSet::new();
+        for h in send.iter().chain(recv) {
+            if !st.handles.contains_key(&h.id) {
+                return Err(Error::invalid(format!(
+                    "{label}: {h} is not registered with this scheduler (unregistered, or from another one)"
+                )));
+            }
+            seen.insert(h.id);
+        }
+        let distinct = send
+            .iter()
+            .zip(recv)
+            .map(|(s, v)| if s.id == v.id { 1 } else { 2 })
+            .sum::<usize>();
+        if seen.len() != distinct {
+            return Err(Error::invalid(format!(
+                "{label}: a handle appears on two ranks; each rank needs handles of its own"
+            )));
+        }
+        let id = st.next_task;
+        st.next_task += 1;
+        st.stats.tasks += 1;
+        let mut deps = BTreeSet::new();
+        let mut accesses = Vec::with_capacity(2 * n);
+        for (s, v) in send.iter().zip(recv) {
+            if s.id == v.id {
+                accesses.push((*s, AccessMode::ReadWrite));
+            } else {
+                accesses.push((*s, AccessMode::Read));
+                accesses.push((*v, AccessMode::Write));
+            }
+        }
+        for (h, m) in &accesses {
+            if let Some(hs) = st.handles.get_mut(&h.id) {
+                hs.deps.access(id, *m, &mut deps);
+            }
+        }
+        if let Some((dep, why)) = deps.iter().find_map(|d| {
+            st.tasks
+                .get(d)
+                .and_then(|t| t.failed.clone().map(|f| (*d, f)))
+        }) {
+            let message = format!("{label} depends on task {dep}, which failed: {why}");
+            st.fail_task(id, &label, &accesses, message.clone());
+            return Err(Error::aborted(message));
+        }
+        match st.run_collective(
+            &self.shared,
+            comm,
+            kind,
+            id,
+            &label,
+            &ranks,
+            send,
+            recv,
+            &deps,
+        ) {
+            Ok(()) => Ok(TaskId(id)),
+            Err(e) => {
+                st.fail_task(id, &label, &accesses, format!("{label} failed: {e}"));
+                Err(e)
+            }
+        }
+    }
+
+    /// An in-place all-reduce of one handle per rank (see [`Scheduler::collective`]).
+    pub fn all_reduce(
+        &self,
+        comm: &Communicator,
+        handles: &[Handle],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<TaskId> {
+        self.collective(
+            comm,
+            CollectiveTask::AllReduce { dtype, op },
+            handles,
+            handles,
+        )
+    }
+}
+
+/// A collective a [`Scheduler`] runs as a task ([`Scheduler::collective`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CollectiveTask {
+    /// Every rank's receive handle becomes the reduction of all send handles (same
+    /// size).
+    AllReduce {
+        /// Element type.
+        dtype: DType,
+        /// The reduction.
+        op: ReduceOp,
+    },
+    /// Rank `r`'s receive handle becomes block `r` of the reduction of all send handles
+    /// (each ranks × the receive handle's size).
+    ReduceScatter {
+        /// Element type.
+        dtype: DType,
+        /// The reduction.
+        op: ReduceOp,
+    },
+    /// Every rank's receive handle (ranks × the send handle's size) becomes all send
+    /// handles in rank order.
+    AllGather,
+}
+
+impl CollectiveTask {
+    fn name(&self) -> &'static str {
+        match self {
+            CollectiveTask::AllReduce { .. } => "all_reduce",
+            CollectiveTask::ReduceScatter { .. } => "reduce_scatter",
+            CollectiveTask::AllGather => "all_gather",
+        }
+    }
+
+    fn sizes(&self) -> &'static str {
+        match self {
+            CollectiveTask::AllReduce { .. } => "an all-reduce needs both the same size",
+            CollectiveTask::ReduceScatter { .. } => {
+                "a reduce-scatter's send handle is ranks × its receive handle"
+            }
+            CollectiveTask::AllGather => {
+                "an all-gather's receive handle is ranks × its send handle"
+            }
+        }
+    }
+}
+
+impl State {
+    /// Enqueues collective task `id`: every rank's data on its device, its stream behind
+    /// the points it depends on, then the ranks' calls made together (each rank's call
+    /// returns once all have arrived), each from a thread of its own.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run_collective(
+        &mut self,
+        shared: &Shared,
+        comm: &Communicator,
+        kind: CollectiveTask,
+        id: u64,
+        label: &str,
+        ranks: &[usize],
+        send: &[Handle],
+        recv: &[Handle],
+        deps: &BTreeSet<u64>,
+    ) -> Result<()> {
+        let dep_points: Vec<Point> = deps
+            .iter()
+            .filter_map(|t| self.tasks.get(t))
+            .flat_map(TaskRecord::points)
+            .collect();
+        let mut memory = Vec::with_capacity(ranks.len());
+        for (r, &d) in ranks.iter().enumerate() {
+            let s = compute_stream(d);
+            let m_send = self.replica(shared, send[r], d)?;
+            if let Some(p) = self.fetch(shared, send[r], d, &m_send)? {
+                wait_for(&mut self.streams, s, p)?;
+            }
+            let m_recv = if recv[r].id == send[r].id {
+                m_send.clone()
+            } else {
+                self.replica(shared, recv[r], d)?
+            };
+            for p in &dep_points {
+                wait_for(&mut self.streams, s, *p)?;
+            }
+            memory.push((m_send, m_recv, self.streams[s].stream.clone()));
+        }
+        let call = |r: usize| -> Result<()> {
+            let (send, recv, stream) = &memory[r];
+            let rank = comm.rank(r)?;
+            match kind {
+                CollectiveTask::AllReduce { dtype, op } => {
+                    rank.all_reduce(send, recv, dtype, op, stream)
+                }
+                CollectiveTask::ReduceScatter { dtype, op } => {
+                    rank.reduce_scatter(send, recv, dtype, op, stream)
+                }
+                CollectiveTask::AllGather => rank.all_gather(send, recv, stream),
+            }
+        };
+        let outcomes: Vec<Result<()>> = std::thread::scope(|scope| {
+            let others: Vec<_> = (1..ranks.len())
+                .map(|r| scope.spawn(move || call(r)))
+                .collect();
+            let mut all = vec![call(0)];
+            for h in others {
+                all.push(h.join().unwrap_or_else(|_| {
+                    Err(Error::aborted("a rank's thread of the collective panicked"))
+                }));
+            }
+            all
+        });
+        if let Some(Err(e)) = outcomes.into_iter().find(Result::is_err) {
+            comm.abort();
+            return Err(e);
+        }
+        let mut points = Vec::with_capacity(ranks.len());
+        for (r, &d) in ranks.iter().enumerate() {
+            let s = compute_stream(d);
+            let point = self.streams[s].advance(s);
+            if let Some(h) = self.handles.get_mut(&recv[r].id) {
+                h.written(d, point);
+            }
+            self.stats.placed[d] += 1;
+            points.push(point);
+        }
+        self.tasks.insert(
+            id,
+            TaskRecord {
+                label: label.to_string(),
+                point: points[0],
+                extra: points[1..].to_vec(),
+                failed: None,
+            },
+        );
+        Ok(())
+    }
+}

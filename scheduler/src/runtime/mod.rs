@@ -1,0 +1,759 @@
+//! The [`Scheduler`]: submission, placement, data movement and waiting.
+//!
+//! This module holds the state and the public entry points; the work is split by topic:
+//! `dispatch` (what the policy sees, enqueuing a task), `movement` (replicas, fetches,
+//! write-backs, eviction), `queue` (the queued policies' queues and workers),
+//! `collective` (collectives as tasks) and `profiling`.
+
+mod collective;
+mod dispatch;
+mod movement;
+mod profiling;
+mod queue;
+
+pub use collective::CollectiveTask;
+use profiling::{finish_profile, write_trace};
+use queue::worker;
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use xpu_collectives::{Communicator, ReduceOp};
+use xpu_hal::{Allocation, DType, Device, Error, Event, HostBuffer, KernelArg, Result};
+
+use crate::codelet::{Builtin, Codelet, Implementation};
+use crate::data::{Handle, HandleState, Replica};
+use crate::deps::AccessMode;
+use crate::perfmodel::PerfModels;
+use crate::policy::{Candidate, Policy};
+use crate::profile::{MemorySample, Profile, Span, SpanKind};
+use crate::stream::{wait_for, Point, StreamSlot};
+use crate::task::{Task, TaskId};
+
+/// A marker event is recorded on a device's task stream every this many tasks, so that
+/// the scheduler learns how far each device has got without waiting for it.
+const MARKER_EVERY: u32 = 8;
+/// Tasks a device may have enqueued and not finished before its worker takes another
+/// from the queues (queued policies): few enough that a fast device takes more of the
+/// work, enough to keep it fed while the worker dispatches the next.
+const DEPTH: u64 = 4;
+/// How long an idle worker sleeps before it looks again (new work wakes it earlier).
+const WORKER_NAP: Duration = Duration::from_millis(2);
+
+/// A codelet is timed on every run until a footprint has this many samples, and on one
+/// run in [`SAMPLE_EVERY`] after that (to notice when it changes).
+const CALIBRATION_SAMPLES: u64 = 10;
+/// See [`CALIBRATION_SAMPLES`].
+const SAMPLE_EVERY: u64 = 32;
+/// Assumed bytes per second of a copy to or from a device before any was measured.
+const DEFAULT_BANDWIDTH: f64 = 8e9;
+/// Copies smaller than this are not timed: their time is mostly latency.
+const MIN_TIMED_COPY: u64 = 256 << 10;
+
+/// How a [`Scheduler`] works.
+#[derive(Debug, Clone, Default)]
+pub struct SchedulerOptions {
+    /// The placement policy.
+    pub policy: Policy,
+    /// Where performance models persist; `None`: the default cache directory
+    /// ([`crate::perfmodel::default_dir`]).
+    pub model_dir: Option<PathBuf>,
+    /// Keep models in memory only.
+    pub no_persist: bool,
+    /// Profile from the start and write the trace here when the scheduler is dropped
+    /// (see [`crate::profile`]).
+    pub profile: Option<PathBuf>,
+}
+
+impl SchedulerOptions {
+    /// The defaults, with the policy from `XPU_SCHED` and the profile's file from
+    /// `XPU_PROFILE` when set.
+    pub fn from_env() -> Result<SchedulerOptions> {
+        let mut o = SchedulerOptions {
+            profile: std::env::var_os("XPU_PROFILE")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+            ..SchedulerOptions::default()
+        };
+        if let Some(v) = std::env::var_os("XPU_SCHED") {
+            let v = v.to_string_lossy();
+            o.policy = v
+                .parse()
+                .map_err(|e: Error| Error::invalid(format!("XPU_SCHED: {e}")))?;
+        }
+        Ok(o)
+    }
+}
+
+/// What a scheduler has done so far, read at one instant (under its lock).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SchedStats {
+    /// Tasks submitted (including those that failed to start).
+    pub tasks: u64,
+    /// Tasks started on each device, in device order.
+    pub placed: Vec<u64>,
+    /// Copies that brought a handle to a device (from its home or a peer).
+    pub fetches: u64,
+    /// Copies of a handle back to its home.
+    pub write_backs: u64,
+    /// Bytes those copies moved.
+    pub bytes_moved: u64,
+    /// Replicas dropped to make room.
+    pub evictions: u64,
+}
+
+/// A task's record while it may still be pending.
+struct TaskRecord {
+    label: String,
+    point: Point,
+    /// The points on other devices' streams of a collective task.
+    extra: Vec<Point>,
+    failed: Option<String>,
+}
+
+impl TaskRecord {
+    /// Every point the task ends at.
+    fn points(&self) -> impl Iterator<Item = Point> + '_ {
+        std::iter::once(self.point).chain(self.extra.iter().copied())
+    }
+}
+
+/// What a pending timing measures.
+enum Timed {
+    /// One run of a codelet.
+    Task {
+        codelet: String,
+        arch: String,
+        footprint: u64,
+    },
+    /// A copy of `bytes` to device `device`.
+    Copy { device: usize, bytes: u64 },
+}
+
+/// A pending timing: two events around the work.
+struct Measurement {
+    what: Timed,
+    start: Event,
+    end: Event,
+}
+
+/// What the scheduler tracks of one device.
+struct DeviceState {
+    /// Seconds since the scheduler's epoch when the device is expected to be free.
+    busy_until: f64,
+    /// Marker events on its task stream, oldest first, with the `seq` they cover.
+    markers: VecDeque<(u64, Event)>,
+    /// The highest `seq` of its task stream known to have completed.
+    completed: u64,
+    since_marker: u32,
+    /// Bytes per second of copies to it, as measured (None: not yet).
+    bandwidth: Option<f64>,
+}
+
+struct State {
+    streams: Vec<StreamSlot>,
+    handles: HashMap<u64, HandleState>,
+    tasks: HashMap<u64, TaskRecord>,
+    next_task: u64,
+    devices: Vec<DeviceState>,
+    models: PerfModels,
+    measurements: Vec<Measurement>,
+    /// Copies from homes so far.
+    copies: u64,
+    clock: u64,
+    /// Asynchronous failures observed and not yet reported.
+    errors: Vec<Error>,
+    stats: SchedStats,
+    profiling: Option<Profiling>,
+    /// Bytes of replicas held per device.
+    replica_bytes: Vec<u64>,
+    queues: Queues,
+    /// Set when the last handle to the scheduler is dropped: workers finish the queues
+    /// and exit.
+    shutdown: bool,
+}
+
+/// A task submitted under a queued policy and not dispatched yet.
+struct Pending {
+    task: Task,
+    label: String,
+    accesses: Vec<(Handle, AccessMode)>,
+    deps: BTreeSet<u64>,
+    /// Devices that can run it, with the implementation each runs.
+    candidates: Vec<(usize, usize)>,
+    footprint: u64,
+    /// Dependencies not dispatched yet.
+    remaining: usize,
+}
+
+/// The queues of the queued policies.
+#[derive(Default)]
+struct Queues {
+    pending: HashMap<u64, Pending>,
+    /// Per pending task: the pending tasks waiting for it.
+    successors: HashMap<u64, Vec<u64>>,
+    /// Ready tasks, oldest first (`eager`).
+    central: VecDeque<u64>,
+    /// Ready tasks per device (`ws`).
+    local: Vec<VecDeque<u64>>,
+    /// Where the next ready task of a submission goes (`ws`).
+    next: usize,
+}
+
+/// A span whose events have not been read yet.
+struct PendingSpan {
+    kind: SpanKind,
+    name: String,
+    task: Option<u64>,
+    device: usize,
+    stream: usize,
+    bytes: u64,
+    deps: Vec<u64>,
+    start: Event,
+    end: Event,
+}
+
+/// A profile being recorded (see the `profile` module).
+struct Profiling {
+    /// When it started, on the host's clock.
+    started: Instant,
+    /// Per device: its origin event and the host seconds (since `started`) at which it
+    /// completed; `None` for a device that cannot time events.
+    origins: Vec<Option<(Event, f64)>>,
+    spans: Vec<PendingSpan>,
+    memory: Vec<MemorySample>,
+}
+
+struct Shared {
+    devices: Vec<Device>,
+    archs: Vec<String>,
+    policy: Policy,
+    /// Where the trace goes when the scheduler is dropped.
+    profile_path: Option<PathBuf>,
+    state: Mutex<State>,
+    /// Signalled when tasks become ready or are dispatched.
+    work: Condvar,
+    epoch: Instant,
+}
+
+/// Task graphs over a set of devices (see the crate docs). Cheap to clone; every clone
+/// drives the same devices, streams and data.
+#[derive(Clone)]
+pub struct Scheduler {
+    shared: Arc<Shared>,
+    /// Stops the workers when the last clone goes.
+    owner: Arc<Owner>,
+}
+
+/// The workers of a queued policy; dropping the last owner lets them drain the queues
+/// and joins them.
+#[derive(Default)]
+struct Owner {
+    shared: Option<Arc<Shared>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let Some(shared) = &self.shared else {
+            return;
+        };
+        {
+            let mut st = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.shutdown = true;
+        }
+        shared.work.notify_all();
+        let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()));
+        for w in workers {
+            if w.thread().id() != std::thread::current().id() {
+                let _ = w.join();
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<String> = self
+            .shared
+            .devices
+            .iter()
+            .map(|d| d.id().to_string())
+            .collect();
+        f.debug_struct("Scheduler")
+            .field("devices", &ids)
+            .field("policy", &self.shared.policy)
+            .finish()
+    }
+}
+
+fn compute_stream(d: usize) -> usize {
+    2 * d
+}
+
+fn copy_stream(d: usize) -> usize {
+    2 * d + 1
+}
+
+impl Scheduler {
+    /// A scheduler over `devices` (distinct, at least one).
+    pub fn new(devices: &[Device], options: SchedulerOptions) -> Result<Scheduler> {
+        if devices.is_empty() {
+            return Err(Error::invalid(
+                "a scheduler needs at least one device; select some with --devices or XPU_DEVICES",
+            ));
+        }
+        for (i, d) in devices.iter().enumerate() {
+            if devices[..i].iter().any(|e| e == d) {
+                return Err(Error::invalid(format!(
+                    "{} is listed twice; give each device once",
+                    d.id()
+                )));
+            }
+        }
+        let n = devices.len();
+        let mut streams = Vec::with_capacity(2 * n);
+        for d in devices {
+            streams.push(StreamSlot::new(d.create_stream()?, 2 * n));
+            streams.push(StreamSlot::new(d.create_stream()?, 2 * n));
+        }
+        let dir = if options.no_persist {
+            None
+        } else {
+            options
+                .model_dir
+                .clone()
+                .or_else(crate::perfmodel::default_dir)
+        };
+        let archs = devices
+            .iter()
+            .map(|d| format!("{}/{}", d.backend(), d.name()))
+            .collect();
+        let mut sched = Scheduler {
+            shared: Arc::new(Shared {
+                devices: devices.to_vec(),
+                archs,
+                policy: options.policy,
+                profile_path: options.profile.clone(),
+                state: Mutex::new(State {
+                    streams,
+                    handles: HashMap::new(),
+                    tasks: HashMap::new(),
+                    next_task: 0,
+                    devices: (0..n)
+                        .map(|_| DeviceState {
+                            busy_until: 0.0,
+                            markers: VecDeque::new(),
+                            completed: 0,
+                            since_marker: 0,
+                            bandwidth: None,
+                        })
+                        .collect(),
+                    models: PerfModels::new(dir),
+                    measurements: Vec::new(),
+                    copies: 0,
+                    clock: 0,
+                    errors: Vec::new(),
+                    stats: SchedStats {
+                        placed: vec![0; n],
+                        ..SchedStats::default()
+                    },
+                    profiling: None,
+                    replica_bytes: vec![0; n],
+                    queues: Queues {
+                        local: (0..n).map(|_| VecDeque::new()).collect(),
+                        ..Queues::default()
+                    },
+                    shutdown: false,
+                }),
+                work: Condvar::new(),
+                epoch: Instant::now(),
+            }),
+            owner: Arc::new(Owner::default()),
+        };
+        if options.policy.queued() {
+            let mut workers = Vec::with_capacity(n);
+            for (d, device) in devices.iter().enumerate() {
+                let shared = sched.shared.clone();
+                let handle = std::thread::Builder::new()
+                    .name(format!("xpu-sched-{}", device.id()))
+                    .spawn(move || worker(&shared, d))
+                    .map_err(|e| {
+                        Error::backend_message(
+                            "scheduler",
+                            format!("could not start a worker thread: {e}"),
+                        )
+                    })?;
+                workers.push(handle);
+            }
+            sched.owner = Arc::new(Owner {
+                shared: Some(sched.shared.clone()),
+                workers: Mutex::new(workers),
+            });
+        }
+        if sched.shared.profile_path.is_some() {
+            sched.start_profiling()?;
+        }
+        Ok(sched)
+    }
+
+    /// Its devices, in placement order.
+    pub fn devices(&self) -> &[Device] {
+        &self.shared.devices
+    }
+
+    /// Its policy.
+    pub fn policy(&self) -> Policy {
+        self.shared.policy
+    }
+
+    /// The state, once every task submitted so far has been dispatched (queued
+    /// policies; at once otherwise).
+    fn drained(&self) -> MutexGuard<'_, State> {
+        let mut st = self.lock();
+        while !st.queues.pending.is_empty() {
+            st = match self.shared.work.wait_timeout(st, WORKER_NAP) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        st
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now(&self) -> f64 {
+        self.shared.epoch.elapsed().as_secs_f64()
+    }
+
+    /// Takes `buffer` as the home of a new handle; its bytes are the handle's value.
+    /// The scheduler owns the buffer until [`Scheduler::unregister`] gives it back.
+    pub fn register(&self, buffer: HostBuffer) -> Result<Handle> {
+        if buffer.in_flight() > 0 {
+            return Err(Error::invalid(
+                "the buffer is still used by enqueued copies; synchronize their streams before registering it",
+            ));
+        }
+        let handle = Handle::fresh(buffer.len() as u64);
+        let n = self.shared.devices.len();
+        self.lock()
+            .handles
+            .insert(handle.id, HandleState::new(handle, buffer, n));
+        Ok(handle)
+    }
+
+    /// A new handle of `len` bytes, zero-filled.
+    pub fn create(&self, len: u64) -> Result<Handle> {
+        let len = usize::try_from(len)
+            .map_err(|_| Error::invalid(format!("{len} bytes do not fit this host")))?;
+        self.register(HostBuffer::new(len)?)
+    }
+
+    /// Submits `task` (see the crate docs). Returns at once: the task runs when what it
+    /// depends on has run.
+    pub fn submit(&self, task: Task) -> Result<TaskId> {
+        let mut st = self.lock();
+        st.poll(&self.shared);
+        let label = task.label();
+        // Arguments: known handles, each once (merging modes).
+        let mut accesses: Vec<(Handle, AccessMode)> = Vec::with_capacity(task.accesses.len());
+        for (h, m) in &task.accesses {
+            if !st.handles.contains_key(&h.id) {
+                return Err(Error::invalid(format!(
+                    "{label}: {h} is not registered with this scheduler (unregistered, or from another one)"
+                )));
+            }
+            match accesses.iter_mut().find(|(a, _)| a.id == h.id) {
+                Some((_, mode)) => *mode = mode.merge(*m),
+                None => accesses.push((*h, *m)),
+            }
+        }
+        for t in &task.after {
+            if t.0 >= st.next_task {
+                return Err(Error::invalid(format!(
+                    "{label}: {t} has not been submitted; a task can only follow earlier tasks"
+                )));
+            }
+        }
+        // Where it can run.
+        let mut reasons = Vec::new();
+        let mut candidates: Vec<(usize, usize)> = Vec::new();
+        for (d, device) in self.shared.devices.iter().enumerate() {
+            if let Some(p) = &task.pinned {
+                if p != device {
+                    continue;
+                }
+            }
+            match task.codelet.implementation_for(device) {
+                Ok(i) => candidates.push((d, i)),
+                Err(why) => reasons.push(why),
+            }
+        }
+        if let Some(p) = &task.pinned {
+            if !self.shared.devices.contains(p) {
+                return Err(Error::invalid(format!(
+                    "{label} is pinned to {}, which is not one of this scheduler's devices",
+                    p.id()
+                )));
+            }
+        }
+        if candidates.is_empty() {
+            return Err(Error::unsupported(format!(
+                "{label} (codelet `{}`) can run on none of the scheduler's devices: {}",
+                task.codelet.name(),
+                reasons.join("; ")
+            )));
+        }
+        check_arguments(&task, &accesses, candidates[0].1)?;
+        // Dependencies.
+        let id = st.next_task;
+        let mut deps = BTreeSet::new();
+        for (h, m) in &accesses {
+            if let Some(hs) = st.handles.get_mut(&h.id) {
+                hs.deps.access(id, *m, &mut deps);
+            }
+        }
+        deps.extend(task.after.iter().map(|t| t.0));
+        st.next_task += 1;
+        st.stats.tasks += 1;
+        // A task after a failed one fails too.
+        if let Some((dep, why)) = deps.iter().find_map(|d| {
+            st.tasks
+                .get(d)
+                .and_then(|t| t.failed.clone().map(|f| (*d, f)))
+        }) {
+            let message = format!("{label} depends on task {dep}, which failed: {why}");
+            st.fail_task(id, &label, &accesses, message.clone());
+            return Err(Error::aborted(message));
+        }
+        let footprint: u64 = accesses.iter().map(|(h, _)| h.len).sum();
+        if self.shared.policy.queued() {
+            st.enqueue(
+                self.shared.devices.len(),
+                Pending {
+                    task,
+                    label,
+                    accesses,
+                    deps,
+                    candidates,
+                    footprint,
+                    remaining: 0,
+                },
+                id,
+            );
+            drop(st);
+            self.shared.work.notify_all();
+            return Ok(TaskId(id));
+        }
+        // Placement.
+        let now = self.now();
+        let chosen = if candidates.len() == 1 {
+            candidates[0]
+        } else {
+            let infos: Vec<Candidate> = candidates
+                .iter()
+                .map(|&(d, _)| {
+                    st.candidate(&self.shared, &task.codelet, d, &accesses, footprint, now)
+                })
+                .collect();
+            candidates[self.shared.policy.choose(&infos)]
+        };
+        let pending = Pending {
+            task,
+            label,
+            accesses,
+            deps,
+            candidates,
+            footprint,
+            remaining: 0,
+        };
+        st.start(&self.shared, id, &pending, chosen, now)
+            .map(|()| TaskId(id))
+    }
+
+    /// Waits until every task submitted so far has run; returns the first failure of any
+    /// of them not yet reported (each is reported once).
+    pub fn wait_all(&self) -> Result<()> {
+        let (streams, seen): (Vec<xpu_hal::Stream>, Vec<u64>) = {
+            let st = self.drained();
+            (
+                st.streams.iter().map(|s| s.stream.clone()).collect(),
+                (0..st.devices.len())
+                    .map(|d| st.streams[compute_stream(d)].seq)
+                    .collect(),
+            )
+        };
+        let mut first: Option<Error> = None;
+        for s in &streams {
+            if let Err(e) = s.synchronize() {
+                first.get_or_insert(e);
+            }
+        }
+        let mut st = self.lock();
+        st.poll(&self.shared);
+        // Everything submitted before the synchronizations has run.
+        let now = self.now();
+        for (i, slots) in streams.iter().enumerate().step_by(2) {
+            let _ = slots;
+            let d = i / 2;
+            let done = st.streams[compute_stream(d)].seq.min(seen[d]);
+            let dev = &mut st.devices[d];
+            dev.completed = dev.completed.max(done);
+            if dev.completed >= st.streams[compute_stream(d)].seq {
+                st.devices[d].busy_until = now;
+            }
+        }
+        st.poll(&self.shared);
+        if let Some(e) = first {
+            st.errors.push(e);
+        }
+        if st.errors.is_empty() {
+            Ok(())
+        } else {
+            Err(st.errors.remove(0))
+        }
+    }
+
+    /// Waits until `task` has run.
+    pub fn wait(&self, task: TaskId) -> Result<()> {
+        let event = {
+            let mut st = self.lock();
+            while st.queues.pending.contains_key(&task.0) {
+                st = match self.shared.work.wait_timeout(st, WORKER_NAP) {
+                    Ok((g, _)) => g,
+                    Err(p) => p.into_inner().0,
+                };
+            }
+            let Some(rec) = st.tasks.get(&task.0) else {
+                if task.0 >= st.next_task {
+                    return Err(Error::invalid(format!("{task} has not been submitted")));
+                }
+                return Ok(());
+            };
+            if let Some(why) = &rec.failed {
+                return Err(Error::aborted(format!(
+                    "{task} ({}) failed: {why}",
+                    rec.label
+                )));
+            }
+            let points: Vec<Point> = rec.points().collect();
+            let mut events = Vec::with_capacity(points.len());
+            for p in points {
+                events.push(st.streams[p.stream].event_covering(p.seq)?);
+            }
+            events
+        };
+        for e in event {
+            e.wait()?;
+        }
+        Ok(())
+    }
+
+    /// The handle's current value, once every task submitted so far that writes it has
+    /// run.
+    pub fn read(&self, handle: Handle) -> Result<Vec<u8>> {
+        let mut st = self.drained();
+        st.bring_home(&self.shared, handle)?;
+        let hs = st
+            .handles
+            .get_mut(&handle.id)
+            .ok_or_else(|| unknown(handle))?;
+        let bytes = hs.home.buffer.as_slice()?.to_vec();
+        Ok(bytes)
+    }
+
+    /// Gives `handle`'s home buffer back with the handle's current value, once every
+    /// task submitted so far that uses it has run; the handle can no longer be used.
+    pub fn unregister(&self, handle: Handle) -> Result<HostBuffer> {
+        let mut st = self.drained();
+        st.bring_home(&self.shared, handle)?;
+        let hs = st
+            .handles
+            .remove(&handle.id)
+            .ok_or_else(|| unknown(handle))?;
+        Ok(hs.home.buffer)
+    }
+
+    /// What it has done so far.
+    pub fn stats(&self) -> SchedStats {
+        self.lock().stats.clone()
+    }
+
+    /// Writes the performance models to their directory.
+    pub fn save_models(&self) -> Result<()> {
+        let st = self.lock();
+        st.models
+            .save()
+            .map_err(|e| Error::backend_message("scheduler", e))
+    }
+
+    /// The predicted seconds of `codelet` on device `d` for `footprint` bytes, if its
+    /// model is calibrated.
+    pub fn predict(&self, codelet: &Codelet, d: usize, footprint: u64) -> Option<f64> {
+        let arch = self.shared.archs.get(d)?;
+        self.lock().models.predict(codelet.name(), arch, footprint)
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let profile = {
+            let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+            for s in &st.streams {
+                let _ = s.stream.synchronize();
+            }
+            let _ = st.models.save();
+            st.profiling.take()
+        };
+        if let (Some(p), Some(path)) = (profile, self.profile_path.clone()) {
+            let profile = finish_profile(self, p);
+            // A drop cannot return the error: say it where the user asked for a file.
+            if let Err(e) = write_trace(&profile, &path) {
+                eprintln!("xpu: XPU_PROFILE: {e}");
+            }
+        }
+    }
+}
+
+fn unknown(handle: Handle) -> Error {
+    Error::invalid(format!(
+        "{handle} is not registered with this scheduler (unregistered, or from another one)"
+    ))
+}
+
+/// Checks the task's arguments against implementation `i` of its codelet, so that a
+/// mismatch is an error of the submission rather than of the device.
+fn check_arguments(task: &Task, accesses: &[(Handle, AccessMode)], i: usize) -> Result<()> {
+    let label = task.label();
+    match task.codelet.implementations().get(i) {
+        Some(Implementation::Builtin(op))
+            if accesses.len() != op.buffers() || !task.scalars.is_empty() =>
+        {
+            return Err(Error::invalid(format!(
+                    "{label}: the builtin {op:?} takes {} distinct handles and no scalars; the task gives {} handles and {} scalars",
+                    op.buffers(),
+                    accesses.len(),
+                    task.scalars.len()
+                )));
+        }
+        Some(Implementation::Kernel { params, .. }) => {
+            let want = accesses.len() + task.scalars.len();
+            if params.len() != want {
+                return Err(Error::invalid(format!(
+                    "{label}: codelet `{}` declares {} parameters; the task gives {} distinct handles and {} scalars",
+                    task.codelet.name(),
+                    params.len(),
+                    accesses.len(),
+                    task.scalars.len()
+                )));
+            }
+        }
+        Some(Implementation::Builtin(_)) | None => {}
+    }
+    Ok(())
+}

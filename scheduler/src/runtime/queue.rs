@@ -1,0 +1,195 @@
+//! The queued policies (`eager`, `ws`): ready tasks wait in queues, and a worker thread
+//! per device takes them while its device has room.
+
+use super::*;
+
+/// A device's worker under a queued policy: takes ready tasks it can run while the
+/// device has room, until shut down with the queues empty.
+pub(super) fn worker(shared: &Shared, d: usize) {
+    let mut st = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        st.poll(shared);
+        let room = st.outstanding(d) < DEPTH;
+        if room {
+            if let Some(id) = st.pop_ready(shared.policy, d) {
+                st.start_pending(shared, id, d);
+                shared.work.notify_all();
+                continue;
+            }
+        }
+        if st.shutdown && st.queues.pending.is_empty() {
+            break;
+        }
+        if room {
+            st = match shared.work.wait_timeout(st, WORKER_NAP) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        } else {
+            // Full: wait for the device to finish its oldest marked task.
+            let oldest = st.devices[d].markers.front().map(|(_, e)| e.clone());
+            drop(st);
+            match oldest {
+                Some(e) => {
+                    let _ = e.wait_timeout(WORKER_NAP);
+                }
+                None => std::thread::sleep(WORKER_NAP),
+            }
+            st = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+impl State {
+    /// Tasks enqueued on device `d`'s task stream and not known to have finished.
+    pub(super) fn outstanding(&self, d: usize) -> u64 {
+        self.streams[compute_stream(d)]
+            .seq
+            .saturating_sub(self.devices[d].completed)
+    }
+
+    /// Queues task `id` (queued policies): ready at once if everything it depends on
+    /// has been dispatched, else when the last of those is.
+    pub(super) fn enqueue(&mut self, devices: usize, mut pending: Pending, id: u64) {
+        let mut remaining = 0;
+        for dep in &pending.deps {
+            if self.queues.pending.contains_key(dep) {
+                remaining += 1;
+                self.queues.successors.entry(*dep).or_default().push(id);
+            }
+        }
+        pending.remaining = remaining;
+        let first = pending.candidates.first().map_or(0, |c| c.0);
+        let can = pending.candidates.iter().map(|c| c.0).collect::<Vec<_>>();
+        self.queues.pending.insert(id, pending);
+        if remaining == 0 {
+            // A submission has no device of its own: spread over the candidates.
+            let start = self.queues.next;
+            self.queues.next = (start + 1) % devices.max(1);
+            let home = (0..devices)
+                .map(|k| (start + k) % devices)
+                .find(|d| can.contains(d))
+                .unwrap_or(first);
+            self.make_ready(id, home);
+        }
+    }
+
+    /// Puts a ready task in the queue its policy uses (`near`: the device whose work
+    /// made it ready, for `ws`).
+    pub(super) fn make_ready(&mut self, id: u64, near: usize) {
+        self.queues.central.push_back(id);
+        let runs_near = self
+            .queues
+            .pending
+            .get(&id)
+            .is_some_and(|p| p.candidates.iter().any(|c| c.0 == near));
+        let at = if runs_near {
+            near
+        } else {
+            self.queues
+                .pending
+                .get(&id)
+                .and_then(|p| p.candidates.first())
+                .map_or(near, |c| c.0)
+        };
+        if let Some(q) = self.queues.local.get_mut(at) {
+            q.push_back(id);
+        }
+    }
+
+    /// The next ready task device `d` takes under `policy`, removed from the queues.
+    pub(super) fn pop_ready(&mut self, policy: Policy, d: usize) -> Option<u64> {
+        let runs = |q: &Queues, id: &u64| {
+            q.pending
+                .get(id)
+                .is_some_and(|p| p.candidates.iter().any(|c| c.0 == d))
+        };
+        let id = match policy {
+            Policy::Ws => {
+                // Its own newest first, then the oldest of the most loaded other deque.
+                let own = self.queues.local[d]
+                    .iter()
+                    .rposition(|id| runs(&self.queues, id))
+                    .and_then(|i| self.queues.local[d].remove(i));
+                own.or_else(|| {
+                    let mut victims: Vec<usize> = (0..self.queues.local.len())
+                        .filter(|&v| v != d && !self.queues.local[v].is_empty())
+                        .collect();
+                    victims.sort_by_key(|&v| std::cmp::Reverse(self.queues.local[v].len()));
+                    victims.into_iter().find_map(|v| {
+                        let i = self.queues.local[v]
+                            .iter()
+                            .position(|id| runs(&self.queues, id))?;
+                        self.queues.local[v].remove(i)
+                    })
+                })?
+            }
+            _ => {
+                let i = self
+                    .queues
+                    .central
+                    .iter()
+                    .position(|id| runs(&self.queues, id))?;
+                self.queues.central.remove(i)?
+            }
+        };
+        // Out of the other policy's queue too.
+        if let Some(i) = self.queues.central.iter().position(|x| *x == id) {
+            self.queues.central.remove(i);
+        }
+        for q in &mut self.queues.local {
+            if let Some(i) = q.iter().position(|x| *x == id) {
+                q.remove(i);
+            }
+        }
+        Some(id)
+    }
+
+    /// Dispatches queued task `id` on device `d` and releases what waited for it.
+    pub(super) fn start_pending(&mut self, shared: &Shared, id: u64, d: usize) {
+        let Some(pending) = self.queues.pending.remove(&id) else {
+            return;
+        };
+        let chosen = pending
+            .candidates
+            .iter()
+            .copied()
+            .find(|c| c.0 == d)
+            .unwrap_or((d, 0));
+        let failed_dep = pending.deps.iter().find_map(|dep| {
+            self.tasks
+                .get(dep)
+                .and_then(|t| t.failed.clone().map(|f| (*dep, f)))
+        });
+        let outcome = match failed_dep {
+            Some((dep, why)) => {
+                let message = format!(
+                    "{} depends on task {dep}, which failed: {why}",
+                    pending.label
+                );
+                self.fail_task(id, &pending.label, &pending.accesses, message.clone());
+                Err(Error::aborted(message))
+            }
+            None => {
+                let now = shared.epoch.elapsed().as_secs_f64();
+                self.start(shared, id, &pending, chosen, now)
+            }
+        };
+        if let Err(e) = outcome {
+            // Reported at the next wait; dependants fail when they are dispatched.
+            self.errors.push(e);
+        }
+        for s in self.queues.successors.remove(&id).unwrap_or_default() {
+            let ready = match self.queues.pending.get_mut(&s) {
+                Some(p) => {
+                    p.remaining = p.remaining.saturating_sub(1);
+                    p.remaining == 0
+                }
+                None => false,
+            };
+            if ready {
+                self.make_ready(s, d);
+            }
+        }
+    }
+}
