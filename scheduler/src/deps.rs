@@ -127,6 +127,48 @@ impl<T: Copy + Ord> HandleDeps<T> {
         deps.remove(&task);
     }
 
+    /// Records `task`'s access like [`HandleDeps::access`], for a task whose
+    /// dependencies through this handle are already known (a replayed task whose access
+    /// is not its graph's first to the handle): the state moves on; nothing is computed.
+    pub fn advance(&mut self, task: T, mode: AccessMode) {
+        match mode {
+            AccessMode::Read => {
+                self.group_base = None;
+                self.readers.push(task);
+            }
+            AccessMode::Write | AccessMode::ReadWrite => {
+                self.producers.clear();
+                self.producers.push(task);
+                self.readers.clear();
+                self.group_base = None;
+            }
+            AccessMode::Reduce => {
+                if self.group_base.is_none() {
+                    let base: Vec<T> = self
+                        .producers
+                        .iter()
+                        .chain(self.readers.iter())
+                        .copied()
+                        .collect();
+                    self.producers.clear();
+                    self.readers.clear();
+                    self.group_base = Some(base);
+                }
+                self.producers.push(task);
+            }
+        }
+    }
+
+    /// How many tasks the state lists.
+    pub fn len(&self) -> usize {
+        self.producers.len() + self.readers.len() + self.group_base.as_ref().map_or(0, Vec::len)
+    }
+
+    /// Whether it lists no task.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// The tasks a reader of the handle's current value would wait for.
     pub fn producers(&self) -> &[T] {
         &self.producers
@@ -250,6 +292,29 @@ mod tests {
         assert_eq!(deps[4], BTreeSet::from([1, 2, 3]), "the read waits for all");
         assert_eq!(deps[5], BTreeSet::from([1, 2, 3, 4]));
         assert_eq!(deps[6], BTreeSet::from([1, 2, 3, 4]));
+    }
+
+    #[test]
+    fn advancing_leaves_the_state_that_access_leaves() {
+        let modes = [Read, Write, ReadWrite, Reduce];
+        for a in modes {
+            for b in modes {
+                for c in modes {
+                    let (mut x, mut y) = (HandleDeps::default(), HandleDeps::default());
+                    for (t, m) in [a, b, c].into_iter().enumerate() {
+                        x.access(t, m, &mut BTreeSet::new());
+                        y.advance(t, m);
+                    }
+                    // The same dependencies for every later access.
+                    for m in modes {
+                        let (mut dx, mut dy) = (BTreeSet::new(), BTreeSet::new());
+                        x.clone().access(9, m, &mut dx);
+                        y.clone().access(9, m, &mut dy);
+                        assert_eq!(dx, dy, "{a:?} {b:?} {c:?} then {m:?}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

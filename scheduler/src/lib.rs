@@ -60,6 +60,16 @@
 //! gradient bucket's all-reduce overlaps the backward computation that follows it on
 //! other handles (the DDP pattern).
 //!
+//! ## Recorded graphs and static placement
+//!
+//! A training step repeats. [`Scheduler::record`] keeps a sequence of submissions as a
+//! [`Graph`] (tasks with merged accesses, their devices, their dependencies inside the
+//! graph); [`Scheduler::replay`] submits it again without validation, placement or
+//! dependency inference beyond each handle's first access in the graph.
+//! [`Scheduler::plan`] places a recorded graph with a list-scheduling policy of [`sim`]
+//! (HEFT by default) from the learned task times and copy bandwidths, for replays with
+//! that static placement.
+//!
 //! ## Performance models
 //!
 //! Task times are measured with device timestamps while a codelet's model learns
@@ -91,8 +101,8 @@
 //!
 //! ## Not yet
 //!
-//! Static HEFT placement of recorded graphs, graph recording and replay, and device
-//! loss.
+//! Device loss (dropping a device from placement and re-placing its pending tasks), and
+//! failures isolated to the tasks that depend on them on a shared stream.
 
 pub mod codelet;
 mod data;
@@ -110,6 +120,6 @@ pub use data::Handle;
 pub use deps::AccessMode;
 pub use policy::{Candidate, Policy};
 pub use profile::Profile;
-pub use runtime::{CollectiveTask, SchedStats, Scheduler, SchedulerOptions};
+pub use runtime::{CollectiveTask, Graph, SchedStats, Scheduler, SchedulerOptions};
 pub use stream::Point;
 pub use task::{Task, TaskId};

@@ -735,3 +735,135 @@ fn collectives_are_tasks_ordered_by_their_handles() {
         }
     }
 }
+
+// ------------------------------------------------------------ record and replay --
+
+/// Submits one step of `prog` over `handles`.
+fn submit_program(
+    sched: &Scheduler,
+    handles: &[xpu_scheduler::Handle],
+    prog: &[Step],
+) -> xpu_hal::Result<()> {
+    for step in prog {
+        let task = match *step {
+            Step::Binary(op, a, b, c) => Task::new(&Codelet::from_builtin(Builtin::Binary {
+                op,
+                dtype: DType::F32,
+            }))
+            .read(handles[a])
+            .read(handles[b])
+            .write(handles[c]),
+            Step::Accumulate(op, d, src, reduce) => {
+                let mode = if reduce {
+                    AccessMode::Reduce
+                } else {
+                    AccessMode::ReadWrite
+                };
+                Task::new(&Codelet::from_builtin(Builtin::Accumulate {
+                    op,
+                    dtype: DType::F32,
+                }))
+                .access(handles[d], mode)
+                .read(handles[src])
+            }
+            Step::Half(src, dst) => Task::new(&Codelet::from_builtin(Builtin::Scale {
+                alpha: Scalar::F32(0.5),
+            }))
+            .read(handles[src])
+            .write(handles[dst]),
+            Step::Fill(d, v) => Task::new(&Codelet::from_builtin(Builtin::Fill {
+                value: Scalar::F32(v),
+            }))
+            .write(handles[d]),
+        };
+        sched.submit(task)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn recorded_graphs_replay_like_resubmission_and_heft_plans_them() {
+    for sel in ["host:0,1", "host:0;vulkan:0;plugin.simnpu:0"] {
+        let Some(devs) = devices(sel) else { continue };
+        for policy in Policy::ALL {
+            let (init, prog) = program(31, 5, 25);
+            // The program three times in order, on one host device.
+            let tripled: Vec<Step> = prog.iter().chain(&prog).chain(&prog).copied().collect();
+            let want = reference(&init, &tripled);
+            let sched = Scheduler::new(&devs, options(policy)).unwrap();
+            let handles: Vec<_> = init
+                .iter()
+                .map(|v| {
+                    sched
+                        .register(HostBuffer::from_bytes(&bytes(v)).unwrap())
+                        .unwrap()
+                })
+                .collect();
+            let graph = sched
+                .record(|s| submit_program(s, &handles, &prog))
+                .unwrap();
+            assert_eq!(graph.len(), prog.len());
+            sched.replay(&graph).unwrap();
+            let (planned, makespan) = sched
+                .plan(&graph, xpu_scheduler::sim::Policy::Heft)
+                .unwrap();
+            assert!(makespan.is_finite() && makespan >= 0.0);
+            assert_eq!(planned.edges(), graph.edges());
+            sched.replay(&planned).unwrap();
+            sched.wait_all().unwrap();
+            for (h, w) in handles.iter().zip(&want) {
+                assert_eq!(&sched.read(*h).unwrap(), w, "{sel} {policy}");
+            }
+            // A graph needs its handles and its scheduler.
+            let other = Scheduler::new(&devs, options(policy)).unwrap();
+            let e = other.replay(&graph).unwrap_err();
+            assert!(e.to_string().contains("another scheduler"), "{e}");
+            sched.unregister(handles[0]).unwrap();
+            let e = sched.replay(&graph).unwrap_err();
+            assert!(e.to_string().contains("no longer registered"), "{e}");
+        }
+    }
+}
+
+#[test]
+fn a_training_step_with_an_all_reduce_records_and_replays() {
+    use xpu_collectives::{CommOptions, Communicator, ReduceOp};
+    let Some(devs) = devices("host:0,1") else {
+        return;
+    };
+    let sched = Scheduler::new(&devs, options(Policy::Dmda)).unwrap();
+    let comm = Communicator::new(devs.clone(), CommOptions::default()).unwrap();
+    let elems = 64usize;
+    let grads: Vec<_> = (0..2)
+        .map(|_| sched.create(elems as u64 * 4).unwrap())
+        .collect();
+    let weights: Vec<_> = (0..2)
+        .map(|_| sched.create(elems as u64 * 4).unwrap())
+        .collect();
+    let step = |s: &Scheduler| -> xpu_hal::Result<()> {
+        for r in 0..2 {
+            let fill = Codelet::from_builtin(Builtin::Fill {
+                value: Scalar::F32(r as f32 + 1.0),
+            });
+            s.submit(Task::new(&fill).write(grads[r]).on(&devs[r]))?;
+        }
+        s.all_reduce(&comm, &grads, DType::F32, ReduceOp::Sum)?;
+        let sub = Codelet::from_builtin(Builtin::Accumulate {
+            op: BinaryOp::Sum,
+            dtype: DType::F32,
+        });
+        for r in 0..2 {
+            s.submit(Task::new(&sub).read_write(weights[r]).read(grads[r]))?;
+        }
+        Ok(())
+    };
+    let graph = sched.record(step).unwrap();
+    assert_eq!(graph.len(), 5);
+    for _ in 0..3 {
+        sched.replay(&graph).unwrap();
+    }
+    // Four steps, each adding 1 + 2 to every weight.
+    for w in &weights {
+        assert_eq!(sched.read(*w).unwrap(), bytes(&vec![12.0; elems]));
+    }
+}

@@ -85,9 +85,7 @@ impl Scheduler {
             }
         }
         for (h, m) in &accesses {
-            if let Some(hs) = st.handles.get_mut(&h.id) {
-                hs.deps.access(id, *m, &mut deps);
-            }
+            st.access(h.id, id, *m, &mut deps);
         }
         if let Some((dep, why)) = deps.iter().find_map(|d| {
             st.tasks
@@ -109,7 +107,12 @@ impl Scheduler {
             recv,
             &deps,
         ) {
-            Ok(()) => Ok(TaskId(id)),
+            Ok(()) => {
+                if let Some(rec) = &mut st.recording {
+                    rec.collective(id, comm, kind, send, recv, &ranks, &accesses, &deps);
+                }
+                Ok(TaskId(id))
+            }
             Err(e) => {
                 st.fail_task(id, &label, &accesses, format!("{label} failed: {e}"));
                 Err(e)
@@ -159,7 +162,8 @@ pub enum CollectiveTask {
 }
 
 impl CollectiveTask {
-    fn name(&self) -> &'static str {
+    /// Its name (`all_reduce` …), for messages and traces.
+    pub fn name(&self) -> &'static str {
         match self {
             CollectiveTask::AllReduce { .. } => "all_reduce",
             CollectiveTask::ReduceScatter { .. } => "reduce_scatter",
@@ -256,6 +260,7 @@ impl State {
                 h.written(d, point);
             }
             self.stats.placed[d] += 1;
+            self.live[d].push_back((point.seq, id));
             points.push(point);
         }
         self.tasks.insert(

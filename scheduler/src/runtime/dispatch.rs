@@ -49,24 +49,41 @@ impl State {
             }
         }
         self.measurements = pending;
-        // Forget tasks every device has passed (failed ones stay: dependants must
-        // learn of the failure).
-        let completed: Vec<u64> = self.devices.iter().map(|d| d.completed).collect();
-        let before = self.tasks.len();
-        self.tasks.retain(|_, t| {
-            t.failed.is_some()
-                || t.points()
-                    .any(|p| p.seq > completed.get(p.stream / 2).copied().unwrap_or(0))
-        });
-        if self.tasks.len() != before {
-            // Done: neither waiting in the queues nor possibly still running.
-            let (tasks, pending) = (&self.tasks, &self.queues.pending);
-            for h in self.handles.values_mut() {
-                h.deps
-                    .prune(|t| !tasks.contains_key(&t) && !pending.contains_key(&t));
+        // Forget tasks every device has passed, oldest first (failed ones stay:
+        // dependants must learn of the failure).
+        for d in 0..self.devices.len() {
+            let completed = self.devices[d].completed;
+            while let Some(&(seq, id)) = self.live[d].front() {
+                if seq > completed {
+                    break;
+                }
+                self.live[d].pop_front();
+                let done = self.tasks.get(&id).is_some_and(|t| {
+                    t.failed.is_none()
+                        && t.points().all(|p| {
+                            p.seq <= self.devices.get(p.stream / 2).map_or(0, |x| x.completed)
+                        })
+                });
+                if done {
+                    self.tasks.remove(&id);
+                }
             }
         }
         let _ = shared;
+    }
+
+    /// Records task `id`'s access to handle `h` as `mode`, adding the tasks it must wait
+    /// for to `deps`. A handle read by many tasks forgets the finished ones now and then,
+    /// so its state stays small.
+    pub(super) fn access(&mut self, h: u64, id: u64, mode: AccessMode, deps: &mut BTreeSet<u64>) {
+        let (tasks, pending) = (&self.tasks, &self.queues.pending);
+        if let Some(hs) = self.handles.get_mut(&h) {
+            if hs.deps.len() > PRUNE_ABOVE {
+                hs.deps
+                    .prune(|t| !tasks.contains_key(&t) && !pending.contains_key(&t));
+            }
+            hs.deps.access(id, mode, deps);
+        }
     }
 
     /// What the policy sees of device `d` for a task.
@@ -132,6 +149,7 @@ impl State {
         shared: &Shared,
         id: u64,
         p: &Pending,
+        deps: &BTreeSet<u64>,
         chosen: (usize, usize),
         now: f64,
     ) -> Result<()> {
@@ -147,11 +165,16 @@ impl State {
                 d,
                 implementation,
                 &p.accesses,
-                &p.deps,
+                deps,
                 p.footprint,
                 now,
             ) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    if let Some(rec) = &mut self.recording {
+                        rec.placed(id, d, implementation);
+                    }
+                    return Ok(());
+                }
                 Err(e @ Error::OutOfMemory { .. }) => last = Some((d, e)),
                 Err(e) => {
                     last = Some((d, e));
@@ -318,6 +341,7 @@ impl State {
             },
         );
         self.stats.placed[d] += 1;
+        self.live[d].push_back((point.seq, id));
         Ok(())
     }
 }

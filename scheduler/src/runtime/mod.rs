@@ -10,10 +10,12 @@ mod dispatch;
 mod movement;
 mod profiling;
 mod queue;
+mod record;
 
 pub use collective::CollectiveTask;
 use profiling::{finish_profile, write_trace};
 use queue::worker;
+pub use record::Graph;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
@@ -33,6 +35,8 @@ use crate::profile::{MemorySample, Profile, Span, SpanKind};
 use crate::stream::{wait_for, Point, StreamSlot};
 use crate::task::{Task, TaskId};
 
+static NEXT_SCHEDULER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// A marker event is recorded on a device's task stream every this many tasks, so that
 /// the scheduler learns how far each device has got without waiting for it.
 const MARKER_EVERY: u32 = 8;
@@ -40,6 +44,9 @@ const MARKER_EVERY: u32 = 8;
 /// from the queues (queued policies): few enough that a fast device takes more of the
 /// work, enough to keep it fed while the worker dispatches the next.
 const DEPTH: u64 = 4;
+/// A handle whose dependency state lists more tasks than this forgets the finished ones
+/// before its next access.
+const PRUNE_ABOVE: usize = 64;
 /// How long an idle worker sleeps before it looks again (new work wakes it earlier).
 const WORKER_NAP: Duration = Duration::from_millis(2);
 
@@ -171,12 +178,20 @@ struct State {
     /// Bytes of replicas held per device.
     replica_bytes: Vec<u64>,
     queues: Queues,
+    /// The graph being recorded, if any.
+    recording: Option<record::Recording>,
+    /// Per device: dispatched tasks, oldest first, with the `seq` of their point on its
+    /// task stream, until the device has passed them.
+    live: Vec<VecDeque<(u64, u64)>>,
+    /// Whether ready tasks go to per-device deques (`ws`) rather than the central queue.
+    ws: bool,
     /// Set when the last handle to the scheduler is dropped: workers finish the queues
     /// and exit.
     shutdown: bool,
 }
 
-/// A task submitted under a queued policy and not dispatched yet.
+/// A task submitted and not dispatched yet (queued policies), or being dispatched.
+#[derive(Clone)]
 struct Pending {
     task: Task,
     label: String,
@@ -228,6 +243,8 @@ struct Profiling {
 }
 
 struct Shared {
+    /// A process-unique id (recorded graphs belong to one scheduler).
+    id: u64,
     devices: Vec<Device>,
     archs: Vec<String>,
     policy: Policy,
@@ -334,6 +351,7 @@ impl Scheduler {
             .collect();
         let mut sched = Scheduler {
             shared: Arc::new(Shared {
+                id: NEXT_SCHEDULER.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                 devices: devices.to_vec(),
                 archs,
                 policy: options.policy,
@@ -367,6 +385,9 @@ impl Scheduler {
                         local: (0..n).map(|_| VecDeque::new()).collect(),
                         ..Queues::default()
                     },
+                    recording: None,
+                    live: (0..n).map(|_| VecDeque::new()).collect(),
+                    ws: options.policy == Policy::Ws,
                     shutdown: false,
                 }),
                 work: Condvar::new(),
@@ -514,9 +535,7 @@ impl Scheduler {
         let id = st.next_task;
         let mut deps = BTreeSet::new();
         for (h, m) in &accesses {
-            if let Some(hs) = st.handles.get_mut(&h.id) {
-                hs.deps.access(id, *m, &mut deps);
-            }
+            st.access(h.id, id, *m, &mut deps);
         }
         deps.extend(task.after.iter().map(|t| t.0));
         st.next_task += 1;
@@ -532,37 +551,6 @@ impl Scheduler {
             return Err(Error::aborted(message));
         }
         let footprint: u64 = accesses.iter().map(|(h, _)| h.len).sum();
-        if self.shared.policy.queued() {
-            st.enqueue(
-                self.shared.devices.len(),
-                Pending {
-                    task,
-                    label,
-                    accesses,
-                    deps,
-                    candidates,
-                    footprint,
-                    remaining: 0,
-                },
-                id,
-            );
-            drop(st);
-            self.shared.work.notify_all();
-            return Ok(TaskId(id));
-        }
-        // Placement.
-        let now = self.now();
-        let chosen = if candidates.len() == 1 {
-            candidates[0]
-        } else {
-            let infos: Vec<Candidate> = candidates
-                .iter()
-                .map(|&(d, _)| {
-                    st.candidate(&self.shared, &task.codelet, d, &accesses, footprint, now)
-                })
-                .collect();
-            candidates[self.shared.policy.choose(&infos)]
-        };
         let pending = Pending {
             task,
             label,
@@ -572,7 +560,37 @@ impl Scheduler {
             footprint,
             remaining: 0,
         };
-        st.start(&self.shared, id, &pending, chosen, now)
+        if let Some(rec) = &mut st.recording {
+            rec.task(id, &pending);
+        }
+        if self.shared.policy.queued() {
+            st.enqueue(self.shared.devices.len(), pending, id);
+            drop(st);
+            self.shared.work.notify_all();
+            return Ok(TaskId(id));
+        }
+        // Placement.
+        let now = self.now();
+        let candidates = &pending.candidates;
+        let chosen = if candidates.len() == 1 {
+            candidates[0]
+        } else {
+            let infos: Vec<Candidate> = candidates
+                .iter()
+                .map(|&(d, _)| {
+                    st.candidate(
+                        &self.shared,
+                        &pending.task.codelet,
+                        d,
+                        &pending.accesses,
+                        footprint,
+                        now,
+                    )
+                })
+                .collect();
+            candidates[self.shared.policy.choose(&infos)]
+        };
+        st.start(&self.shared, id, &pending, &pending.deps, chosen, now)
             .map(|()| TaskId(id))
     }
 

@@ -77,7 +77,10 @@ impl State {
     /// Puts a ready task in the queue its policy uses (`near`: the device whose work
     /// made it ready, for `ws`).
     pub(super) fn make_ready(&mut self, id: u64, near: usize) {
-        self.queues.central.push_back(id);
+        if !self.ws {
+            self.queues.central.push_back(id);
+            return;
+        }
         let runs_near = self
             .queues
             .pending
@@ -133,15 +136,6 @@ impl State {
                 self.queues.central.remove(i)?
             }
         };
-        // Out of the other policy's queue too.
-        if let Some(i) = self.queues.central.iter().position(|x| *x == id) {
-            self.queues.central.remove(i);
-        }
-        for q in &mut self.queues.local {
-            if let Some(i) = q.iter().position(|x| *x == id) {
-                q.remove(i);
-            }
-        }
         Some(id)
     }
 
@@ -172,7 +166,7 @@ impl State {
             }
             None => {
                 let now = shared.epoch.elapsed().as_secs_f64();
-                self.start(shared, id, &pending, chosen, now)
+                self.start(shared, id, &pending, &pending.deps, chosen, now)
             }
         };
         if let Err(e) = outcome {
