@@ -8,8 +8,8 @@
 #
 #   scripts/stress-tests.sh [ROUNDS]
 #
-#   STRESS_TEST_THREADS   test threads per test binary (default: twice the cores)
-#   STRESS_ROUND_TIMEOUT  seconds after which a round is stopped as hung (default 3600;
+#   XPU_STRESS_THREADS   test threads per test binary (default: twice the cores)
+#   XPU_STRESS_ROUND_TIMEOUT  seconds after which a round is stopped as hung (default 3600;
 #                         a hang guard only: a healthy round takes a few minutes)
 #   XPU_TEST_SEED         the first round's seed (default: random); later rounds add 1
 #
@@ -26,11 +26,11 @@ if ! [[ "$rounds" =~ ^[1-9][0-9]*$ ]]; then
   exit 2
 fi
 cores="$(nproc)"
-threads="${STRESS_TEST_THREADS:-$((cores * 2))}"
-limit="${STRESS_ROUND_TIMEOUT:-3600}"
+threads="${XPU_STRESS_THREADS:-$((cores * 2))}"
+limit="${XPU_STRESS_ROUND_TIMEOUT:-3600}"
 for v in "$threads" "$limit"; do
   if ! [[ "$v" =~ ^[1-9][0-9]*$ ]]; then
-    echo "scripts/stress-tests.sh: STRESS_TEST_THREADS and STRESS_ROUND_TIMEOUT take positive integers, got '$v'" >&2
+    echo "scripts/stress-tests.sh: XPU_STRESS_THREADS and XPU_STRESS_ROUND_TIMEOUT take positive integers, got '$v'" >&2
     exit 2
   fi
 done
