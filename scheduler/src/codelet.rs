@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use xpu_hal::{
     BinaryOp, DType, Device, Error, Kernel, KernelDesc, KernelParam, KernelSource, LaunchDims,
@@ -241,9 +241,16 @@ impl Codelet {
         }
     }
 
-    /// A codelet with one builtin implementation, named after the operation.
+    /// The codelet with one builtin implementation, named after the operation. The same
+    /// operation gives the same codelet each time (one model, one reduction key).
     pub fn from_builtin(op: Builtin) -> Codelet {
-        Codelet {
+        static MADE: OnceLock<Mutex<Vec<(Builtin, Codelet)>>> = OnceLock::new();
+        let made = MADE.get_or_init(|| Mutex::new(Vec::new()));
+        let mut made = made.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, c)) = made.iter().find(|(b, _)| *b == op) {
+            return c.clone();
+        }
+        let codelet = Codelet {
             inner: Arc::new(Inner {
                 id: NEXT_CODELET.fetch_add(1, Ordering::Relaxed),
                 name: format!("builtin.{op:?}"),
@@ -251,7 +258,9 @@ impl Codelet {
                 dtypes: Vec::new(),
                 kernels: Mutex::new(HashMap::new()),
             }),
-        }
+        };
+        made.push((op, codelet.clone()));
+        codelet
     }
 
     /// Its name.

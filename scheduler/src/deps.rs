@@ -5,8 +5,11 @@
 //! run would: a reader sees the last write before it (read after write), a writer waits
 //! for the readers of the version it replaces (write after read) and for the previous
 //! writer (write after write). Commutative reductions (`Reduce`) update a handle in any
-//! order: consecutive reductions of one handle do not depend on each other, only on what
-//! came before the group; the first plain access after the group depends on every member.
+//! order: consecutive reductions of one handle by the same operation (the same key: the
+//! runtime uses the codelet) do not depend on each other, only on what came before the
+//! group; the first plain access after the group, or a reduction by another operation
+//! (two commutative operations need not commute with each other: max and min), depends
+//! on every member.
 //!
 //! Per handle the inference keeps the tasks that produced its current version (one
 //! writer, or the members of an open reduction group), the readers of that version, and
@@ -74,6 +77,8 @@ pub struct HandleDeps<T> {
     readers: Vec<T>,
     /// While a reduction group is open: what every member depends on.
     group_base: Option<Vec<T>>,
+    /// The open group's operation.
+    group_key: u64,
 }
 
 impl<T> Default for HandleDeps<T> {
@@ -82,14 +87,22 @@ impl<T> Default for HandleDeps<T> {
             producers: Vec::new(),
             readers: Vec::new(),
             group_base: None,
+            group_key: 0,
         }
     }
 }
 
 impl<T: Copy + Ord> HandleDeps<T> {
     /// Records that `task` accesses the handle as `mode`, adding to `deps` the tasks it
-    /// must wait for.
+    /// must wait for. Reductions all count as one operation (see
+    /// [`HandleDeps::access_keyed`]).
     pub fn access(&mut self, task: T, mode: AccessMode, deps: &mut BTreeSet<T>) {
+        self.access_keyed(task, mode, 0, deps);
+    }
+
+    /// Like [`HandleDeps::access`], a reduction being by operation `key`: it joins the
+    /// open group only if the group's reductions are by the same operation.
+    pub fn access_keyed(&mut self, task: T, mode: AccessMode, key: u64, deps: &mut BTreeSet<T>) {
         match mode {
             AccessMode::Read => {
                 deps.extend(self.producers.iter().copied());
@@ -105,11 +118,11 @@ impl<T: Copy + Ord> HandleDeps<T> {
                 self.group_base = None;
             }
             AccessMode::Reduce => match &self.group_base {
-                Some(base) => {
+                Some(base) if self.group_key == key => {
                     deps.extend(base.iter().copied());
                     self.producers.push(task);
                 }
-                None => {
+                _ => {
                     let base: Vec<T> = self
                         .producers
                         .iter()
@@ -121,6 +134,7 @@ impl<T: Copy + Ord> HandleDeps<T> {
                     self.producers.push(task);
                     self.readers.clear();
                     self.group_base = Some(base);
+                    self.group_key = key;
                 }
             },
         }
@@ -131,6 +145,12 @@ impl<T: Copy + Ord> HandleDeps<T> {
     /// dependencies through this handle are already known (a replayed task whose access
     /// is not its graph's first to the handle): the state moves on; nothing is computed.
     pub fn advance(&mut self, task: T, mode: AccessMode) {
+        self.advance_keyed(task, mode, 0);
+    }
+
+    /// [`HandleDeps::advance`] for a reduction by operation `key` (see
+    /// [`HandleDeps::access_keyed`]).
+    pub fn advance_keyed(&mut self, task: T, mode: AccessMode, key: u64) {
         match mode {
             AccessMode::Read => {
                 self.group_base = None;
@@ -143,7 +163,7 @@ impl<T: Copy + Ord> HandleDeps<T> {
                 self.group_base = None;
             }
             AccessMode::Reduce => {
-                if self.group_base.is_none() {
+                if self.group_base.is_none() || self.group_key != key {
                     let base: Vec<T> = self
                         .producers
                         .iter()
@@ -153,6 +173,7 @@ impl<T: Copy + Ord> HandleDeps<T> {
                     self.producers.clear();
                     self.readers.clear();
                     self.group_base = Some(base);
+                    self.group_key = key;
                 }
                 self.producers.push(task);
             }
@@ -315,6 +336,43 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn reductions_by_another_operation_start_a_new_group() {
+        let mut h: HandleDeps<usize> = HandleDeps::default();
+        let mut deps = BTreeSet::new();
+        h.access_keyed(0, Write, 0, &mut deps);
+        let mut d1 = BTreeSet::new();
+        h.access_keyed(1, Reduce, 7, &mut d1);
+        let mut d2 = BTreeSet::new();
+        h.access_keyed(2, Reduce, 7, &mut d2);
+        let mut d3 = BTreeSet::new();
+        h.access_keyed(3, Reduce, 8, &mut d3);
+        let mut d4 = BTreeSet::new();
+        h.access_keyed(4, Reduce, 8, &mut d4);
+        assert_eq!((d1.clone(), d2), (BTreeSet::from([0]), BTreeSet::from([0])));
+        assert_eq!(
+            d3,
+            BTreeSet::from([1, 2]),
+            "max after min waits for the min group"
+        );
+        assert_eq!(d4, BTreeSet::from([1, 2]), "and joins its own group");
+        let mut y: HandleDeps<usize> = HandleDeps::default();
+        for (t, m, k) in [
+            (0, Write, 0),
+            (1, Reduce, 7),
+            (2, Reduce, 7),
+            (3, Reduce, 8),
+            (4, Reduce, 8),
+        ] {
+            y.advance_keyed(t, m, k);
+        }
+        let (mut a, mut b) = (BTreeSet::new(), BTreeSet::new());
+        h.access(9, Read, &mut a);
+        y.access(9, Read, &mut b);
+        assert_eq!(a, b);
+        assert_eq!(a, BTreeSet::from([3, 4]));
     }
 
     #[test]

@@ -85,7 +85,7 @@ impl Scheduler {
             }
         }
         for (h, m) in &accesses {
-            st.access(h.id, id, *m, &mut deps);
+            st.access(h.id, id, *m, 0, &mut deps);
         }
         if let Some((dep, why)) = deps.iter().find_map(|d| {
             st.tasks

@@ -75,14 +75,21 @@ impl State {
     /// Records task `id`'s access to handle `h` as `mode`, adding the tasks it must wait
     /// for to `deps`. A handle read by many tasks forgets the finished ones now and then,
     /// so its state stays small.
-    pub(super) fn access(&mut self, h: u64, id: u64, mode: AccessMode, deps: &mut BTreeSet<u64>) {
+    pub(super) fn access(
+        &mut self,
+        h: u64,
+        id: u64,
+        mode: AccessMode,
+        key: u64,
+        deps: &mut BTreeSet<u64>,
+    ) {
         let (tasks, pending) = (&self.tasks, &self.queues.pending);
         if let Some(hs) = self.handles.get_mut(&h) {
             if hs.deps.len() > PRUNE_ABOVE {
                 hs.deps
                     .prune(|t| !tasks.contains_key(&t) && !pending.contains_key(&t));
             }
-            hs.deps.access(id, mode, deps);
+            hs.deps.access_keyed(id, mode, key, deps);
         }
     }
 

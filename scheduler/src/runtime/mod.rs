@@ -534,8 +534,10 @@ impl Scheduler {
         // Dependencies.
         let id = st.next_task;
         let mut deps = BTreeSet::new();
+        // Reductions commute only with reductions by the same codelet.
+        let key = task.codelet.id();
         for (h, m) in &accesses {
-            st.access(h.id, id, *m, &mut deps);
+            st.access(h.id, id, *m, key, &mut deps);
         }
         deps.extend(task.after.iter().map(|t| t.0));
         st.next_task += 1;

@@ -284,12 +284,16 @@ impl Scheduler {
                 } => (internal, entry),
             };
             let mut deps: BTreeSet<u64> = internal.iter().map(|i| base + u64::from(*i)).collect();
+            let key = match item {
+                Item::Task { pending, .. } => pending.task.codelet.id(),
+                Item::Collective { .. } => 0,
+            };
             for ((h, m), first) in item.accesses().iter().zip(entry) {
                 if let Some(hs) = st.handles.get_mut(&h.id) {
                     if *first {
-                        hs.deps.access(id, *m, &mut deps);
+                        hs.deps.access_keyed(id, *m, key, &mut deps);
                     } else {
-                        hs.deps.advance(id, *m);
+                        hs.deps.advance_keyed(id, *m, key);
                     }
                 }
             }
