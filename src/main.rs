@@ -223,6 +223,9 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Task Bench's dependency patterns as task graphs on the scheduler: wall time, per-task
+    /// overhead, efficiency and METG(50%); `benches/starpu/compare.sh` runs StarPU beside it.
+    Scheduler(cli::sched_bench::SchedBenchArgs),
 }
 
 fn selector(arg: Option<String>, default: &str) -> Result<DeviceSelector> {
@@ -345,6 +348,10 @@ fn run(cli: Cli) -> Result<bool> {
             cli::collectives::run(registry.devices(&sel)?, &options)
         }
         Some(Command::Sched(command)) => cli::sched::run(&command),
+        Some(Command::Bench(BenchCommand::Scheduler(args))) => {
+            let devices = registry.devices(&selector(args.devices.clone(), "host:*")?)?;
+            cli::sched_bench::run(devices, &args)
+        }
         Some(Command::Bench(BenchCommand::Hal { rounds, json })) => {
             cli::bench::hal(json, rounds)?;
             Ok(true)

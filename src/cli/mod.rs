@@ -6,6 +6,7 @@ pub mod conformance;
 pub mod devices;
 pub mod memory;
 pub mod sched;
+pub mod sched_bench;
 pub mod topo;
 
 /// `1536` → `1.5 KiB`, with binary units.

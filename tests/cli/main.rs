@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 mod sched;
+mod sched_bench;
 
 fn xpu(args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_xpu"));
