@@ -18,11 +18,12 @@
 //!
 //! ## Deferred execution
 //!
-//! Submission never waits for execution. A task is placed as soon as it is submitted and
-//! enqueued on its device's task stream at once, behind waits for the points on other
-//! streams it depends on (module `stream`: events are recorded lazily, only when another
-//! stream must wait, and a stream never waits twice for what it already waits for). The
-//! device runs it when its inputs are ready. Each device has a second stream for the
+//! Submission never waits for execution. A task is placed as soon as it is submitted
+//! (`dmda`) or as soon as what it depends on has run (`eager`, `ws`) and enqueued on its
+//! device's task stream at once, behind waits for the points on other streams it depends
+//! on (module `stream`: with several devices an event follows every task that writes
+//! data, so a wait covers exactly that task, and a stream never waits twice for what it
+//! already waits for). The device runs it when its inputs are ready. Each device has a second stream for the
 //! copies that bring data to it, so transfers overlap computation.
 //!
 //! ## Data

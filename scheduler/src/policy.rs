@@ -40,7 +40,8 @@ pub struct Candidate {
     pub exec: Option<f64>,
     /// Times the task's codelet has been measured there.
     pub samples: u64,
-    /// Predicted seconds to bring the task's inputs there.
+    /// Predicted seconds to bring the task's inputs there (bytes over the measured
+    /// bandwidth, plus a fixed hand-off cost per input copied).
     pub transfer: f64,
 }
 

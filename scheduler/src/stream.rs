@@ -6,13 +6,23 @@
 //! for the points it depends on, and the stream runs it when they have passed.
 //!
 //! A [`Point`] is a position on one of these streams: everything enqueued there up to
-//! and including the `seq`-th operation. Events are recorded lazily: only when another
-//! stream must wait for a point, and one event then serves every later wait for that
-//! point or an earlier one. Each stream also remembers, per other stream, the latest
+//! and including the `seq`-th operation. A stream keeps the events recorded on it (the
+//! most recent [`HISTORY`]); a wait for a point uses the earliest kept event at or after
+//! it, and records one at the current end only when none is kept. With several devices
+//! the scheduler records an event after every task that writes data, so that a wait on
+//! another device
+//! waits for that task and not also for the work queued behind it since (a lazily
+//! recorded event would cover that too, and two devices exchanging data every step would
+//! run one after the other). Each stream also remembers, per other stream, the latest
 //! point it already waits for, so a chain of tasks between two devices costs one wait
 //! per hop, not one per dependency.
 
+use std::collections::VecDeque;
+
 use xpu_hal::{Event, Result, Stream};
+
+/// Events a stream keeps for later waits.
+pub(crate) const HISTORY: usize = 256;
 
 /// A position on a stream (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -28,8 +38,8 @@ pub(crate) struct StreamSlot {
     pub(crate) stream: Stream,
     /// Operations enqueued so far.
     pub(crate) seq: u64,
-    /// The latest event recorded on it, with the `seq` it covers.
-    last_event: Option<(u64, Event)>,
+    /// Events recorded on it, oldest first, with the `seq` each covers.
+    history: VecDeque<(u64, Event)>,
     /// Per stream index: the latest point of that stream this one already waits for.
     waits_for: Vec<u64>,
 }
@@ -39,7 +49,7 @@ impl StreamSlot {
         StreamSlot {
             stream,
             seq: 0,
-            last_event: None,
+            history: VecDeque::new(),
             waits_for: vec![0; streams],
         }
     }
@@ -53,22 +63,29 @@ impl StreamSlot {
         }
     }
 
-    /// An event that completes once everything up to `seq` has run.
+    /// An event that completes once everything up to `seq` has run: the earliest kept
+    /// event at or after `seq`, else a new one at the current end.
     pub(crate) fn event_covering(&mut self, seq: u64) -> Result<Event> {
-        if let Some((covered, e)) = &self.last_event {
-            if *covered >= seq {
+        let i = self.history.partition_point(|(covered, _)| *covered < seq);
+        if let Some((_, e)) = self.history.get(i) {
+            return Ok(e.clone());
+        }
+        self.event_at_end()
+    }
+
+    /// An event at the current end (recorded unless the newest kept one is there).
+    pub(crate) fn event_at_end(&mut self) -> Result<Event> {
+        if let Some((covered, e)) = self.history.back() {
+            if *covered == self.seq {
                 return Ok(e.clone());
             }
         }
         let e = self.stream.record_event()?;
-        self.last_event = Some((self.seq, e.clone()));
+        self.history.push_back((self.seq, e.clone()));
+        if self.history.len() > HISTORY {
+            self.history.pop_front();
+        }
         Ok(e)
-    }
-
-    /// The latest event recorded, if it covers everything enqueued.
-    pub(crate) fn event_at_end(&mut self) -> Result<Event> {
-        let seq = self.seq;
-        self.event_covering(seq)
     }
 }
 
@@ -81,14 +98,19 @@ pub(crate) fn wait_for(slots: &mut [StreamSlot], on: usize, point: Point) -> Res
     if slots[on].waits_for[point.stream] >= point.seq {
         return Ok(());
     }
-    let covered = slots[point.stream].seq;
-    let event = slots[point.stream].event_covering(point.seq)?;
-    slots[on].stream.wait_event(&event)?;
-    // The event covers everything enqueued on that stream when it was recorded.
-    let through = match &slots[point.stream].last_event {
-        Some((c, _)) => *c,
-        None => covered,
+    let source = &mut slots[point.stream];
+    let i = source
+        .history
+        .partition_point(|(covered, _)| *covered < point.seq);
+    let (through, event) = match source.history.get(i) {
+        Some((covered, e)) => (*covered, e.clone()),
+        None => {
+            let e = source.event_at_end()?;
+            (source.seq, e)
+        }
     };
+    slots[on].stream.wait_event(&event)?;
+    // The event covers everything enqueued on that stream up to `through`.
     slots[on].waits_for[point.stream] = through.max(point.seq);
     Ok(())
 }

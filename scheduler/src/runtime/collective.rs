@@ -261,6 +261,10 @@ impl State {
             }
             self.stats.placed[d] += 1;
             self.live[d].push_back((point.seq, id));
+            // A marker, so that the scheduler learns when the rank is through (queued
+            // tasks waiting for the collective are released then).
+            let marker = self.streams[s].event_at_end()?;
+            self.devices[d].markers.push_back((point.seq, marker));
             points.push(point);
         }
         self.tasks.insert(

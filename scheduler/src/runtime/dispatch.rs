@@ -4,7 +4,10 @@ use super::*;
 
 impl State {
     /// Learns how far devices have got and collects finished timings.
-    pub(super) fn poll(&mut self, shared: &Shared) {
+    /// Returns how many queued tasks became ready because the tasks they waited for have
+    /// run.
+    pub(super) fn poll(&mut self, shared: &Shared) -> usize {
+        let mut released = 0;
         for d in 0..self.devices.len() {
             while let Some((seq, e)) = self.devices[d].markers.front() {
                 match e.query() {
@@ -66,10 +69,12 @@ impl State {
                 });
                 if done {
                     self.tasks.remove(&id);
+                    released += self.release(id, d);
                 }
             }
         }
         let _ = shared;
+        released
     }
 
     /// Records task `id`'s access to handle `h` as `mode`, adding the tasks it must wait
@@ -112,7 +117,7 @@ impl State {
             .filter(|(_, m)| m.reads())
             .filter_map(|(h, _)| self.handles.get(&h.id))
             .filter(|hs| !hs.replicas[d].as_ref().is_some_and(|r| r.valid))
-            .map(|hs| hs.handle.len as f64 / bandwidth)
+            .map(|hs| HANDOFF + hs.handle.len as f64 / bandwidth)
             .sum();
         let dev = &self.devices[d];
         let queued = self.streams[compute_stream(d)]
@@ -146,6 +151,8 @@ impl State {
                 failed: Some(message),
             },
         );
+        // Its dependants will not wait for it: they fail when they are dispatched.
+        self.release(id, 0);
     }
 
     /// Dispatches task `id` on `chosen`, or — when that device's memory cannot hold the
@@ -333,7 +340,12 @@ impl State {
         let dev = &mut self.devices[d];
         dev.busy_until = dev.busy_until.max(now) + predicted;
         dev.since_marker += 1;
-        if dev.since_marker >= MARKER_EVERY || shared.policy.queued() {
+        // With several devices every task that writes data gets its event, for readers
+        // on other devices to wait for exactly it (see the `stream` module); the queued
+        // policies count tasks in flight with them too.
+        let writes = accesses.iter().any(|(_, m)| m.writes());
+        let every = (shared.devices.len() > 1 && writes) || shared.policy.queued();
+        if dev.since_marker >= MARKER_EVERY || every {
             dev.since_marker = 0;
             let e = self.streams[s].event_at_end()?;
             self.devices[d].markers.push_back((point.seq, e));

@@ -57,6 +57,11 @@ const CALIBRATION_SAMPLES: u64 = 10;
 const SAMPLE_EVERY: u64 = 32;
 /// Assumed bytes per second of a copy to or from a device before any was measured.
 const DEFAULT_BANDWIDTH: f64 = 8e9;
+/// What handing data from one device to another costs beyond its bytes: an event, a
+/// copy on the receiver's copy stream and a wait on its task stream, each of which wakes a
+/// thread (a futex wake-up is about 20 µs on the 2-core build machine). Without it a
+/// policy would split chains of small tasks across devices for nothing.
+const HANDOFF: f64 = 20e-6;
 /// Copies smaller than this are not timed: their time is mostly latency.
 const MIN_TIMED_COPY: u64 = 256 << 10;
 
@@ -479,7 +484,9 @@ impl Scheduler {
     /// depends on has run.
     pub fn submit(&self, task: Task) -> Result<TaskId> {
         let mut st = self.lock();
-        st.poll(&self.shared);
+        if st.poll(&self.shared) > 0 {
+            self.shared.work.notify_all();
+        }
         let label = task.label();
         // Arguments: known handles, each once (merging modes).
         let mut accesses: Vec<(Handle, AccessMode)> = Vec::with_capacity(task.accesses.len());

@@ -8,7 +8,9 @@ use super::*;
 pub(super) fn worker(shared: &Shared, d: usize) {
     let mut st = shared.state.lock().unwrap_or_else(|p| p.into_inner());
     loop {
-        st.poll(shared);
+        if st.poll(shared) > 0 {
+            shared.work.notify_all();
+        }
         let room = st.outstanding(d) < DEPTH;
         if room {
             if let Some(id) = st.pop_ready(shared.policy, d) {
@@ -20,13 +22,14 @@ pub(super) fn worker(shared: &Shared, d: usize) {
         if st.shutdown && st.queues.pending.is_empty() {
             break;
         }
-        if room {
+        if st.outstanding(d) == 0 {
             st = match shared.work.wait_timeout(st, WORKER_NAP) {
                 Ok((g, _)) => g,
                 Err(p) => p.into_inner().0,
             };
         } else {
-            // Full: wait for the device to finish its oldest marked task.
+            // Busy: the next thing to happen here is its oldest task finishing, which
+            // may release tasks (here or elsewhere); wait for that.
             let oldest = st.devices[d].markers.front().map(|(_, e)| e.clone());
             drop(st);
             match oldest {
@@ -51,9 +54,13 @@ impl State {
     /// Queues task `id` (queued policies): ready at once if everything it depends on
     /// has been dispatched, else when the last of those is.
     pub(super) fn enqueue(&mut self, devices: usize, mut pending: Pending, id: u64) {
+        // Ready once everything it depends on has run: a device that takes it then has
+        // its inputs, instead of waiting on another device's work.
         let mut remaining = 0;
         for dep in &pending.deps {
-            if self.queues.pending.contains_key(dep) {
+            let running = self.queues.pending.contains_key(dep)
+                || self.tasks.get(dep).is_some_and(|t| t.failed.is_none());
+            if running {
                 remaining += 1;
                 self.queues.successors.entry(*dep).or_default().push(id);
             }
@@ -102,10 +109,18 @@ impl State {
 
     /// The next ready task device `d` takes under `policy`, removed from the queues.
     pub(super) fn pop_ready(&mut self, policy: Policy, d: usize) -> Option<u64> {
+        // A device that is already busy leaves a task to an idle device that can run
+        // it: taking a second task ahead of time only pays when nobody else could start
+        // it sooner.
+        let busy = self.outstanding(d) > 0;
+        let idle: Vec<bool> = (0..self.devices.len())
+            .map(|e| e != d && self.outstanding(e) == 0)
+            .collect();
         let runs = |q: &Queues, id: &u64| {
-            q.pending
-                .get(id)
-                .is_some_and(|p| p.candidates.iter().any(|c| c.0 == d))
+            q.pending.get(id).is_some_and(|p| {
+                p.candidates.iter().any(|c| c.0 == d)
+                    && !(busy && p.candidates.iter().any(|c| idle[c.0]))
+            })
         };
         let id = match policy {
             Policy::Ws => {
@@ -173,6 +188,12 @@ impl State {
             // Reported at the next wait; dependants fail when they are dispatched.
             self.errors.push(e);
         }
+    }
+
+    /// Task `id` has run (or failed): the tasks waiting for it that now wait for nothing
+    /// become ready, near device `near`. Returns how many did.
+    pub(super) fn release(&mut self, id: u64, near: usize) -> usize {
+        let mut released = 0;
         for s in self.queues.successors.remove(&id).unwrap_or_default() {
             let ready = match self.queues.pending.get_mut(&s) {
                 Some(p) => {
@@ -182,8 +203,10 @@ impl State {
                 None => false,
             };
             if ready {
-                self.make_ready(s, d);
+                self.make_ready(s, near);
+                released += 1;
             }
         }
+        released
     }
 }

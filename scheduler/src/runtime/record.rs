@@ -13,7 +13,8 @@
 //!
 //! [`Scheduler::plan`] turns a recorded graph into a [`crate::sim::CostGraph`] — the
 //! tasks' predicted times on each device from the performance models, the bytes each
-//! dependency carries over the measured copy bandwidth into each device — schedules it
+//! dependency carries over the measured copy bandwidth into each device plus a fixed
+//! hand-off per crossing — schedules it
 //! with a [`crate::sim::Policy`] (HEFT by default), and returns the graph with that
 //! placement, ready to replay. Record under `dmda` first so that the models know the
 //! tasks.
@@ -446,10 +447,12 @@ impl Scheduler {
                 .filter(|(h, m)| m.reads() && written.contains(&h.id))
                 .map(|(h, _)| h.len)
                 .sum();
+            // Every crossing costs a hand-off too, counted as the bytes the default
+            // bandwidth moves in that time.
             edges.push(sim::Edge {
                 from,
                 to,
-                cost: bytes as f64,
+                cost: bytes as f64 + HANDOFF * DEFAULT_BANDWIDTH,
             });
         }
         let links: Vec<Vec<f64>> = (0..n)
