@@ -606,18 +606,28 @@ fn threads_share_a_budget_across_allocators() {
     // A reader that keeps taking reports while the allocators run: each must add up and
     // stay within the limit, whatever the threads are doing.
     let running = Arc::new(AtomicBool::new(true));
+    // The watcher signals its first read before any worker starts, so that it runs
+    // while they do, however the threads are scheduled.
+    let watching = Arc::new(AtomicBool::new(false));
     let monitor = {
-        let (budget, running) = (budget.clone(), running.clone());
+        let (budget, running, watching) = (budget.clone(), running.clone(), watching.clone());
         std::thread::spawn(move || {
             let mut reports = 0u64;
-            while running.load(Ordering::Acquire) {
+            loop {
                 assert_adds_up(&budget.report());
                 reports += 1;
+                watching.store(true, Ordering::Release);
+                if !running.load(Ordering::Acquire) {
+                    break;
+                }
                 std::thread::yield_now();
             }
             reports
         })
     };
+    while !watching.load(Ordering::Acquire) {
+        std::thread::yield_now();
+    }
     let handles: Vec<_> = (0..4u64)
         .map(|t| {
             let budget = budget.clone();

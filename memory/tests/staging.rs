@@ -168,11 +168,14 @@ fn figures_add_up_while_threads_acquire_and_release() {
     let d = device();
     let pool = Arc::new(StagingPool::new(256 << 10));
     let running = Arc::new(AtomicBool::new(true));
+    // The watcher signals its first read before any worker starts, so that it runs
+    // while they do, however the threads are scheduled.
+    let watching = Arc::new(AtomicBool::new(false));
     let monitor = {
-        let (pool, running) = (pool.clone(), running.clone());
+        let (pool, running, watching) = (pool.clone(), running.clone(), watching.clone());
         std::thread::spawn(move || {
             let mut reads = 0u64;
-            while running.load(Ordering::Acquire) {
+            loop {
                 let st = pool.stats();
                 assert_eq!(
                     st.acquired,
@@ -181,11 +184,18 @@ fn figures_add_up_while_threads_acquire_and_release() {
                 );
                 assert!(st.reserved_bytes <= st.peak_reserved_bytes, "{st:?}");
                 reads += 1;
+                watching.store(true, Ordering::Release);
+                if !running.load(Ordering::Acquire) {
+                    break;
+                }
                 std::thread::yield_now();
             }
             reads
         })
     };
+    while !watching.load(Ordering::Acquire) {
+        std::thread::yield_now();
+    }
     let workers: Vec<_> = (0..3usize)
         .map(|t| {
             let (pool, d) = (pool.clone(), d.clone());
