@@ -256,17 +256,12 @@ fn reference(init: &[Vec<f32>], prog: &[Step]) -> Vec<Vec<u8>> {
     bufs.iter().map(|b| s.read(b).unwrap()).collect()
 }
 
-/// The program through a scheduler over `devices`.
-fn scheduled(devices: &[Device], policy: Policy, init: &[Vec<f32>], prog: &[Step]) -> Vec<Vec<u8>> {
-    let sched = Scheduler::new(devices, options(policy)).unwrap();
-    let handles: Vec<_> = init
-        .iter()
-        .map(|v| {
-            sched
-                .register(HostBuffer::from_bytes(&bytes(v)).unwrap())
-                .unwrap()
-        })
-        .collect();
+/// Submits one step of `prog` over `handles`.
+fn submit_program(
+    sched: &Scheduler,
+    handles: &[xpu_scheduler::Handle],
+    prog: &[Step],
+) -> xpu_hal::Result<()> {
     for step in prog {
         let task = match *step {
             Step::Binary(op, a, b, c) => Task::new(&Codelet::from_builtin(Builtin::Binary {
@@ -299,8 +294,23 @@ fn scheduled(devices: &[Device], policy: Policy, init: &[Vec<f32>], prog: &[Step
             }))
             .write(handles[d]),
         };
-        sched.submit(task).unwrap();
+        sched.submit(task)?;
     }
+    Ok(())
+}
+
+/// The program through a scheduler over `devices`.
+fn scheduled(devices: &[Device], policy: Policy, init: &[Vec<f32>], prog: &[Step]) -> Vec<Vec<u8>> {
+    let sched = Scheduler::new(devices, options(policy)).unwrap();
+    let handles: Vec<_> = init
+        .iter()
+        .map(|v| {
+            sched
+                .register(HostBuffer::from_bytes(&bytes(v)).unwrap())
+                .unwrap()
+        })
+        .collect();
+    submit_program(&sched, &handles, prog).unwrap();
     sched.wait_all().unwrap();
     // Half read while registered, half given back.
     handles
@@ -737,49 +747,6 @@ fn collectives_are_tasks_ordered_by_their_handles() {
 }
 
 // ------------------------------------------------------------ record and replay --
-
-/// Submits one step of `prog` over `handles`.
-fn submit_program(
-    sched: &Scheduler,
-    handles: &[xpu_scheduler::Handle],
-    prog: &[Step],
-) -> xpu_hal::Result<()> {
-    for step in prog {
-        let task = match *step {
-            Step::Binary(op, a, b, c) => Task::new(&Codelet::from_builtin(Builtin::Binary {
-                op,
-                dtype: DType::F32,
-            }))
-            .read(handles[a])
-            .read(handles[b])
-            .write(handles[c]),
-            Step::Accumulate(op, d, src, reduce) => {
-                let mode = if reduce {
-                    AccessMode::Reduce
-                } else {
-                    AccessMode::ReadWrite
-                };
-                Task::new(&Codelet::from_builtin(Builtin::Accumulate {
-                    op,
-                    dtype: DType::F32,
-                }))
-                .access(handles[d], mode)
-                .read(handles[src])
-            }
-            Step::Half(src, dst) => Task::new(&Codelet::from_builtin(Builtin::Scale {
-                alpha: Scalar::F32(0.5),
-            }))
-            .read(handles[src])
-            .write(handles[dst]),
-            Step::Fill(d, v) => Task::new(&Codelet::from_builtin(Builtin::Fill {
-                value: Scalar::F32(v),
-            }))
-            .write(handles[d]),
-        };
-        sched.submit(task)?;
-    }
-    Ok(())
-}
 
 #[test]
 fn recorded_graphs_replay_like_resubmission_and_heft_plans_them() {

@@ -87,14 +87,8 @@ impl Scheduler {
         for (h, m) in &accesses {
             st.access(h.id, id, *m, 0, &mut deps);
         }
-        if let Some((dep, why)) = deps.iter().find_map(|d| {
-            st.tasks
-                .get(d)
-                .and_then(|t| t.failed.clone().map(|f| (*d, f)))
-        }) {
-            let message = format!("{label} depends on task {dep}, which failed: {why}");
-            st.fail_task(id, &label, &accesses, message.clone());
-            return Err(Error::aborted(message));
+        if let Some(e) = st.fails_with_dependency(id, &label, &accesses, &deps) {
+            return Err(e);
         }
         match st.run_collective(
             &self.shared,

@@ -155,6 +155,25 @@ impl State {
         self.release(id, 0);
     }
 
+    /// If one of `deps` failed, records task `id` as failed too and returns the error
+    /// that says so, naming the failed task and its cause.
+    pub(super) fn fails_with_dependency(
+        &mut self,
+        id: u64,
+        label: &str,
+        accesses: &[(Handle, AccessMode)],
+        deps: &BTreeSet<u64>,
+    ) -> Option<Error> {
+        let (dep, why) = deps.iter().find_map(|d| {
+            self.tasks
+                .get(d)
+                .and_then(|t| t.failed.clone().map(|f| (*d, f)))
+        })?;
+        let message = format!("{label} depends on task {dep}, which failed: {why}");
+        self.fail_task(id, label, accesses, message.clone());
+        Some(Error::aborted(message))
+    }
+
     /// Dispatches task `id` on `chosen`, or — when that device's memory cannot hold the
     /// task's data even after eviction — on the next candidates in turn. A task that
     /// cannot start anywhere is recorded as failed (its dependants fail too).

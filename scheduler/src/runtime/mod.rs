@@ -550,14 +550,8 @@ impl Scheduler {
         st.next_task += 1;
         st.stats.tasks += 1;
         // A task after a failed one fails too.
-        if let Some((dep, why)) = deps.iter().find_map(|d| {
-            st.tasks
-                .get(d)
-                .and_then(|t| t.failed.clone().map(|f| (*d, f)))
-        }) {
-            let message = format!("{label} depends on task {dep}, which failed: {why}");
-            st.fail_task(id, &label, &accesses, message.clone());
-            return Err(Error::aborted(message));
+        if let Some(e) = st.fails_with_dependency(id, &label, &accesses, &deps) {
+            return Err(e);
         }
         let footprint: u64 = accesses.iter().map(|(h, _)| h.len).sum();
         let pending = Pending {

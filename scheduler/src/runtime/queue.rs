@@ -165,20 +165,13 @@ impl State {
             .copied()
             .find(|c| c.0 == d)
             .unwrap_or((d, 0));
-        let failed_dep = pending.deps.iter().find_map(|dep| {
-            self.tasks
-                .get(dep)
-                .and_then(|t| t.failed.clone().map(|f| (*dep, f)))
-        });
-        let outcome = match failed_dep {
-            Some((dep, why)) => {
-                let message = format!(
-                    "{} depends on task {dep}, which failed: {why}",
-                    pending.label
-                );
-                self.fail_task(id, &pending.label, &pending.accesses, message.clone());
-                Err(Error::aborted(message))
-            }
+        let outcome = match self.fails_with_dependency(
+            id,
+            &pending.label,
+            &pending.accesses,
+            &pending.deps,
+        ) {
+            Some(e) => Err(e),
             None => {
                 let now = shared.epoch.elapsed().as_secs_f64();
                 self.start(shared, id, &pending, &pending.deps, chosen, now)

@@ -298,21 +298,13 @@ impl Scheduler {
                     }
                 }
             }
-            let failed = deps.iter().find_map(|d| {
-                st.tasks
-                    .get(d)
-                    .and_then(|t| t.failed.clone().map(|f| (*d, f)))
-            });
+            let label = match item {
+                Item::Task { pending, .. } => pending.label.clone(),
+                Item::Collective { kind, .. } => kind.name().to_string(),
+            };
+            let failed = st.fails_with_dependency(id, &label, item.accesses(), &deps);
             let outcome = match (failed, item) {
-                (Some((dep, why)), _) => {
-                    let label = match item {
-                        Item::Task { pending, .. } => pending.label.clone(),
-                        Item::Collective { kind, .. } => kind.name().to_string(),
-                    };
-                    let message = format!("{label} depends on task {dep}, which failed: {why}");
-                    st.fail_task(id, &label, item.accesses(), message.clone());
-                    Err(Error::aborted(message))
-                }
+                (Some(e), _) => Err(e),
                 (
                     None,
                     Item::Task {
