@@ -6,23 +6,22 @@
 //! for the points it depends on, and the stream runs it when they have passed.
 //!
 //! A [`Point`] is a position on one of these streams: everything enqueued there up to
-//! and including the `seq`-th operation. A stream keeps the events recorded on it (the
-//! most recent [`HISTORY`]); a wait for a point uses the earliest kept event at or after
-//! it, and records one at the current end only when none is kept. With several devices
-//! the scheduler records an event after every task that writes data, so that a wait on
-//! another device
-//! waits for that task and not also for the work queued behind it since (a lazily
-//! recorded event would cover that too, and two devices exchanging data every step would
-//! run one after the other). Each stream also remembers, per other stream, the latest
-//! point it already waits for, so a chain of tasks between two devices costs one wait
-//! per hop, not one per dependency.
+//! and including the `seq`-th operation. Every operation is followed by an event, kept
+//! until the scheduler has seen it complete, so that
+//!
+//! - a wait on another stream waits for exactly that operation, not also for the work
+//!   queued behind it since (two devices exchanging data every step would otherwise run
+//!   one after the other), and a point already seen complete needs no wait at all;
+//! - when work fails, the scheduler learns which operation failed first on each stream
+//!   and which ones the stream skipped after it (see `runtime::recovery`).
+//!
+//! Each stream also remembers, per other stream, the latest point it already waits for,
+//! so a chain of tasks between two devices costs one wait per hop, not one per
+//! dependency.
 
 use std::collections::VecDeque;
 
 use xpu_hal::{Event, Result, Stream};
-
-/// Events a stream keeps for later waits.
-pub(crate) const HISTORY: usize = 256;
 
 /// A position on a stream (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -38,8 +37,11 @@ pub(crate) struct StreamSlot {
     pub(crate) stream: Stream,
     /// Operations enqueued so far.
     pub(crate) seq: u64,
-    /// Events recorded on it, oldest first, with the `seq` each covers.
-    history: VecDeque<(u64, Event)>,
+    /// Every operation up to this one is known to have run without error.
+    pub(crate) completed: u64,
+    /// The event after each operation not yet seen complete, oldest first, with its
+    /// `seq`.
+    pub(crate) inflight: VecDeque<(u64, Event)>,
     /// Per stream index: the latest point of that stream this one already waits for.
     waits_for: Vec<u64>,
 }
@@ -49,48 +51,62 @@ impl StreamSlot {
         StreamSlot {
             stream,
             seq: 0,
-            history: VecDeque::new(),
+            completed: 0,
+            inflight: VecDeque::new(),
             waits_for: vec![0; streams],
         }
     }
 
-    /// Counts one operation just enqueued; returns its point.
-    pub(crate) fn advance(&mut self, index: usize) -> Point {
+    /// Counts one operation just enqueued and records the event after it; returns its
+    /// point.
+    pub(crate) fn advance(&mut self, index: usize) -> Result<Point> {
+        let event = self.stream.record_event()?;
         self.seq += 1;
-        Point {
+        self.inflight.push_back((self.seq, event));
+        Ok(Point {
             stream: index,
             seq: self.seq,
-        }
+        })
     }
 
-    /// An event that completes once everything up to `seq` has run: the earliest kept
-    /// event at or after `seq`, else a new one at the current end.
-    pub(crate) fn event_covering(&mut self, seq: u64) -> Result<Event> {
-        let i = self.history.partition_point(|(covered, _)| *covered < seq);
-        if let Some((_, e)) = self.history.get(i) {
-            return Ok(e.clone());
+    /// The event after operation `seq`; `None` once it is known to have completed.
+    pub(crate) fn event_after(&self, seq: u64) -> Option<Event> {
+        if seq <= self.completed {
+            return None;
         }
-        self.event_at_end()
+        let i = self.inflight.partition_point(|(s, _)| *s < seq);
+        self.inflight.get(i).map(|(_, e)| e.clone())
     }
 
-    /// An event at the current end (recorded unless the newest kept one is there).
-    pub(crate) fn event_at_end(&mut self) -> Result<Event> {
-        if let Some((covered, e)) = self.history.back() {
-            if *covered == self.seq {
-                return Ok(e.clone());
+    /// Operations enqueued and not known to have completed.
+    pub(crate) fn outstanding(&self) -> u64 {
+        self.seq.saturating_sub(self.completed)
+    }
+
+    /// Learns which operations have completed; returns `false` when one failed (its
+    /// event reports an error), which the caller must recover from.
+    pub(crate) fn poll(&mut self) -> bool {
+        while let Some((seq, e)) = self.inflight.front() {
+            match e.query() {
+                Ok(true) => {
+                    self.completed = *seq;
+                    self.inflight.pop_front();
+                }
+                Ok(false) => return true,
+                Err(_) => return false,
             }
         }
-        let e = self.stream.record_event()?;
-        self.history.push_back((self.seq, e.clone()));
-        if self.history.len() > HISTORY {
-            self.history.pop_front();
-        }
-        Ok(e)
+        true
+    }
+
+    /// Forgets what it waits for on other streams (after recovery drained them all).
+    pub(crate) fn reset_waits(&mut self) {
+        self.waits_for.iter_mut().for_each(|w| *w = 0);
     }
 }
 
-/// Makes stream `on` wait for `point` (nothing when it is on `on` itself or already
-/// waited for).
+/// Makes stream `on` wait for `point` (nothing when it is on `on` itself, already
+/// waited for, or known to have completed).
 pub(crate) fn wait_for(slots: &mut [StreamSlot], on: usize, point: Point) -> Result<()> {
     if point.stream == on || point.seq == 0 {
         return Ok(());
@@ -98,19 +114,10 @@ pub(crate) fn wait_for(slots: &mut [StreamSlot], on: usize, point: Point) -> Res
     if slots[on].waits_for[point.stream] >= point.seq {
         return Ok(());
     }
-    let source = &mut slots[point.stream];
-    let i = source
-        .history
-        .partition_point(|(covered, _)| *covered < point.seq);
-    let (through, event) = match source.history.get(i) {
-        Some((covered, e)) => (*covered, e.clone()),
-        None => {
-            let e = source.event_at_end()?;
-            (source.seq, e)
-        }
+    let Some(event) = slots[point.stream].event_after(point.seq) else {
+        return Ok(());
     };
     slots[on].stream.wait_event(&event)?;
-    // The event covers everything enqueued on that stream up to `through`.
-    slots[on].waits_for[point.stream] = through.max(point.seq);
+    slots[on].waits_for[point.stream] = point.seq;
     Ok(())
 }

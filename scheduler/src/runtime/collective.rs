@@ -87,7 +87,7 @@ impl Scheduler {
         for (h, m) in &accesses {
             st.access(h.id, id, *m, 0, &mut deps);
         }
-        if let Some(e) = st.fails_with_dependency(id, &label, &accesses, &deps) {
+        if let Some(e) = st.fails_with_dependency(id, &label, &accesses, &[]) {
             return Err(e);
         }
         match st.run_collective(
@@ -249,16 +249,12 @@ impl State {
         let mut points = Vec::with_capacity(ranks.len());
         for (r, &d) in ranks.iter().enumerate() {
             let s = compute_stream(d);
-            let point = self.streams[s].advance(s);
+            let point = self.streams[s].advance(s)?;
             if let Some(h) = self.handles.get_mut(&recv[r].id) {
-                h.written(d, point);
+                h.written(d, point, send[r].id != recv[r].id, id);
             }
             self.stats.placed[d] += 1;
             self.live[d].push_back((point.seq, id));
-            // A marker, so that the scheduler learns when the rank is through (queued
-            // tasks waiting for the collective are released then).
-            let marker = self.streams[s].event_at_end()?;
-            self.devices[d].markers.push_back((point.seq, marker));
             points.push(point);
         }
         self.tasks.insert(
@@ -268,6 +264,8 @@ impl State {
                 point: points[0],
                 extra: points[1..].to_vec(),
                 failed: None,
+                inputs: Vec::new(),
+                redo: None,
             },
         );
         Ok(())

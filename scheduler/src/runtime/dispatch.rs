@@ -3,27 +3,18 @@
 use super::*;
 
 impl State {
-    /// Learns how far devices have got and collects finished timings.
-    /// Returns how many queued tasks became ready because the tasks they waited for have
-    /// run.
+    /// Learns how far devices have got (recovering from failed work, see the
+    /// `recovery` module) and collects finished timings. Returns how many queued tasks
+    /// became ready because the tasks they waited for have run.
     pub(super) fn poll(&mut self, shared: &Shared) -> usize {
+        let mut taken = Vec::new();
+        self.poll_taken(shared, &mut taken)
+    }
+
+    /// [`State::poll`], with errors the caller already took from streams, by stream.
+    pub(super) fn poll_taken(&mut self, shared: &Shared, taken: &mut [Option<Error>]) -> usize {
         let mut released = 0;
-        for d in 0..self.devices.len() {
-            while let Some((seq, e)) = self.devices[d].markers.front() {
-                match e.query() {
-                    Ok(true) => {
-                        let seq = *seq;
-                        self.devices[d].completed = seq;
-                        self.devices[d].markers.pop_front();
-                    }
-                    Ok(false) => break,
-                    Err(err) => {
-                        self.errors.push(err);
-                        self.devices[d].markers.pop_front();
-                    }
-                }
-            }
-        }
+        self.poll_streams(shared, taken);
         let mut pending = Vec::new();
         for m in std::mem::take(&mut self.measurements) {
             match m.end.query() {
@@ -55,7 +46,7 @@ impl State {
         // Forget tasks every device has passed, oldest first (failed ones stay:
         // dependants must learn of the failure).
         for d in 0..self.devices.len() {
-            let completed = self.devices[d].completed;
+            let completed = self.streams[compute_stream(d)].completed;
             while let Some(&(seq, id)) = self.live[d].front() {
                 if seq > completed {
                     break;
@@ -63,9 +54,8 @@ impl State {
                 self.live[d].pop_front();
                 let done = self.tasks.get(&id).is_some_and(|t| {
                     t.failed.is_none()
-                        && t.points().all(|p| {
-                            p.seq <= self.devices.get(p.stream / 2).map_or(0, |x| x.completed)
-                        })
+                        && t.points()
+                            .all(|p| p.seq <= self.streams.get(p.stream).map_or(0, |x| x.completed))
                 });
                 if done {
                     self.tasks.remove(&id);
@@ -120,9 +110,7 @@ impl State {
             .map(|hs| HANDOFF + hs.handle.len as f64 / bandwidth)
             .sum();
         let dev = &self.devices[d];
-        let queued = self.streams[compute_stream(d)]
-            .seq
-            .saturating_sub(dev.completed);
+        let queued = self.streams[compute_stream(d)].outstanding();
         Candidate {
             device: d,
             queued,
@@ -141,7 +129,21 @@ impl State {
         accesses: &[(Handle, AccessMode)],
         message: String,
     ) {
-        let _ = accesses;
+        let root = format!("task {id} failed: {message}");
+        self.fail_task_from(id, label, accesses, message, root);
+    }
+
+    /// Records a task that could not run; what it writes has no value because of
+    /// `root` (the failure it comes from, said once however long the chain).
+    pub(super) fn fail_task_from(
+        &mut self,
+        id: u64,
+        label: &str,
+        accesses: &[(Handle, AccessMode)],
+        message: String,
+        root: String,
+    ) {
+        self.poison(accesses, id, root);
         self.tasks.insert(
             id,
             TaskRecord {
@@ -149,28 +151,53 @@ impl State {
                 point: Point { stream: 0, seq: 0 },
                 extra: Vec::new(),
                 failed: Some(message),
+                inputs: Vec::new(),
+                redo: None,
             },
         );
         // Its dependants will not wait for it: they fail when they are dispatched.
         self.release(id, 0);
     }
 
-    /// If one of `deps` failed, records task `id` as failed too and returns the error
-    /// that says so, naming the failed task and its cause.
+    /// Failures follow the data: if task `id` reads a handle that has no value (the
+    /// task that last wrote it failed, or its only copy was lost), or one of the tasks it
+    /// was explicitly ordered `after` failed, records it as failed too and returns the
+    /// error that says why. (A task that only had to wait for a failed one — it
+    /// overwrites what that one read or wrote — runs.)
     pub(super) fn fails_with_dependency(
         &mut self,
         id: u64,
         label: &str,
         accesses: &[(Handle, AccessMode)],
-        deps: &BTreeSet<u64>,
+        after: &[TaskId],
     ) -> Option<Error> {
-        let (dep, why) = deps.iter().find_map(|d| {
-            self.tasks
-                .get(d)
-                .and_then(|t| t.failed.clone().map(|f| (*d, f)))
-        })?;
-        let message = format!("{label} depends on task {dep}, which failed: {why}");
-        self.fail_task(id, label, accesses, message.clone());
+        let (message, root) = after
+            .iter()
+            .find_map(|d| {
+                self.tasks
+                    .get(&d.0)
+                    .and_then(|t| t.failed.as_ref())
+                    .map(|why| {
+                        (
+                            format!("{label} depends on {d}, which failed: {why}"),
+                            format!("{d} failed: {why}"),
+                        )
+                    })
+            })
+            .or_else(|| {
+                accesses
+                    .iter()
+                    .filter(|(_, m)| m.reads())
+                    .find_map(|(h, _)| {
+                        let hs = self.handles.get(&h.id)?;
+                        let why = hs.value_lost(id)?;
+                        Some((
+                            format!("{label} reads {h}, which has no value: {why}"),
+                            why.to_string(),
+                        ))
+                    })
+            })?;
+        self.fail_task_from(id, label, accesses, message.clone(), root);
         Some(Error::aborted(message))
     }
 
@@ -181,13 +208,18 @@ impl State {
         &mut self,
         shared: &Shared,
         id: u64,
-        p: &Pending,
+        p: &Arc<Pending>,
         deps: &BTreeSet<u64>,
         chosen: (usize, usize),
         now: f64,
     ) -> Result<()> {
         let mut order = vec![chosen];
-        order.extend(p.candidates.iter().copied().filter(|c| *c != chosen));
+        order.extend(
+            p.candidates
+                .iter()
+                .copied()
+                .filter(|c| *c != chosen && self.devices[c.0].lost.is_none()),
+        );
         let mut last = None;
         for (d, implementation) in order {
             match self.dispatch(
@@ -206,9 +238,24 @@ impl State {
                     if let Some(rec) = &mut self.recording {
                         rec.placed(id, d, implementation);
                     }
+                    if let Some(t) = self.tasks.get_mut(&id) {
+                        t.redo = Some(Redo {
+                            pending: p.clone(),
+                            deps: (!std::ptr::eq(deps, &p.deps)).then(|| deps.clone()),
+                            attempts: 1,
+                        });
+                    }
                     return Ok(());
                 }
                 Err(e @ Error::OutOfMemory { .. }) => last = Some((d, e)),
+                // The device is gone: the next poll recovers what it had in flight.
+                Err(e @ (Error::DeviceLost { .. } | Error::Unavailable { .. }))
+                    if self.devices[d].lost.is_none() =>
+                {
+                    self.devices[d].lost = Some(e.to_string());
+                    self.unrecovered_loss = true;
+                    last = Some((d, e));
+                }
                 Err(e) => {
                     last = Some((d, e));
                     break;
@@ -244,13 +291,28 @@ impl State {
         now: f64,
     ) -> Result<()> {
         let s = compute_stream(d);
+        if let Some(why) = &self.devices[d].lost {
+            return Err(Error::unavailable(
+                "scheduler",
+                format!("{} was lost: {why}", shared.devices[d].id()),
+            ));
+        }
         // Data: a replica of every handle on the device, valid for those it reads.
         let mut memories = Vec::with_capacity(accesses.len());
+        let mut inputs = Vec::new();
         for (h, m) in accesses {
+            if m.reads() {
+                if let Some(why) = self.handles.get(&h.id).and_then(|hs| hs.value_lost(id)) {
+                    return Err(Error::aborted(format!(
+                        "{label} reads {h}, which has no value: {why}"
+                    )));
+                }
+            }
             let memory = self.replica(shared, *h, d)?;
             if m.reads() {
                 if let Some(p) = self.fetch(shared, *h, d, &memory)? {
                     wait_for(&mut self.streams, s, p)?;
+                    inputs.push(p);
                 }
             }
             memories.push(memory);
@@ -317,9 +379,14 @@ impl State {
                 stream.launch(&kernel, dims(&sizes), &args)?;
             }
         }
-        let point = self.streams[s].advance(s);
+        let point = self.streams[s].advance(s)?;
         if let Some(start) = start {
-            let end = self.streams[s].stream.record_event()?;
+            let Some(end) = self.streams[s].event_after(point.seq) else {
+                return Err(Error::backend_message(
+                    "scheduler",
+                    "internal error: no event after a task",
+                ));
+            };
             if let (true, Some(p)) = (profiled, &mut self.profiling) {
                 p.spans.push(PendingSpan {
                     kind: SpanKind::Task,
@@ -344,10 +411,14 @@ impl State {
             });
         }
         // The data it wrote is valid there only.
+        let streams = &self.streams;
         for (h, m) in accesses {
             if m.writes() {
                 if let Some(hs) = self.handles.get_mut(&h.id) {
-                    hs.written(d, point);
+                    hs.journal(point, Change::Write, |p| {
+                        p.seq <= streams[p.stream].completed
+                    });
+                    hs.written(d, point, *m == AccessMode::Write, id);
                 }
             }
         }
@@ -358,17 +429,6 @@ impl State {
             .unwrap_or(0.0);
         let dev = &mut self.devices[d];
         dev.busy_until = dev.busy_until.max(now) + predicted;
-        dev.since_marker += 1;
-        // With several devices every task that writes data gets its event, for readers
-        // on other devices to wait for exactly it (see the `stream` module); the queued
-        // policies count tasks in flight with them too.
-        let writes = accesses.iter().any(|(_, m)| m.writes());
-        let every = (shared.devices.len() > 1 && writes) || shared.policy.queued();
-        if dev.since_marker >= MARKER_EVERY || every {
-            dev.since_marker = 0;
-            let e = self.streams[s].event_at_end()?;
-            self.devices[d].markers.push_back((point.seq, e));
-        }
         self.tasks.insert(
             id,
             TaskRecord {
@@ -376,6 +436,8 @@ impl State {
                 point,
                 extra: Vec::new(),
                 failed: None,
+                inputs,
+                redo: None,
             },
         );
         self.stats.placed[d] += 1;

@@ -11,6 +11,7 @@ mod movement;
 mod profiling;
 mod queue;
 mod record;
+mod recovery;
 
 pub use collective::CollectiveTask;
 use profiling::{finish_profile, write_trace};
@@ -26,8 +27,10 @@ use std::time::{Duration, Instant};
 use xpu_collectives::{Communicator, ReduceOp};
 use xpu_hal::{Allocation, DType, Device, Error, Event, HostBuffer, KernelArg, Result};
 
+use recovery::MAX_ATTEMPTS;
+
 use crate::codelet::{Builtin, Codelet, Implementation};
-use crate::data::{Handle, HandleState, Replica};
+use crate::data::{Change, Handle, HandleState, Place, Replica};
 use crate::deps::AccessMode;
 use crate::perfmodel::PerfModels;
 use crate::policy::{Candidate, Policy};
@@ -37,9 +40,6 @@ use crate::task::{Task, TaskId};
 
 static NEXT_SCHEDULER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-/// A marker event is recorded on a device's task stream every this many tasks, so that
-/// the scheduler learns how far each device has got without waiting for it.
-const MARKER_EVERY: u32 = 8;
 /// Tasks a device may have enqueued and not finished before its worker takes another
 /// from the queues (queued policies): few enough that a fast device takes more of the
 /// work, enough to keep it fed while the worker dispatches the next.
@@ -105,8 +105,10 @@ impl SchedulerOptions {
 pub struct SchedStats {
     /// Tasks submitted (including those that failed to start).
     pub tasks: u64,
-    /// Tasks started on each device, in device order.
+    /// Tasks started on each device, in device order (a task run again counts again).
     pub placed: Vec<u64>,
+    /// Tasks dispatched again because work before them failed or their device was lost.
+    pub retried: u64,
     /// Copies that brought a handle to a device (from its home or a peer).
     pub fetches: u64,
     /// Copies of a handle back to its home.
@@ -124,6 +126,19 @@ struct TaskRecord {
     /// The points on other devices' streams of a collective task.
     extra: Vec<Point>,
     failed: Option<String>,
+    /// The points of the copies and writes it waited for to get its inputs.
+    inputs: Vec<Point>,
+    /// What running it again needs (`None` for collectives and failed tasks).
+    redo: Option<Redo>,
+}
+
+/// What running a dispatched task again needs, should work before it fail.
+struct Redo {
+    pending: Arc<Pending>,
+    /// Its dependencies when they are not `pending.deps` (replayed graphs).
+    deps: Option<BTreeSet<u64>>,
+    /// How many times it has been dispatched.
+    attempts: u32,
 }
 
 impl TaskRecord {
@@ -156,13 +171,10 @@ struct Measurement {
 struct DeviceState {
     /// Seconds since the scheduler's epoch when the device is expected to be free.
     busy_until: f64,
-    /// Marker events on its task stream, oldest first, with the `seq` they cover.
-    markers: VecDeque<(u64, Event)>,
-    /// The highest `seq` of its task stream known to have completed.
-    completed: u64,
-    since_marker: u32,
     /// Bytes per second of copies to it, as measured (None: not yet).
     bandwidth: Option<f64>,
+    /// Why it is no longer used, once it was lost.
+    lost: Option<String>,
 }
 
 struct State {
@@ -193,6 +205,9 @@ struct State {
     /// Set when the last handle to the scheduler is dropped: workers finish the queues
     /// and exit.
     shutdown: bool,
+    /// A device was found lost while enqueuing, and what it had in flight is not yet
+    /// recovered.
+    unrecovered_loss: bool,
 }
 
 /// A task submitted and not dispatched yet (queued policies), or being dispatched.
@@ -369,10 +384,8 @@ impl Scheduler {
                     devices: (0..n)
                         .map(|_| DeviceState {
                             busy_until: 0.0,
-                            markers: VecDeque::new(),
-                            completed: 0,
-                            since_marker: 0,
                             bandwidth: None,
+                            lost: None,
                         })
                         .collect(),
                     models: PerfModels::new(dir),
@@ -394,6 +407,7 @@ impl Scheduler {
                     live: (0..n).map(|_| VecDeque::new()).collect(),
                     ws: options.policy == Policy::Ws,
                     shutdown: false,
+                    unrecovered_loss: false,
                 }),
                 work: Condvar::new(),
                 epoch: Instant::now(),
@@ -517,6 +531,10 @@ impl Scheduler {
                     continue;
                 }
             }
+            if let Some(why) = &st.devices[d].lost {
+                reasons.push(format!("{} was lost ({why})", device.id()));
+                continue;
+            }
             match task.codelet.implementation_for(device) {
                 Ok(i) => candidates.push((d, i)),
                 Err(why) => reasons.push(why),
@@ -549,9 +567,12 @@ impl Scheduler {
         deps.extend(task.after.iter().map(|t| t.0));
         st.next_task += 1;
         st.stats.tasks += 1;
-        // A task after a failed one fails too.
-        if let Some(e) = st.fails_with_dependency(id, &label, &accesses, &deps) {
-            return Err(e);
+        // A task that reads what a failed task wrote fails too (queued policies learn
+        // it when they dispatch the task: the writers before it may not have been yet).
+        if !self.shared.policy.queued() {
+            if let Some(e) = st.fails_with_dependency(id, &label, &accesses, &task.after) {
+                return Err(e);
+            }
         }
         let footprint: u64 = accesses.iter().map(|(h, _)| h.len).sum();
         let pending = Pending {
@@ -573,6 +594,7 @@ impl Scheduler {
             return Ok(TaskId(id));
         }
         // Placement.
+        let pending = Arc::new(pending);
         let now = self.now();
         let candidates = &pending.candidates;
         let chosen = if candidates.len() == 1 {
@@ -598,88 +620,89 @@ impl Scheduler {
     }
 
     /// Waits until every task submitted so far has run; returns the first failure of any
-    /// of them not yet reported (each is reported once).
+    /// of them not yet reported (each is reported once). Tasks that depend on a failed
+    /// one fail too (waiting for one of them says why); independent tasks run, also
+    /// those that shared a stream with the failed one (see the `recovery` module).
     pub fn wait_all(&self) -> Result<()> {
-        let (streams, seen): (Vec<xpu_hal::Stream>, Vec<u64>) = {
-            let st = self.drained();
-            (
-                st.streams.iter().map(|s| s.stream.clone()).collect(),
-                (0..st.devices.len())
-                    .map(|d| st.streams[compute_stream(d)].seq)
-                    .collect(),
-            )
-        };
-        let mut first: Option<Error> = None;
-        for s in &streams {
-            if let Err(e) = s.synchronize() {
-                first.get_or_insert(e);
+        loop {
+            let streams: Vec<Option<xpu_hal::Stream>> = {
+                let st = self.drained();
+                st.streams
+                    .iter()
+                    .enumerate()
+                    .map(|(s, slot)| {
+                        st.devices[s / 2]
+                            .lost
+                            .is_none()
+                            .then(|| slot.stream.clone())
+                    })
+                    .collect()
+            };
+            let mut taken: Vec<Option<Error>> = streams
+                .iter()
+                .map(|s| s.as_ref().and_then(|s| s.synchronize().err()))
+                .collect();
+            let mut st = self.lock();
+            let again = st.poll_streams(&self.shared, &mut taken);
+            st.poll(&self.shared);
+            if again {
+                // Tasks were dispatched again: wait for them too.
+                continue;
             }
-        }
-        let mut st = self.lock();
-        st.poll(&self.shared);
-        // Everything submitted before the synchronizations has run.
-        let now = self.now();
-        for (i, slots) in streams.iter().enumerate().step_by(2) {
-            let _ = slots;
-            let d = i / 2;
-            let done = st.streams[compute_stream(d)].seq.min(seen[d]);
-            let dev = &mut st.devices[d];
-            dev.completed = dev.completed.max(done);
-            if dev.completed >= st.streams[compute_stream(d)].seq {
-                st.devices[d].busy_until = now;
+            let now = self.now();
+            for dev in &mut st.devices {
+                dev.busy_until = dev.busy_until.min(now);
             }
-        }
-        st.poll(&self.shared);
-        if let Some(e) = first {
-            st.errors.push(e);
-        }
-        if st.errors.is_empty() {
-            Ok(())
-        } else {
-            Err(st.errors.remove(0))
+            return if st.errors.is_empty() {
+                Ok(())
+            } else {
+                Err(st.errors.remove(0))
+            };
         }
     }
 
-    /// Waits until `task` has run.
+    /// Waits until `task` has run; an `Aborted` error when it failed, saying why (a task
+    /// that depends on a failed one names it).
     pub fn wait(&self, task: TaskId) -> Result<()> {
-        let event = {
-            let mut st = self.lock();
-            while st.queues.pending.contains_key(&task.0) {
-                st = match self.shared.work.wait_timeout(st, WORKER_NAP) {
-                    Ok((g, _)) => g,
-                    Err(p) => p.into_inner().0,
-                };
-            }
-            let Some(rec) = st.tasks.get(&task.0) else {
-                if task.0 >= st.next_task {
-                    return Err(Error::invalid(format!("{task} has not been submitted")));
+        loop {
+            let events = {
+                let mut st = self.lock();
+                while st.queues.pending.contains_key(&task.0) {
+                    st = match self.shared.work.wait_timeout(st, WORKER_NAP) {
+                        Ok((g, _)) => g,
+                        Err(p) => p.into_inner().0,
+                    };
                 }
-                return Ok(());
+                let Some(rec) = st.tasks.get(&task.0) else {
+                    if task.0 >= st.next_task {
+                        return Err(Error::invalid(format!("{task} has not been submitted")));
+                    }
+                    return Ok(());
+                };
+                if let Some(why) = &rec.failed {
+                    return Err(Error::aborted(format!(
+                        "{task} ({}) failed: {why}",
+                        rec.label
+                    )));
+                }
+                let points: Vec<Point> = rec.points().collect();
+                points
+                    .into_iter()
+                    .filter_map(|p| st.streams[p.stream].event_after(p.seq))
+                    .collect::<Vec<Event>>()
             };
-            if let Some(why) = &rec.failed {
-                return Err(Error::aborted(format!(
-                    "{task} ({}) failed: {why}",
-                    rec.label
-                )));
+            if events.iter().all(|e| e.wait().is_ok()) {
+                return Ok(());
             }
-            let points: Vec<Point> = rec.points().collect();
-            let mut events = Vec::with_capacity(points.len());
-            for p in points {
-                events.push(st.streams[p.stream].event_covering(p.seq)?);
-            }
-            events
-        };
-        for e in event {
-            e.wait()?;
+            // Something failed before it: learn what, and whether it runs again.
+            self.lock().poll(&self.shared);
         }
-        Ok(())
     }
 
     /// The handle's current value, once every task submitted so far that writes it has
     /// run.
     pub fn read(&self, handle: Handle) -> Result<Vec<u8>> {
-        let mut st = self.drained();
-        st.bring_home(&self.shared, handle)?;
+        let mut st = self.home(handle)?;
         let hs = st
             .handles
             .get_mut(&handle.id)
@@ -691,13 +714,41 @@ impl Scheduler {
     /// Gives `handle`'s home buffer back with the handle's current value, once every
     /// task submitted so far that uses it has run; the handle can no longer be used.
     pub fn unregister(&self, handle: Handle) -> Result<HostBuffer> {
-        let mut st = self.drained();
-        st.bring_home(&self.shared, handle)?;
+        let mut st = self.home(handle)?;
         let hs = st
             .handles
             .remove(&handle.id)
             .ok_or_else(|| unknown(handle))?;
         Ok(hs.home.buffer)
+    }
+
+    /// The state, with `handle`'s current value in its home once every task submitted so
+    /// far that uses it has run (tasks run again after a failure included).
+    fn home(&self, handle: Handle) -> Result<MutexGuard<'_, State>> {
+        let mut st = self.drained();
+        for _ in 0..=MAX_ATTEMPTS {
+            st.poll(&self.shared);
+            if !st.queues.pending.is_empty() {
+                drop(st);
+                st = self.drained();
+                continue;
+            }
+            let hs = st.handles.get(&handle.id).ok_or_else(|| unknown(handle))?;
+            if let Some(why) = hs.value_lost(u64::MAX) {
+                return Err(Error::aborted(format!("{handle} has no value: {why}")));
+            }
+            let mut taken = st.bring_home(&self.shared, handle)?;
+            if taken.iter().all(Option::is_none) {
+                return Ok(st);
+            }
+            // Work failed meanwhile: recover, then bring the value home again.
+            st.poll_taken(&self.shared, &mut taken);
+            drop(st);
+            st = self.drained();
+        }
+        Err(Error::aborted(format!(
+            "{handle}: work kept failing while its value was brought home; see the errors of wait_all"
+        )))
     }
 
     /// What it has done so far.

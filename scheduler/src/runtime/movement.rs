@@ -44,6 +44,7 @@ impl State {
                 valid: false,
                 ready: None,
                 last_use: clock,
+                generation: clock,
             });
         }
         self.replica_bytes_changed(d, handle.len, 0);
@@ -118,11 +119,15 @@ impl State {
         self.streams[s]
             .stream
             .copy_to_host(&memory, &h.home.buffer, 0)?;
-        let point = self.streams[s].advance(s);
-        self.profiling_end(profiled, SpanKind::WriteBack, id, d, s, memory.size())?;
+        let point = self.streams[s].advance(s)?;
+        self.profiling_end(profiled, SpanKind::WriteBack, id, d, memory.size(), point)?;
+        let streams = &self.streams;
         let Some(h) = self.handles.get_mut(&id) else {
             return Ok(());
         };
+        h.journal(point, Change::Copy(Place::Home), |p| {
+            p.seq <= streams[p.stream].completed
+        });
         h.home.valid = true;
         h.home.ready = Some(point);
         self.stats.write_backs += 1;
@@ -167,14 +172,16 @@ impl State {
             }
             let profiled = self.profiling_start(d, s)?;
             self.streams[s].stream.copy_peer(&src, dst)?;
-            let point = self.streams[s].advance(s);
-            self.profiling_end(profiled, SpanKind::Fetch, handle.id, d, s, handle.len)?;
+            let point = self.streams[s].advance(s)?;
+            self.profiling_end(profiled, SpanKind::Fetch, handle.id, d, handle.len, point)?;
             point
         } else {
             if !h.home.valid {
                 let Some(e) = h.valid_on().next() else {
-                    return Err(Error::invalid(format!(
-                        "{handle} has no valid copy anywhere; this is a scheduler bug"
+                    return Err(Error::aborted(format!(
+                        "{handle} has no valid copy anywhere: {}",
+                        h.value_lost(u64::MAX)
+                            .unwrap_or("no task has written it since its copies were dropped")
                     )));
                 };
                 self.write_home(shared, handle.id, e)?;
@@ -203,12 +210,14 @@ impl State {
             self.streams[s]
                 .stream
                 .copy_from_host(&h.home.buffer, 0, dst)?;
-            let profiled_end =
-                self.profiling_end(profiled, SpanKind::Fetch, handle.id, d, s, handle.len)?;
+            let point = self.streams[s].advance(s)?;
+            self.profiling_end(profiled, SpanKind::Fetch, handle.id, d, handle.len, point)?;
             if let Some(start) = start {
-                let end = match profiled_end {
-                    Some(e) => e,
-                    None => self.streams[s].stream.record_event()?,
+                let Some(end) = self.streams[s].event_after(point.seq) else {
+                    return Err(Error::backend_message(
+                        "scheduler",
+                        "internal error: no event after a copy",
+                    ));
                 };
                 self.measurements.push(Measurement {
                     what: Timed::Copy {
@@ -219,9 +228,13 @@ impl State {
                     end,
                 });
             }
-            self.streams[s].advance(s)
+            point
         };
+        let streams = &self.streams;
         if let Some(h) = self.handles.get_mut(&handle.id) {
+            h.journal(point, Change::Copy(Place::Device(d)), |p| {
+                p.seq <= streams[p.stream].completed
+            });
             if let Some(r) = &mut h.replicas[d] {
                 r.valid = true;
                 r.ready = Some(point);
@@ -233,8 +246,13 @@ impl State {
     }
 
     /// Makes the home of `handle` valid and waits until every task submitted so far that
-    /// uses it has run.
-    pub(super) fn bring_home(&mut self, shared: &Shared, handle: Handle) -> Result<()> {
+    /// uses it has run. Returns the errors the streams reported meanwhile, by stream
+    /// (the caller recovers from them and tries again).
+    pub(super) fn bring_home(
+        &mut self,
+        shared: &Shared,
+        handle: Handle,
+    ) -> Result<Vec<Option<Error>>> {
         let Some(h) = self.handles.get(&handle.id) else {
             return Err(unknown(handle));
         };
@@ -248,15 +266,17 @@ impl State {
         }
         // Every stream, so that every copy and task that used the home has also let go
         // of it (the lock keeps new work out meanwhile).
-        let mut first = None;
-        for slot in &self.streams {
-            if let Err(e) = slot.stream.synchronize() {
-                first.get_or_insert(e);
-            }
-        }
-        match first {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        let taken = self
+            .streams
+            .iter()
+            .enumerate()
+            .map(|(s, slot)| {
+                if self.devices[s / 2].lost.is_some() {
+                    return None;
+                }
+                slot.stream.synchronize().err()
+            })
+            .collect();
+        Ok(taken)
     }
 }

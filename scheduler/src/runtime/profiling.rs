@@ -122,13 +122,16 @@ impl State {
         kind: SpanKind,
         handle: u64,
         d: usize,
-        s: usize,
         bytes: u64,
+        point: Point,
     ) -> Result<Option<Event>> {
+        let s = point.stream;
         let Some(start) = start else {
             return Ok(None);
         };
-        let end = self.streams[s].stream.record_event()?;
+        let Some(end) = self.streams[s].event_after(point.seq) else {
+            return Ok(None);
+        };
         if let Some(p) = &mut self.profiling {
             p.spans.push(PendingSpan {
                 kind,

@@ -30,7 +30,10 @@ pub(super) fn worker(shared: &Shared, d: usize) {
         } else {
             // Busy: the next thing to happen here is its oldest task finishing, which
             // may release tasks (here or elsewhere); wait for that.
-            let oldest = st.devices[d].markers.front().map(|(_, e)| e.clone());
+            let oldest = st.streams[compute_stream(d)]
+                .inflight
+                .front()
+                .map(|(_, e)| e.clone());
             drop(st);
             match oldest {
                 Some(e) => {
@@ -46,9 +49,7 @@ pub(super) fn worker(shared: &Shared, d: usize) {
 impl State {
     /// Tasks enqueued on device `d`'s task stream and not known to have finished.
     pub(super) fn outstanding(&self, d: usize) -> u64 {
-        self.streams[compute_stream(d)]
-            .seq
-            .saturating_sub(self.devices[d].completed)
+        self.streams[compute_stream(d)].outstanding()
     }
 
     /// Queues task `id` (queued policies): ready at once if everything it depends on
@@ -159,26 +160,24 @@ impl State {
         let Some(pending) = self.queues.pending.remove(&id) else {
             return;
         };
+        let pending = Arc::new(pending);
         let chosen = pending
             .candidates
             .iter()
             .copied()
             .find(|c| c.0 == d)
             .unwrap_or((d, 0));
-        let outcome = match self.fails_with_dependency(
-            id,
-            &pending.label,
-            &pending.accesses,
-            &pending.deps,
-        ) {
-            Some(e) => Err(e),
-            None => {
-                let now = shared.epoch.elapsed().as_secs_f64();
-                self.start(shared, id, &pending, &pending.deps, chosen, now)
-            }
-        };
-        if let Err(e) = outcome {
-            // Reported at the next wait; dependants fail when they are dispatched.
+        // A dependant of a failed task: waiting for it says so; the failure itself is
+        // reported once.
+        if self
+            .fails_with_dependency(id, &pending.label, &pending.accesses, &pending.task.after)
+            .is_some()
+        {
+            return;
+        }
+        let now = shared.epoch.elapsed().as_secs_f64();
+        if let Err(e) = self.start(shared, id, &pending, &pending.deps, chosen, now) {
+            // Reported at the next wait.
             self.errors.push(e);
         }
     }

@@ -31,7 +31,7 @@ use crate::sim;
 #[derive(Clone)]
 enum Item {
     Task {
-        pending: Box<Pending>,
+        pending: Arc<Pending>,
         /// Where it ran (set when dispatched).
         placed: Option<(usize, usize)>,
         /// Indices of the items it depends on.
@@ -93,7 +93,7 @@ impl Recording {
         p.deps.clear();
         p.task.after.clear();
         self.items.push(Item::Task {
-            pending: Box::new(p),
+            pending: Arc::new(p),
             placed: None,
             internal,
             entry: Vec::new(),
@@ -302,7 +302,11 @@ impl Scheduler {
                 Item::Task { pending, .. } => pending.label.clone(),
                 Item::Collective { kind, .. } => kind.name().to_string(),
             };
-            let failed = st.fails_with_dependency(id, &label, item.accesses(), &deps);
+            let after = match item {
+                Item::Task { pending, .. } => pending.task.after.as_slice(),
+                Item::Collective { .. } => &[],
+            };
+            let failed = st.fails_with_dependency(id, &label, item.accesses(), after);
             let outcome = match (failed, item) {
                 (Some(e), _) => Err(e),
                 (

@@ -30,6 +30,10 @@ pub struct SimConfig {
     /// Copy bandwidth in bytes per second; `None` for unlimited. A copy of `n` bytes
     /// takes at least `latency + n / bandwidth`.
     pub bandwidth: Option<f64>,
+    /// Fault injection: `(device, operations)` loses that device once it has run that
+    /// many copies, builtins and launches; from then on its work and allocations fail
+    /// with `DeviceLost`.
+    pub lose_after: Option<(u32, u64)>,
 }
 
 impl Default for SimConfig {
@@ -39,6 +43,7 @@ impl Default for SimConfig {
             memory: DEFAULT_MEMORY,
             latency: Duration::ZERO,
             bandwidth: None,
+            lose_after: None,
         }
     }
 }
@@ -52,6 +57,7 @@ impl SimConfig {
     /// | `XPU_SIMNPU_MEMORY` | bytes per device (`512M`, `1G`, `1048576`), at least 4K | 256 MiB |
     /// | `XPU_SIMNPU_LATENCY_US` | microseconds each operation takes at least | 0 |
     /// | `XPU_SIMNPU_BANDWIDTH_GBPS` | copy bandwidth in GB/s (10^9 bytes per second), or `unlimited` | unlimited |
+    /// | `XPU_SIMNPU_LOSE_AFTER` | `DEVICE:OPS`: device `DEVICE` is lost after `OPS` operations (fault injection) | never |
     ///
     /// An unset or empty variable takes the default; a malformed one is an
     /// `InvalidArgument` error naming it.
@@ -94,6 +100,17 @@ impl SimConfig {
         if let Some(v) = value("XPU_SIMNPU_BANDWIDTH_GBPS") {
             config.bandwidth = parse_bandwidth(&v)?;
         }
+        if let Some(v) = value("XPU_SIMNPU_LOSE_AFTER") {
+            let parsed = v
+                .trim()
+                .split_once(':')
+                .and_then(|(d, n)| Some((d.trim().parse().ok()?, n.trim().parse().ok()?)));
+            config.lose_after = Some(parsed.ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "XPU_SIMNPU_LOSE_AFTER is `{v}`; set it to DEVICE:OPERATIONS, e.g. 1:40"
+                ))
+            })?);
+        }
         Ok(config)
     }
 
@@ -132,9 +149,13 @@ impl fmt::Display for SimConfig {
             self.latency.as_micros()
         )?;
         match self.bandwidth {
-            Some(b) => write!(f, "{} GB/s", b / 1e9),
-            None => f.write_str("unlimited"),
+            Some(b) => write!(f, "{} GB/s", b / 1e9)?,
+            None => f.write_str("unlimited")?,
         }
+        if let Some((d, n)) = self.lose_after {
+            write!(f, ", device {d} lost after {n} operations")?;
+        }
+        Ok(())
     }
 }
 
@@ -165,8 +186,10 @@ mod tests {
             ("XPU_SIMNPU_MEMORY", "64M"),
             ("XPU_SIMNPU_LATENCY_US", "250"),
             ("XPU_SIMNPU_BANDWIDTH_GBPS", "2.5"),
+            ("XPU_SIMNPU_LOSE_AFTER", "1:40"),
         ])
         .unwrap();
+        assert_eq!(c.lose_after, Some((1, 40)));
         assert_eq!(c.devices, 5);
         assert_eq!(c.memory, 64 << 20);
         assert_eq!(c.latency, Duration::from_micros(250));
@@ -192,6 +215,8 @@ mod tests {
             ("XPU_SIMNPU_LATENCY_US", "-1"),
             ("XPU_SIMNPU_BANDWIDTH_GBPS", "0"),
             ("XPU_SIMNPU_BANDWIDTH_GBPS", "fast"),
+            ("XPU_SIMNPU_LOSE_AFTER", "40"),
+            ("XPU_SIMNPU_LOSE_AFTER", "a:b"),
         ] {
             let e = from(&[(k, v)]).unwrap_err();
             assert_eq!(e.code(), xpu_plugin_sdk::ErrorCode::InvalidArgument);

@@ -10,6 +10,7 @@ use xpu_plugin_sdk::{
 use crate::arena::{Arena, Buffer, ALIGN};
 use crate::bytecode::{self, Kernel, Module};
 use crate::config::SimConfig;
+use crate::health::Health;
 use crate::stream::SimStream;
 use crate::SimNpu;
 
@@ -23,6 +24,7 @@ pub struct SimDevice {
     config: SimConfig,
     arena: Arc<Arena>,
     streams: AtomicU64,
+    health: Arc<Health>,
 }
 
 impl SimDevice {
@@ -32,6 +34,12 @@ impl SimDevice {
             config,
             arena: Arena::new(id(index), config.memory)?,
             streams: AtomicU64::new(0),
+            health: Arc::new(Health::new(
+                id(index),
+                config
+                    .lose_after
+                    .and_then(|(d, n)| (d == index).then_some(n)),
+            )),
         })
     }
 }
@@ -79,12 +87,18 @@ impl Device<SimNpu> for SimDevice {
     }
 
     fn allocate(&self, size: u64) -> Result<Buffer> {
+        self.health.check()?;
         self.arena.allocate(size)
     }
 
     fn create_stream(&self) -> Result<SimStream> {
+        self.health.check()?;
         let n = self.streams.fetch_add(1, Ordering::Relaxed);
-        SimStream::new(format!("{} stream {n}", id(self.index)), self.config)
+        SimStream::new(
+            format!("{} stream {n}", id(self.index)),
+            self.config,
+            self.health.clone(),
+        )
     }
 
     fn load_kernel(&self, code: KernelCode<'_>) -> Result<Kernel> {

@@ -23,6 +23,7 @@
 //! | `XPU_SIMNPU_MEMORY` | bytes per device (`512M`, `1G`, `1048576`), at least 4K | 256 MiB |
 //! | `XPU_SIMNPU_LATENCY_US` | microseconds every copy, builtin and launch takes at least | 0 |
 //! | `XPU_SIMNPU_BANDWIDTH_GBPS` | copy bandwidth, GB/s (10^9 bytes/s), or `unlimited` | unlimited |
+//! | `XPU_SIMNPU_LOSE_AFTER` | `DEVICE:OPS`: fault injection, device `DEVICE` is lost after `OPS` operations | never |
 //!
 //! A malformed value makes `device_count` fail with an `InvalidArgument` error naming
 //! the variable.
@@ -62,6 +63,7 @@ pub mod bytecode;
 mod config;
 mod device;
 mod event;
+mod health;
 mod ops;
 mod stream;
 

@@ -28,6 +28,7 @@ use crate::arena::Buffer;
 use crate::bytecode::{self, Frame, Kernel, Lanes, Use};
 use crate::config::SimConfig;
 use crate::event::{Mark, SimEvent};
+use crate::health::Health;
 use crate::ops::{self, view, view_mut};
 use crate::SimNpu;
 
@@ -62,6 +63,8 @@ struct Shared {
     done: Condvar,
     /// `plugin.simnpu:0 stream 3`, for messages.
     name: String,
+    /// The device's health: every job that computes or copies counts as an operation.
+    health: Arc<Health>,
 }
 
 impl Shared {
@@ -78,7 +81,7 @@ pub struct SimStream {
 }
 
 impl SimStream {
-    pub(crate) fn new(name: String, config: SimConfig) -> Result<Self> {
+    pub(crate) fn new(name: String, config: SimConfig, health: Arc<Health>) -> Result<Self> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 jobs: VecDeque::new(),
@@ -90,6 +93,7 @@ impl SimStream {
             work: Condvar::new(),
             done: Condvar::new(),
             name,
+            health,
         });
         let for_worker = shared.clone();
         let worker = std::thread::Builder::new()
@@ -187,6 +191,7 @@ fn execute(shared: &Shared, job: Job, failed: Option<&Error>) -> Result<()> {
         // Skipped: the stream's error is reported first.
         _ if failed.is_some() => Ok(()),
         Job::Run { cost, work } => {
+            shared.health.operate()?;
             let start = Instant::now();
             let outcome = catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|payload| {
                 Err(Error::from_panic(
