@@ -226,6 +226,9 @@ enum BenchCommand {
     /// Task Bench's dependency patterns as task graphs on the scheduler: wall time, per-task
     /// overhead, efficiency and METG(50%); `benches/starpu/compare.sh` runs StarPU beside it.
     Scheduler(cli::sched_bench::SchedBenchArgs),
+    /// Placement policies on devices that differ (any backends), with transfers: eager and
+    /// dmda in alternating rounds, and HEFT planned on dmda's learned costs and replayed.
+    Placement(cli::sched_bench::placement::PlacementArgs),
 }
 
 fn selector(arg: Option<String>, default: &str) -> Result<DeviceSelector> {
@@ -351,6 +354,10 @@ fn run(cli: Cli) -> Result<bool> {
         Some(Command::Bench(BenchCommand::Scheduler(args))) => {
             let devices = registry.devices(&selector(args.devices.clone(), "host:*")?)?;
             cli::sched_bench::run(devices, &args)
+        }
+        Some(Command::Bench(BenchCommand::Placement(args))) => {
+            let devices = registry.devices(&selector(args.devices.clone(), "host:0,1")?)?;
+            cli::sched_bench::placement::run(devices, &args)
         }
         Some(Command::Bench(BenchCommand::Hal { rounds, json })) => {
             cli::bench::hal(json, rounds)?;

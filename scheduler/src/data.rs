@@ -127,6 +127,9 @@ pub(crate) struct HandleState {
     /// Why the handle has no value since its only copy went with a lost device (until a
     /// task overwrites it).
     pub(crate) gone: Option<String>,
+    /// When its last writer is expected to finish (seconds since the scheduler's
+    /// epoch, predicted), for placement.
+    pub(crate) written_by: f64,
 }
 
 /// What a task's write did to a handle's value.
@@ -157,6 +160,7 @@ impl HandleState {
             journal: Vec::new(),
             writes: BTreeMap::new(),
             gone: None,
+            written_by: 0.0,
         }
     }
 

@@ -43,6 +43,9 @@ pub struct Candidate {
     /// Predicted seconds to bring the task's inputs there (bytes over the measured
     /// bandwidth, plus a fixed hand-off cost per input copied).
     pub transfer: f64,
+    /// Seconds from now until the last of the task's inputs is expected to be written
+    /// (wherever its writer runs), 0 when they all are already.
+    pub inputs_in: f64,
 }
 
 /// The placement policies (see the module docs).
@@ -96,9 +99,11 @@ impl Policy {
                     // Calibrate: where the codelet has been measured least.
                     return by(&|c| (c.samples as f64, c.queued as f64));
                 }
+                // HEFT's earliest finish, online: the device must be free and the
+                // inputs written, then copied there, then the task runs.
                 by(&|c| {
                     (
-                        c.free_in + c.transfer + c.exec.unwrap_or(0.0),
+                        c.free_in.max(c.inputs_in) + c.transfer + c.exec.unwrap_or(0.0),
                         c.queued as f64,
                     )
                 })
@@ -135,6 +140,7 @@ mod tests {
 
     fn c(device: usize, queued: u64, free_in: f64, exec: Option<f64>, transfer: f64) -> Candidate {
         Candidate {
+            inputs_in: 0.0,
             device,
             queued,
             free_in,

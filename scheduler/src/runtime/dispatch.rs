@@ -109,9 +109,11 @@ impl State {
             .filter(|hs| !hs.replicas[d].as_ref().is_some_and(|r| r.valid))
             .map(|hs| HANDOFF + hs.handle.len as f64 / bandwidth)
             .sum();
+        let inputs_in = (self.inputs_ready(accesses) - now).max(0.0);
         let dev = &self.devices[d];
         let queued = self.streams[compute_stream(d)].outstanding();
         Candidate {
+            inputs_in,
             device: d,
             queued,
             free_in: (dev.busy_until - now).max(0.0),
@@ -119,6 +121,17 @@ impl State {
             samples,
             transfer,
         }
+    }
+
+    /// When the last of the handles the task reads is expected to be written (seconds
+    /// since the scheduler's epoch, predicted).
+    pub(super) fn inputs_ready(&self, accesses: &[(Handle, AccessMode)]) -> f64 {
+        accesses
+            .iter()
+            .filter(|(_, m)| m.reads())
+            .filter_map(|(h, _)| self.handles.get(&h.id))
+            .map(|hs| hs.written_by)
+            .fold(0.0, f64::max)
     }
 
     /// Records a task that could not run, so that its dependants fail too.
@@ -427,8 +440,18 @@ impl State {
             .models
             .predict(task.codelet.name(), arch, footprint)
             .unwrap_or(0.0);
+        // It starts when the device is free and its inputs are written.
+        let inputs_ready = self.inputs_ready(accesses);
         let dev = &mut self.devices[d];
-        dev.busy_until = dev.busy_until.max(now) + predicted;
+        dev.busy_until = dev.busy_until.max(now).max(inputs_ready) + predicted;
+        let done = dev.busy_until;
+        for (h, m) in accesses {
+            if m.writes() {
+                if let Some(hs) = self.handles.get_mut(&h.id) {
+                    hs.written_by = done;
+                }
+            }
+        }
         self.tasks.insert(
             id,
             TaskRecord {

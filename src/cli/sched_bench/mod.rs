@@ -33,6 +33,7 @@
 //! granularity `wall × devices / tasks` (at exactly 50% efficiency, twice the grain).
 
 pub mod patterns;
+pub mod placement;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -108,7 +109,7 @@ pub struct SchedBenchArgs {
     pub seed: u64,
 }
 
-fn parse_pattern(s: &str) -> std::result::Result<Kind, String> {
+pub(crate) fn parse_pattern(s: &str) -> std::result::Result<Kind, String> {
     s.parse()
 }
 
@@ -124,11 +125,11 @@ fn parse_count(s: &str, what: &str, max: u64) -> std::result::Result<u64, String
     Ok(v as u64)
 }
 
-fn parse_width(s: &str) -> std::result::Result<u64, String> {
+pub(crate) fn parse_width(s: &str) -> std::result::Result<u64, String> {
     parse_count(s, "the width", MAX_WIDTH)
 }
 
-fn parse_steps(s: &str) -> std::result::Result<u64, String> {
+pub(crate) fn parse_steps(s: &str) -> std::result::Result<u64, String> {
     parse_count(s, "the number of steps", MAX_EXTENT)
 }
 
@@ -144,7 +145,7 @@ fn parse_period(s: &str) -> std::result::Result<u64, String> {
     parse_count(s, "the period", MAX_EXTENT)
 }
 
-fn parse_iterations(s: &str) -> std::result::Result<u64, String> {
+pub(crate) fn parse_iterations(s: &str) -> std::result::Result<u64, String> {
     parse_count(s, "the number of iterations", 1_000_000)
 }
 
