@@ -19,11 +19,22 @@
 //!   the task's inputs, plus the task's predicted time there. A task whose model is not
 //!   calibrated on every candidate goes where it has been measured least, so that the
 //!   models learn. Use it when devices differ in speed or data movement matters.
+//! - **`heft`** (static list scheduling, Topcuoglu et al.): submitted tasks are held
+//!   until the next wait (or until [`HEFT_WINDOW`] are held), then placed together by
+//!   HEFT — upward ranks, insertion into idle gaps — on the performance models' costs
+//!   and the measured bandwidths, and dispatched in the order of their planned starts.
+//!   It sees the whole window where `dmda` sees one task at a time; it costs a wait
+//!   before anything runs. Use it for a step submitted whole before waiting, once the
+//!   models know the codelets (uncalibrated, every task is guessed at 1 µs). The same
+//!   planning applies to a recorded graph through `Scheduler::plan`.
 //!
 //! Choose with [`crate::SchedulerOptions::policy`] or `XPU_SCHED`.
 
 use std::fmt;
 use std::str::FromStr;
+
+/// Tasks `heft` holds at most before it plans and dispatches them.
+pub const HEFT_WINDOW: usize = 1024;
 
 use xpu_hal::Error;
 
@@ -58,11 +69,13 @@ pub enum Policy {
     /// Earliest expected finish time, with performance and transfer models.
     #[default]
     Dmda,
+    /// HEFT over the tasks submitted since the last wait.
+    Heft,
 }
 
 impl Policy {
     /// Every policy, by name.
-    pub const ALL: [Policy; 3] = [Policy::Eager, Policy::Ws, Policy::Dmda];
+    pub const ALL: [Policy; 4] = [Policy::Eager, Policy::Ws, Policy::Dmda, Policy::Heft];
 
     /// Its name.
     pub fn name(self) -> &'static str {
@@ -70,6 +83,7 @@ impl Policy {
             Policy::Eager => "eager",
             Policy::Ws => "ws",
             Policy::Dmda => "dmda",
+            Policy::Heft => "heft",
         }
     }
 
@@ -94,7 +108,9 @@ impl Policy {
         };
         match self {
             Policy::Eager | Policy::Ws => by(&|c| (c.queued as f64, c.device as f64)),
-            Policy::Dmda => {
+            // `heft` places windows of tasks; a single task (one run again after a
+            // failure) goes by dmda's rule.
+            Policy::Dmda | Policy::Heft => {
                 if candidates.iter().any(|c| c.exec.is_none()) {
                     // Calibrate: where the codelet has been measured least.
                     return by(&|c| (c.samples as f64, c.queued as f64));

@@ -12,6 +12,7 @@ mod profiling;
 mod queue;
 mod record;
 mod recovery;
+mod window;
 
 pub use collective::CollectiveTask;
 use profiling::{finish_profile, write_trace};
@@ -208,6 +209,8 @@ struct State {
     /// A device was found lost while enqueuing, and what it had in flight is not yet
     /// recovered.
     unrecovered_loss: bool,
+    /// Tasks `heft` holds until the next wait.
+    window: window::Window,
 }
 
 /// A task submitted and not dispatched yet (queued policies), or being dispatched.
@@ -300,6 +303,7 @@ impl Drop for Owner {
         };
         {
             let mut st = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.flush(shared);
             st.shutdown = true;
         }
         shared.work.notify_all();
@@ -408,6 +412,7 @@ impl Scheduler {
                     ws: options.policy == Policy::Ws,
                     shutdown: false,
                     unrecovered_loss: false,
+                    window: window::Window::default(),
                 }),
                 work: Condvar::new(),
                 epoch: Instant::now(),
@@ -434,6 +439,13 @@ impl Scheduler {
                 workers: Mutex::new(workers),
             });
         }
+        if options.policy == Policy::Heft {
+            // Held tasks are dispatched when the last clone goes.
+            sched.owner = Arc::new(Owner {
+                shared: Some(sched.shared.clone()),
+                workers: Mutex::new(Vec::new()),
+            });
+        }
         if sched.shared.profile_path.is_some() {
             sched.start_profiling()?;
         }
@@ -454,6 +466,7 @@ impl Scheduler {
     /// policies; at once otherwise).
     fn drained(&self) -> MutexGuard<'_, State> {
         let mut st = self.lock();
+        st.flush(&self.shared);
         while !st.queues.pending.is_empty() {
             st = match self.shared.work.wait_timeout(st, WORKER_NAP) {
                 Ok((g, _)) => g,
@@ -567,9 +580,10 @@ impl Scheduler {
         deps.extend(task.after.iter().map(|t| t.0));
         st.next_task += 1;
         st.stats.tasks += 1;
-        // A task that reads what a failed task wrote fails too (queued policies learn
-        // it when they dispatch the task: the writers before it may not have been yet).
-        if !self.shared.policy.queued() {
+        // A task that reads what a failed task wrote fails too (queued policies and
+        // heft learn it when they dispatch the task: the writers before it may not
+        // have been yet).
+        if self.shared.policy == Policy::Dmda {
             if let Some(e) = st.fails_with_dependency(id, &label, &accesses, &task.after) {
                 return Err(e);
             }
@@ -595,6 +609,13 @@ impl Scheduler {
         }
         // Placement.
         let pending = Arc::new(pending);
+        if self.shared.policy == Policy::Heft {
+            st.hold(id, pending);
+            if st.window.len() >= crate::policy::HEFT_WINDOW {
+                st.flush(&self.shared);
+            }
+            return Ok(TaskId(id));
+        }
         let now = self.now();
         let candidates = &pending.candidates;
         let chosen = if candidates.len() == 1 {
@@ -667,6 +688,7 @@ impl Scheduler {
         loop {
             let events = {
                 let mut st = self.lock();
+                st.flush(&self.shared);
                 while st.queues.pending.contains_key(&task.0) {
                     st = match self.shared.work.wait_timeout(st, WORKER_NAP) {
                         Ok((g, _)) => g,

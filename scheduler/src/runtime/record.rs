@@ -29,7 +29,7 @@ use crate::sim;
 
 /// One recorded submission.
 #[derive(Clone)]
-enum Item {
+pub(super) enum Item {
     Task {
         pending: Arc<Pending>,
         /// Where it ran (set when dispatched).
@@ -69,6 +69,20 @@ pub(super) struct Recording {
 }
 
 impl Recording {
+    /// An empty recording whose first task will be `first`.
+    pub(super) fn new(first: u64) -> Recording {
+        Recording {
+            first,
+            items: Vec::new(),
+            index: HashMap::new(),
+        }
+    }
+
+    /// What it recorded.
+    pub(super) fn into_items(self) -> Vec<Item> {
+        self.items
+    }
+
     fn internal(&self, deps: &BTreeSet<u64>) -> Vec<u32> {
         deps.iter()
             .filter(|d| **d >= self.first)
@@ -171,16 +185,7 @@ impl Graph {
 
     /// Dependencies among its items, as (from, to) index pairs.
     pub fn edges(&self) -> Vec<(usize, usize)> {
-        self.items
-            .iter()
-            .enumerate()
-            .flat_map(|(k, i)| {
-                let internal = match i {
-                    Item::Task { internal, .. } | Item::Collective { internal, .. } => internal,
-                };
-                internal.iter().map(move |&f| (f as usize, k))
-            })
-            .collect()
+        edges_of(&self.items).collect()
     }
 }
 
@@ -365,114 +370,10 @@ impl Scheduler {
     /// from the measured bandwidths. Collectives keep their ranks. Returns the new
     /// graph and the predicted makespan in seconds.
     pub fn plan(&self, graph: &Graph, policy: sim::Policy) -> Result<(Graph, f64)> {
-        let n = self.shared.devices.len();
-        let mut st = self.lock();
-        let mut tasks = Vec::with_capacity(graph.items.len());
-        for (k, item) in graph.items.iter().enumerate() {
-            let cost = match item {
-                Item::Task { pending, .. } => {
-                    let mut cost = vec![f64::INFINITY; n];
-                    let mut known = Vec::new();
-                    for &(d, _) in &pending.candidates {
-                        let p = st.models.predict(
-                            pending.task.codelet.name(),
-                            &self.shared.archs[d],
-                            pending.footprint,
-                        );
-                        if let Some(p) = p {
-                            known.push(p);
-                        }
-                        cost[d] = p.unwrap_or(f64::NAN);
-                    }
-                    // Uncalibrated on a device: the mean of the others (a guess that
-                    // neither favours nor avoids it), or a microsecond with no data.
-                    let guess = if known.is_empty() {
-                        1e-6
-                    } else {
-                        known.iter().sum::<f64>() / known.len() as f64
-                    };
-                    for c in &mut cost {
-                        if c.is_nan() {
-                            *c = guess;
-                        }
-                    }
-                    cost
-                }
-                Item::Collective {
-                    comm,
-                    kind,
-                    send,
-                    ranks,
-                    ..
-                } => {
-                    let collective = match kind {
-                        CollectiveTask::AllReduce { .. } => xpu_collectives::Collective::AllReduce,
-                        CollectiveTask::ReduceScatter { .. } => {
-                            xpu_collectives::Collective::ReduceScatter
-                        }
-                        CollectiveTask::AllGather => xpu_collectives::Collective::AllGather,
-                    };
-                    let bytes = send.first().map_or(0, |h| h.len);
-                    let (algorithm, _) = comm.algorithm_for(collective, bytes);
-                    let t = comm.estimate(collective, algorithm, bytes).unwrap_or(1e-6);
-                    let mut cost = vec![f64::INFINITY; n];
-                    if let Some(&d) = ranks.first() {
-                        cost[d] = t;
-                    }
-                    cost
-                }
-            };
-            tasks.push(sim::Task {
-                id: format!("t{k}"),
-                cost,
-            });
-        }
-        // An edge carries the bytes of the handles the producer writes and the consumer
-        // reads; the link factor is seconds per byte into the receiving device.
-        let mut edges = Vec::new();
-        for (from, to) in graph.edges() {
-            let written: Vec<u64> = graph.items[from]
-                .accesses()
-                .iter()
-                .filter(|(_, m)| m.writes())
-                .map(|(h, _)| h.id)
-                .collect();
-            let bytes: u64 = graph.items[to]
-                .accesses()
-                .iter()
-                .filter(|(h, m)| m.reads() && written.contains(&h.id))
-                .map(|(h, _)| h.len)
-                .sum();
-            // Every crossing costs a hand-off too, counted as the bytes the default
-            // bandwidth moves in that time.
-            edges.push(sim::Edge {
-                from,
-                to,
-                cost: bytes as f64 + HANDOFF * DEFAULT_BANDWIDTH,
-            });
-        }
-        let links: Vec<Vec<f64>> = (0..n)
-            .map(|p| {
-                (0..n)
-                    .map(|q| {
-                        if p == q {
-                            0.0
-                        } else {
-                            1.0 / st.devices[q].bandwidth.unwrap_or(DEFAULT_BANDWIDTH)
-                        }
-                    })
-                    .collect()
-            })
-            .collect();
-        drop(st);
-        let names = self
-            .shared
-            .devices
-            .iter()
-            .map(|d| d.id().to_string())
-            .collect();
-        let cost_graph = sim::CostGraph::new(names, tasks, edges, Some(links))?;
-        let schedule = policy.schedule(&cost_graph);
+        let schedule = {
+            let mut st = self.lock();
+            schedule_items(&self.shared, &mut st, &graph.items, policy)?
+        };
         let mut planned = graph.clone();
         for (item, placed) in planned.items.iter_mut().zip(&schedule.tasks) {
             if let Item::Task {
@@ -486,4 +387,125 @@ impl Scheduler {
         }
         Ok((planned, schedule.makespan))
     }
+}
+
+/// Dependencies among `items`, as (from, to) index pairs.
+fn edges_of(items: &[Item]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    items.iter().enumerate().flat_map(|(k, i)| {
+        let internal = match i {
+            Item::Task { internal, .. } | Item::Collective { internal, .. } => internal,
+        };
+        internal.iter().map(move |&f| (f as usize, k))
+    })
+}
+
+/// Schedules `items` with `policy` on the scheduler's devices, with the costs the
+/// performance models and measured bandwidths predict (see [`Scheduler::plan`]).
+pub(super) fn schedule_items(
+    shared: &Shared,
+    st: &mut State,
+    items: &[Item],
+    policy: sim::Policy,
+) -> Result<sim::Schedule> {
+    let n = shared.devices.len();
+    let mut tasks = Vec::with_capacity(items.len());
+    for (k, item) in items.iter().enumerate() {
+        let cost = match item {
+            Item::Task { pending, .. } => {
+                let mut cost = vec![f64::INFINITY; n];
+                let mut known = Vec::new();
+                for &(d, _) in &pending.candidates {
+                    let p = st.models.predict(
+                        pending.task.codelet.name(),
+                        &shared.archs[d],
+                        pending.footprint,
+                    );
+                    if let Some(p) = p {
+                        known.push(p);
+                    }
+                    cost[d] = p.unwrap_or(f64::NAN);
+                }
+                // Uncalibrated on a device: the mean of the others (a guess that
+                // neither favours nor avoids it), or a microsecond with no data.
+                let guess = if known.is_empty() {
+                    1e-6
+                } else {
+                    known.iter().sum::<f64>() / known.len() as f64
+                };
+                for c in &mut cost {
+                    if c.is_nan() {
+                        *c = guess;
+                    }
+                }
+                cost
+            }
+            Item::Collective {
+                comm,
+                kind,
+                send,
+                ranks,
+                ..
+            } => {
+                let collective = match kind {
+                    CollectiveTask::AllReduce { .. } => xpu_collectives::Collective::AllReduce,
+                    CollectiveTask::ReduceScatter { .. } => {
+                        xpu_collectives::Collective::ReduceScatter
+                    }
+                    CollectiveTask::AllGather => xpu_collectives::Collective::AllGather,
+                };
+                let bytes = send.first().map_or(0, |h| h.len);
+                let (algorithm, _) = comm.algorithm_for(collective, bytes);
+                let t = comm.estimate(collective, algorithm, bytes).unwrap_or(1e-6);
+                let mut cost = vec![f64::INFINITY; n];
+                if let Some(&d) = ranks.first() {
+                    cost[d] = t;
+                }
+                cost
+            }
+        };
+        tasks.push(sim::Task {
+            id: format!("t{k}"),
+            cost,
+        });
+    }
+    // An edge carries the bytes of the handles the producer writes and the consumer
+    // reads; the link factor is seconds per byte into the receiving device.
+    let mut edges = Vec::new();
+    for (from, to) in edges_of(items) {
+        let written: Vec<u64> = items[from]
+            .accesses()
+            .iter()
+            .filter(|(_, m)| m.writes())
+            .map(|(h, _)| h.id)
+            .collect();
+        let bytes: u64 = items[to]
+            .accesses()
+            .iter()
+            .filter(|(h, m)| m.reads() && written.contains(&h.id))
+            .map(|(h, _)| h.len)
+            .sum();
+        // Every crossing costs a hand-off too, counted as the bytes the default
+        // bandwidth moves in that time.
+        edges.push(sim::Edge {
+            from,
+            to,
+            cost: bytes as f64 + HANDOFF * DEFAULT_BANDWIDTH,
+        });
+    }
+    let links: Vec<Vec<f64>> = (0..n)
+        .map(|p| {
+            (0..n)
+                .map(|q| {
+                    if p == q {
+                        0.0
+                    } else {
+                        1.0 / st.devices[q].bandwidth.unwrap_or(DEFAULT_BANDWIDTH)
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let names = shared.devices.iter().map(|d| d.id().to_string()).collect();
+    let cost_graph = sim::CostGraph::new(names, tasks, edges, Some(links))?;
+    Ok(policy.schedule(&cost_graph))
 }

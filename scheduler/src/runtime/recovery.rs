@@ -23,14 +23,17 @@
 //!
 //! Each failure reaches the caller once, at the next wait; tasks that failed because
 //! they depend on it say so when waited for. A task runs at most [`MAX_ATTEMPTS`]
-//! times, so a failure that repeats ends as a failure.
+//! times (a hang guard), so a failure that repeats ends as a failure.
 
 use std::collections::BTreeMap;
 
 use super::*;
 
-/// Times a task is dispatched before a failure that keeps it from running is final.
-pub(super) const MAX_ATTEMPTS: u32 = 3;
+/// Times a task is dispatched before a failure that keeps it from running is final. A
+/// hang guard: a task runs again only when something it waited for did not run, which
+/// happens once per failure in flight or lost device, so a task that reaches it meets a
+/// failure that repeats every time.
+pub(super) const MAX_ATTEMPTS: u32 = 64;
 
 /// What recovery decided for a task that did not run.
 enum Verdict {
@@ -42,9 +45,8 @@ enum Verdict {
         /// The failure it comes from (itself when original).
         root: String,
     },
-    /// It runs again; `counts` when as another attempt (its device was lost, or a copy
-    /// of its inputs failed), not when it only waited behind another failure.
-    Again { counts: bool },
+    /// It runs again.
+    Again,
 }
 
 impl State {
@@ -170,7 +172,7 @@ impl State {
                 };
             let failed = |d: u64| match verdicts.get(&d) {
                 Some(Verdict::Failed { root, .. }) => Some(root.clone()),
-                Some(Verdict::Again { .. }) => None,
+                Some(Verdict::Again) => None,
                 None => self
                     .tasks
                     .get(&d)
@@ -205,12 +207,13 @@ impl State {
                     .find(|p| bad(*p))
                     .map_or(rec.point.stream, |p| p.stream);
                 original(format!("{} failed on {here}: {}", rec.label, cause(s)))
-            } else if self.devices[device].lost.is_some() || rec.inputs.iter().any(|p| bad(*p)) {
-                Verdict::Again { counts: true }
-            } else if deps.iter().any(|d| verdicts.contains_key(d))
+            } else if self.devices[device].lost.is_some()
+                || deps.iter().any(|d| verdicts.contains_key(d))
+                || rec.inputs.iter().any(|p| bad(*p))
                 || rec.point.seq != first_bad[rec.point.stream]
             {
-                Verdict::Again { counts: false }
+                // Its device was lost, or it waited for work that did not run.
+                Verdict::Again
             } else {
                 original(format!(
                     "{} failed on {here}: {}",
@@ -219,7 +222,7 @@ impl State {
                 ))
             };
             let verdict = match verdict {
-                Verdict::Again { counts: true }
+                Verdict::Again
                     if rec
                         .redo
                         .as_ref()
@@ -239,7 +242,7 @@ impl State {
                     Verdict::Failed { root, .. } => {
                         poisoned.insert(h.id, (id, root.clone()));
                     }
-                    Verdict::Again { .. } => {
+                    Verdict::Again => {
                         poisoned.remove(&h.id);
                     }
                 }
@@ -300,19 +303,19 @@ impl State {
                     self.release(id, 0);
                     continue;
                 }
-                Verdict::Again { counts } => match self.tasks.remove(&id).and_then(|r| r.redo) {
-                    Some(redo) => (redo, counts),
+                Verdict::Again => match self.tasks.remove(&id).and_then(|r| r.redo) {
+                    Some(redo) => redo,
                     None => continue,
                 },
             };
             dispatched = true;
-            self.again(shared, id, &redo.0, redo.1, now);
+            self.again(shared, id, &redo, now);
         }
         dispatched
     }
 
     /// Dispatches task `id` again (see [`State::recover`]).
-    fn again(&mut self, shared: &Shared, id: u64, redo: &Redo, counts: bool, now: f64) {
+    fn again(&mut self, shared: &Shared, id: u64, redo: &Redo, now: f64) {
         let p = &redo.pending;
         let deps = redo.deps.as_ref().unwrap_or(&p.deps);
         self.stats.retried += 1;
@@ -353,7 +356,7 @@ impl State {
         match self.start(shared, id, p, deps, chosen, now) {
             Ok(()) => {
                 if let Some(r) = self.tasks.get_mut(&id).and_then(|t| t.redo.as_mut()) {
-                    r.attempts = redo.attempts + u32::from(counts);
+                    r.attempts = redo.attempts + 1;
                 }
             }
             Err(e) => {

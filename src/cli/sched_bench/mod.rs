@@ -78,7 +78,7 @@ pub struct SchedBenchArgs {
     /// Devices to schedule on; host devices only (default: XPU_DEVICES, else host:*).
     #[arg(long)]
     pub devices: Option<String>,
-    /// The placement policy: eager, ws or dmda (default: XPU_SCHED, else dmda).
+    /// The placement policy: eager, ws, dmda or heft (default: XPU_SCHED, else dmda).
     #[arg(long)]
     pub policy: Option<String>,
     /// Verify in every task that each input holds what its dependency wrote, and the
