@@ -45,8 +45,10 @@
 //! operation, which every backend runs. A task may run on every device that has an
 //! implementation and supports the codelet's dtypes, or be pinned to one. Among those
 //! the [`Policy`] chooses. `dmda` places a task when it is submitted, on the device with
-//! the earliest expected finish (the device's expected free time, the predicted
-//! transfers of the task's inputs and the task's predicted time there). `eager` and `ws`
+//! the earliest expected finish (the later of the device's expected free time and the
+//! expected finish of its inputs' writers, plus the predicted transfers of the task's
+//! inputs and the task's predicted time there). `heft` holds tasks until the next wait
+//! and places them together with HEFT. `eager` and `ws`
 //! queue ready tasks (tasks whose dependencies have all been dispatched) and give each
 //! device a worker thread that takes one whenever its device has fewer than a few tasks
 //! in flight: from one central queue (`eager`), or from its own deque, stealing from the
@@ -83,9 +85,13 @@
 //! ## Failures
 //!
 //! A task that cannot start (bad arguments, no device can run it, out of memory
-//! everywhere) is refused by `submit` with the reason, and tasks that depend on it are
-//! refused with `Aborted` naming it. A task that fails on its device is reported once, by
-//! the next wait.
+//! everywhere) is refused by `submit` with the reason. A task that fails on its device is
+//! reported once, by the next wait. Failures follow the data: a task that reads what a
+//! failed task wrote fails with `Aborted` naming it; every other task runs, also those
+//! the device's stream skipped behind the failure, which are dispatched again. A device
+//! that is lost is dropped from placement and what it had not finished runs elsewhere;
+//! data whose only copy was on it is gone until overwritten, and tasks that need it fail
+//! naming the handle (`runtime::recovery`).
 //!
 //! ## Observability
 //!
@@ -102,8 +108,7 @@
 //!
 //! ## Not yet
 //!
-//! Device loss (dropping a device from placement and re-placing its pending tasks), and
-//! failures isolated to the tasks that depend on them on a shared stream.
+//! A collective task on a stream that failed is not run again: it fails.
 
 pub mod codelet;
 mod data;
