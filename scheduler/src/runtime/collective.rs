@@ -87,7 +87,7 @@ impl Scheduler {
         for (h, m) in &accesses {
             st.access(h.id, id, *m, 0, &mut deps);
         }
-        if let Some(e) = st.fails_with_dependency(id, &label, &accesses, &[]) {
+        if let Some(e) = st.fails_with_dependency(id, &label, &accesses, &deps, &[]) {
             return Err(e);
         }
         match st.run_collective(
@@ -108,7 +108,7 @@ impl Scheduler {
                 Ok(TaskId(id))
             }
             Err(e) => {
-                st.fail_task(id, &label, &accesses, format!("{label} failed: {e}"));
+                st.fail_task(id, &label, &accesses, &deps, format!("{label} failed: {e}"));
                 Err(e)
             }
         }
@@ -195,11 +195,7 @@ impl State {
         recv: &[Handle],
         deps: &BTreeSet<u64>,
     ) -> Result<()> {
-        let dep_points: Vec<Point> = deps
-            .iter()
-            .filter_map(|t| self.tasks.get(t))
-            .flat_map(TaskRecord::points)
-            .collect();
+        let dep_points = self.dep_points(deps);
         let mut memory = Vec::with_capacity(ranks.len());
         for (r, &d) in ranks.iter().enumerate() {
             let s = compute_stream(d);
@@ -265,6 +261,7 @@ impl State {
                 extra: points[1..].to_vec(),
                 failed: None,
                 inputs: Vec::new(),
+                through: Vec::new(),
                 redo: None,
             },
         );

@@ -123,6 +123,24 @@ impl State {
         }
     }
 
+    /// The points a task with dependencies `deps` waits for: where each ends, and for
+    /// a dependency that failed without running, where its own dependencies end.
+    pub(super) fn dep_points(&self, deps: &BTreeSet<u64>) -> Vec<Point> {
+        let mut points = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut todo: Vec<u64> = deps.iter().copied().collect();
+        while let Some(t) = todo.pop() {
+            if !seen.insert(t) {
+                continue;
+            }
+            if let Some(rec) = self.tasks.get(&t) {
+                points.extend(rec.points().filter(|p| p.seq > 0));
+                todo.extend(rec.through.iter().copied());
+            }
+        }
+        points
+    }
+
     /// When the last of the handles the task reads is expected to be written (seconds
     /// since the scheduler's epoch, predicted).
     pub(super) fn inputs_ready(&self, accesses: &[(Handle, AccessMode)]) -> f64 {
@@ -140,10 +158,11 @@ impl State {
         id: u64,
         label: &str,
         accesses: &[(Handle, AccessMode)],
+        deps: &BTreeSet<u64>,
         message: String,
     ) {
         let root = format!("task {id} failed: {message}");
-        self.fail_task_from(id, label, accesses, message, root);
+        self.fail_task_from(id, label, accesses, deps, message, root);
     }
 
     /// Records a task that could not run; what it writes has no value because of
@@ -153,15 +172,20 @@ impl State {
         id: u64,
         label: &str,
         accesses: &[(Handle, AccessMode)],
+        deps: &BTreeSet<u64>,
         message: String,
         root: String,
     ) {
         self.poison(accesses, id, root);
+        // It never runs, but the tasks after it must still follow what it followed (a
+        // write after it may be ordered after the readers before it only through it):
+        // they wait for its dependencies instead (`State::dep_points`).
         self.tasks.insert(
             id,
             TaskRecord {
                 label: label.to_string(),
                 point: Point { stream: 0, seq: 0 },
+                through: deps.iter().copied().collect(),
                 extra: Vec::new(),
                 failed: Some(message),
                 inputs: Vec::new(),
@@ -182,6 +206,7 @@ impl State {
         id: u64,
         label: &str,
         accesses: &[(Handle, AccessMode)],
+        deps: &BTreeSet<u64>,
         after: &[TaskId],
     ) -> Option<Error> {
         let (message, root) = after
@@ -210,7 +235,7 @@ impl State {
                         ))
                     })
             })?;
-        self.fail_task_from(id, label, accesses, message.clone(), root);
+        self.fail_task_from(id, label, accesses, deps, message.clone(), root);
         Some(Error::aborted(message))
     }
 
@@ -284,7 +309,7 @@ impl State {
             p.label,
             shared.devices[d].id()
         );
-        self.fail_task(id, &p.label, &p.accesses, message);
+        self.fail_task(id, &p.label, &p.accesses, deps, message);
         Err(e)
     }
 
@@ -331,14 +356,11 @@ impl State {
             memories.push(memory);
         }
         // Dependencies on other streams.
-        let dep_points: Vec<Point> = deps
-            .iter()
-            .filter_map(|t| self.tasks.get(t))
-            .flat_map(TaskRecord::points)
-            .collect();
-        for p in dep_points {
+        let dep_points = self.dep_points(deps);
+        for &p in &dep_points {
             wait_for(&mut self.streams, s, p)?;
         }
+        inputs.extend(dep_points);
         // Timing, while the model learns (and now and then after).
         let arch = &shared.archs[d];
         let profiled = self
@@ -460,6 +482,7 @@ impl State {
                 extra: Vec::new(),
                 failed: None,
                 inputs,
+                through: Vec::new(),
                 redo: None,
             },
         );

@@ -127,8 +127,12 @@ struct TaskRecord {
     /// The points on other devices' streams of a collective task.
     extra: Vec<Point>,
     failed: Option<String>,
-    /// The points of the copies and writes it waited for to get its inputs.
+    /// The points it waited for: the copies and writes that made its inputs, and its
+    /// dependencies' ends.
     inputs: Vec<Point>,
+    /// For a task that failed without running: its dependencies, which the tasks after
+    /// it wait for in its place.
+    through: Vec<u64>,
     /// What running it again needs (`None` for collectives and failed tasks).
     redo: Option<Redo>,
 }
@@ -584,7 +588,7 @@ impl Scheduler {
         // heft learn it when they dispatch the task: the writers before it may not
         // have been yet).
         if self.shared.policy == Policy::Dmda {
-            if let Some(e) = st.fails_with_dependency(id, &label, &accesses, &task.after) {
+            if let Some(e) = st.fails_with_dependency(id, &label, &accesses, &deps, &task.after) {
                 return Err(e);
             }
         }

@@ -170,7 +170,13 @@ impl State {
         // A dependant of a failed task: waiting for it says so; the failure itself is
         // reported once.
         if self
-            .fails_with_dependency(id, &pending.label, &pending.accesses, &pending.task.after)
+            .fails_with_dependency(
+                id,
+                &pending.label,
+                &pending.accesses,
+                &pending.deps,
+                &pending.task.after,
+            )
             .is_some()
         {
             return;

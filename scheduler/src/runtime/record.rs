@@ -311,7 +311,7 @@ impl Scheduler {
                 Item::Task { pending, .. } => pending.task.after.as_slice(),
                 Item::Collective { .. } => &[],
             };
-            let failed = st.fails_with_dependency(id, &label, item.accesses(), after);
+            let failed = st.fails_with_dependency(id, &label, item.accesses(), &deps, after);
             let outcome = match (failed, item) {
                 (Some(e), _) => Err(e),
                 (
@@ -349,7 +349,13 @@ impl Scheduler {
                     ) {
                         Ok(()) => Ok(()),
                         Err(e) => {
-                            st.fail_task(id, label, accesses, format!("{label} failed: {e}"));
+                            st.fail_task(
+                                id,
+                                label,
+                                accesses,
+                                &deps,
+                                format!("{label} failed: {e}"),
+                            );
                             Err(e)
                         }
                     }

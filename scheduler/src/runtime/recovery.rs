@@ -290,11 +290,21 @@ impl State {
                         continue;
                     };
                     rec.failed = Some(why.clone());
-                    let accesses = rec
-                        .redo
-                        .take()
-                        .map(|r| r.pending.accesses.clone())
+                    let redo = rec.redo.take();
+                    // The tasks after it wait for its dependencies in its place (some
+                    // of them run again, at new points).
+                    rec.through = redo
+                        .as_ref()
+                        .map(|r| {
+                            r.deps
+                                .as_ref()
+                                .unwrap_or(&r.pending.deps)
+                                .iter()
+                                .copied()
+                                .collect()
+                        })
                         .unwrap_or_default();
+                    let accesses = redo.map(|r| r.pending.accesses.clone()).unwrap_or_default();
                     self.poison(&accesses, id, root);
                     if original {
                         self.errors
@@ -320,7 +330,7 @@ impl State {
         let deps = redo.deps.as_ref().unwrap_or(&p.deps);
         self.stats.retried += 1;
         if self
-            .fails_with_dependency(id, &p.label, &p.accesses, &p.task.after)
+            .fails_with_dependency(id, &p.label, &p.accesses, deps, &p.task.after)
             .is_some()
         {
             self.release(id, 0);
@@ -338,7 +348,7 @@ impl State {
                 p.label,
                 self.lost_devices(shared)
             );
-            self.fail_task(id, &p.label, &p.accesses, why.clone());
+            self.fail_task(id, &p.label, &p.accesses, deps, why.clone());
             self.errors.push(Error::unavailable("scheduler", why));
             return;
         };

@@ -53,7 +53,7 @@ impl State {
         for k in order {
             let (id, p) = &held[k];
             if self
-                .fails_with_dependency(*id, &p.label, &p.accesses, &p.task.after)
+                .fails_with_dependency(*id, &p.label, &p.accesses, &p.deps, &p.task.after)
                 .is_some()
             {
                 continue;
