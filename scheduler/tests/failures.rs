@@ -9,12 +9,14 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use xpu_hal::{Access, DType, Device, DeviceSelector, HostBuffer, KernelParam, Registry, Scalar};
+use xpu_hal::{Access, DType, Device, DeviceSelector, KernelParam, Registry, Scalar};
 use xpu_host::{HostBackend, HostConfig};
 use xpu_scheduler::{Builtin, Codelet, Handle, Policy, Scheduler, Task};
 
 mod common;
-use common::{bytes, options, program, reference, sim_npu, submit_program, Rng, Step};
+use common::{
+    bytes, options, program, reference, register_all, sim_npu, submit_program, Rng, Step,
+};
 
 /// Device 0 of the sim-npu plugin is lost after this many operations.
 const LOSE_AFTER: u64 = 40;
@@ -235,14 +237,7 @@ fn random_programs_with_failing_tasks_match_a_sequential_run_of_the_rest() {
                     .collect();
                 let want = reference(&init, &survivors);
                 let sched = Scheduler::new(&devs, options(policy)).unwrap();
-                let handles: Vec<Handle> = init
-                    .iter()
-                    .map(|v| {
-                        sched
-                            .register(HostBuffer::from_bytes(&bytes(v)).unwrap())
-                            .unwrap()
-                    })
-                    .collect();
+                let handles: Vec<Handle> = register_all(&sched, &init);
                 for (step, fail) in prog.iter().zip(&fails) {
                     let outcome = if *fail {
                         // The same handles, read or read-written, by a codelet that fails.
@@ -424,14 +419,7 @@ fn work_in_flight_on_a_lost_device_is_placed_again_with_the_same_results() {
         all.extend((0..prog.len()).map(|_| vec![0.0; init[0].len()]));
         let want = reference(&all, &prog);
         let sched = Scheduler::new(&devs, options(policy)).unwrap();
-        let handles: Vec<Handle> = all
-            .iter()
-            .map(|v| {
-                sched
-                    .register(HostBuffer::from_bytes(&bytes(v)).unwrap())
-                    .unwrap()
-            })
-            .collect();
+        let handles: Vec<Handle> = register_all(&sched, &all);
         submit_program(&sched, &handles, &prog).unwrap();
         let outcome = sched.wait_all();
         let stats = sched.stats();

@@ -20,14 +20,7 @@ use common::*;
 /// The program through a scheduler over `devices`.
 fn scheduled(devices: &[Device], policy: Policy, init: &[Vec<f32>], prog: &[Step]) -> Vec<Vec<u8>> {
     let sched = Scheduler::new(devices, options(policy)).unwrap();
-    let handles: Vec<_> = init
-        .iter()
-        .map(|v| {
-            sched
-                .register(HostBuffer::from_bytes(&bytes(v)).unwrap())
-                .unwrap()
-        })
-        .collect();
+    let handles: Vec<_> = register_all(&sched, init);
     submit_program(&sched, &handles, prog).unwrap();
     sched.wait_all().unwrap();
     // Half read while registered, half given back.
@@ -323,14 +316,7 @@ fn a_profile_times_every_task_and_copy_and_writes_a_trace() {
             },
         )
         .unwrap();
-        let handles: Vec<_> = init
-            .iter()
-            .map(|v| {
-                sched
-                    .register(HostBuffer::from_bytes(&bytes(v)).unwrap())
-                    .unwrap()
-            })
-            .collect();
+        let handles: Vec<_> = register_all(&sched, &init);
         let add = Codelet::from_builtin(Builtin::Accumulate {
             op: BinaryOp::Max,
             dtype: DType::F32,
@@ -476,14 +462,7 @@ fn recorded_graphs_replay_like_resubmission_and_heft_plans_them() {
             let tripled: Vec<Step> = prog.iter().chain(&prog).chain(&prog).copied().collect();
             let want = reference(&init, &tripled);
             let sched = Scheduler::new(&devs, options(policy)).unwrap();
-            let handles: Vec<_> = init
-                .iter()
-                .map(|v| {
-                    sched
-                        .register(HostBuffer::from_bytes(&bytes(v)).unwrap())
-                        .unwrap()
-                })
-                .collect();
+            let handles: Vec<_> = register_all(&sched, &init);
             let graph = sched
                 .record(|s| submit_program(s, &handles, &prog))
                 .unwrap();

@@ -8,9 +8,11 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use xpu_hal::{BinaryOp, DType, Device, DeviceSelector, Registry, Scalar};
+use xpu_hal::{BinaryOp, DType, Device, DeviceSelector, HostBuffer, Registry, Scalar};
 use xpu_host::{HostBackend, HostConfig};
-use xpu_scheduler::{AccessMode, Builtin, Codelet, Policy, Scheduler, SchedulerOptions, Task};
+use xpu_scheduler::{
+    AccessMode, Builtin, Codelet, Handle, Policy, Scheduler, SchedulerOptions, Task,
+};
 
 /// Backends `XPU_REQUIRE` names.
 pub fn required() -> Vec<String> {
@@ -291,4 +293,15 @@ pub fn submit_program(
         sched.submit(task)?;
     }
     Ok(())
+}
+
+/// A handle per value of `init`, registered with `sched`.
+pub fn register_all(sched: &Scheduler, init: &[Vec<f32>]) -> Vec<Handle> {
+    init.iter()
+        .map(|v| {
+            sched
+                .register(HostBuffer::from_bytes(&bytes(v)).unwrap())
+                .unwrap()
+        })
+        .collect()
 }
