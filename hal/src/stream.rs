@@ -326,7 +326,8 @@ impl Stream {
         for (i, (arg, param)) in args.iter().zip(&desc.params).enumerate() {
             match (arg, param) {
                 (KernelArg::Buffer(slice), KernelParam::Buffer(access)) => {
-                    let what = format!("argument {i} of `{}`", desc.name);
+                    // Formatted only for a message.
+                    let what = format_args!("argument {i} of `{}`", desc.name);
                     let align = self.device().capabilities().kernel_arg_alignment.max(1);
                     if !slice.offset.is_multiple_of(align) {
                         return Err(Error::invalid(format!(
@@ -336,7 +337,7 @@ impl Stream {
                         )));
                     }
                     raw.push(RawKernelArg::Buffer(
-                        validate::resolve(self.device(), slice, &what)?,
+                        validate::resolve(self.device(), slice, what)?,
                         *access,
                     ));
                 }

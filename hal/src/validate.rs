@@ -10,7 +10,7 @@ use crate::memory::{BufferSlice, RawSlice};
 pub(crate) fn resolve(
     device: &Device,
     slice: &BufferSlice<'_>,
-    what: &str,
+    what: impl std::fmt::Display,
 ) -> Result<Option<RawSlice>> {
     let alloc = slice.allocation;
     if alloc.device_uid() != device.uid() {
@@ -27,7 +27,10 @@ pub(crate) fn resolve(
 
 /// Checks that `slice` is live and in bounds (not which device owns it) and resolves it.
 /// `Ok(None)` for an empty slice.
-pub(crate) fn resolve_range(slice: &BufferSlice<'_>, what: &str) -> Result<Option<RawSlice>> {
+pub(crate) fn resolve_range(
+    slice: &BufferSlice<'_>,
+    what: impl std::fmt::Display,
+) -> Result<Option<RawSlice>> {
     let alloc = slice.allocation;
     let raw = alloc.raw()?;
     let end = slice.offset.checked_add(slice.len);

@@ -23,8 +23,10 @@
 //! device's task stream at once, behind waits for the points on other streams it depends
 //! on (module `stream`: with several devices an event follows every task that writes
 //! data, so a wait covers exactly that task, and a stream never waits twice for what it
-//! already waits for). The device runs it when its inputs are ready. Each device has a second stream for the
-//! copies that bring data to it, so transfers overlap computation.
+//! already waits for). The device runs it when its inputs are ready. Each device has a
+//! second stream for the copies of 64 KiB and more that bring data to it, so transfers
+//! overlap computation; smaller copies, whose time is latency, go on the task stream,
+//! where they cost no hand-off between threads.
 //!
 //! ## Data
 //!

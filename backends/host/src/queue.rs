@@ -4,13 +4,21 @@
 //! Hand-offs between threads are the cost that matters here (a futex wake is ~20 µs on
 //! small VMs, a spinning hand-off ~0.1 µs), so:
 //!
-//! - **Whoever waits, works.** A thread that blocks on the stream without a time limit
-//!   (`synchronize`, an untimed event wait) does not sleep while jobs are queued: it
-//!   takes the executor lock and runs them itself, on its own (cache-hot) core. Jobs are
-//!   only ever popped by the holder of the executor lock, one at a time, and each is
-//!   finished before the lock is released, so execution stays strictly in order no
-//!   matter which thread runs a job. Timed waits and queries never run jobs, since a job
-//!   may block for longer than the caller is willing to wait.
+//! - **Whoever waits, works — when the worker sleeps.** A thread that blocks on the
+//!   stream without a time limit (`synchronize`, an untimed event wait) while the worker
+//!   sleeps does not wake it: it takes the executor lock and runs the queued jobs itself,
+//!   on its own (cache-hot) core. While the worker is awake the waiter leaves the jobs to
+//!   it: taking them would leave the worker blocked on the executor lock, to be woken
+//!   again, and a worker of another stream waiting here would end up running this
+//!   stream's work instead of its own. Jobs are only ever popped by the holder of the
+//!   executor lock, one at a time, and each is finished before the lock is released, so
+//!   execution stays strictly in order no matter which thread runs a job. Timed waits and
+//!   queries never run jobs, since a job may block for longer than the caller is willing
+//!   to wait.
+//! - **A sleeping waiter is woken at its point, not before.** Sleepers register the
+//!   completion count they wait for; a job's completion wakes them only once the
+//!   smallest of those is reached, so a thread waiting for the end of a long queue (or
+//!   for another device's task) sleeps through the jobs before it.
 //! - **Both sides spin briefly before they sleep.** The worker polls for new jobs for a
 //!   few microseconds after its queue runs dry, and waiters poll the completion counter
 //!   before they sleep on the condition variable. The polling backs off from spinning
@@ -86,6 +94,13 @@ pub(crate) struct Timeline {
     has_error: AtomicBool,
     /// Threads sleeping (or about to) on `done_cv`.
     sleepers: AtomicUsize,
+    /// The smallest completion count a sleeper on `done_cv` waits for (`u64::MAX` when
+    /// none): a job's completion wakes the sleepers only once it reaches this, so a
+    /// thread waiting for the end of a long queue is not woken by every job.
+    wake_at: AtomicU64,
+    /// Whether the worker sleeps on `work_cv` (until it has woken and taken the lock):
+    /// only then do waiters run jobs themselves.
+    asleep: AtomicBool,
     done_lock: Mutex<()>,
     done_cv: Condvar,
     /// The device's id, for messages.
@@ -108,6 +123,8 @@ impl Timeline {
             error: Mutex::new(None),
             has_error: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
+            wake_at: AtomicU64::new(u64::MAX),
+            asleep: AtomicBool::new(false),
             done_lock: Mutex::new(()),
             done_cv: Condvar::new(),
             device,
@@ -194,9 +211,13 @@ impl Timeline {
     }
 
     fn finish_one(&self) {
-        self.completed.fetch_add(1, Ordering::SeqCst);
-        if self.sleepers.load(Ordering::SeqCst) > 0 {
+        let completed = self.completed.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.sleepers.load(Ordering::SeqCst) > 0
+            && completed >= self.wake_at.load(Ordering::SeqCst)
+        {
             let _guard = lock(&self.done_lock);
+            // Every sleeper wakes and those not yet done register their target again.
+            self.wake_at.store(u64::MAX, Ordering::SeqCst);
             self.done_cv.notify_all();
         }
     }
@@ -206,6 +227,12 @@ impl Timeline {
     pub(crate) fn drive(&self, target: u64) {
         loop {
             if self.completed() >= target {
+                return;
+            }
+            if !self.asleep.load(Ordering::SeqCst) {
+                // The worker is awake and will run the jobs: taking them from it would
+                // leave it blocked on the executor lock, to be woken again.
+                self.wait_for(target, None);
                 return;
             }
             match self.exec.try_lock() {
@@ -248,6 +275,10 @@ impl Timeline {
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         let mut guard = lock(&self.done_lock);
         let reached = loop {
+            // Registered under the lock, before the check: a completion that the check
+            // misses sees the registration, and its notification waits for this thread
+            // to be asleep (it takes the lock).
+            self.wake_at.fetch_min(target, Ordering::SeqCst);
             if self.completed() >= target {
                 break true;
             }
@@ -292,7 +323,9 @@ impl Timeline {
                 return false;
             }
             jobs.worker_sleeping = true;
+            self.asleep.store(true, Ordering::SeqCst);
             jobs = self.work_cv.wait(jobs).unwrap_or_else(|p| p.into_inner());
+            self.asleep.store(false, Ordering::SeqCst);
         }
     }
 }
@@ -371,5 +404,111 @@ fn run(job: Job, timeline: &Timeline) {
                 )),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(f: impl FnOnce() + Send + 'static) -> Job {
+        Job::Work(Box::new(move || {
+            f();
+            Ok(())
+        }))
+    }
+
+    /// Waiters for many different points, some running jobs, some timed, all return
+    /// once their point is reached: a completion that reaches a sleeper's point always
+    /// wakes it, whatever other sleepers wait for.
+    #[test]
+    fn every_waiter_wakes_at_its_point() {
+        let queue = Queue::start("host:test".into(), "xpu-test-queue".into()).unwrap();
+        let timeline = queue.timeline().clone();
+        let jobs = 2_000u64;
+        let waiters: Vec<_> = (0..8u64)
+            .map(|w| {
+                let t = timeline.clone();
+                std::thread::spawn(move || {
+                    for k in 1..=50u64 {
+                        let mut target = (k * 40 + w * 7).min(jobs);
+                        match (w + k) % 3 {
+                            // Driving is for points already submitted (events).
+                            0 => {
+                                target = target.min(t.submitted());
+                                t.drive(target)
+                            }
+                            1 => assert!(t.wait_for(target, None)),
+                            _ => while !t.wait_for(target, Some(Duration::from_micros(50))) {},
+                        }
+                        assert!(t.completed() >= target, "returned before {target}");
+                    }
+                })
+            })
+            .collect();
+        for i in 0..jobs {
+            queue
+                .push(job(move || {
+                    if i % 64 == 0 {
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                }))
+                .unwrap();
+            if i % 256 == 0 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        for w in waiters {
+            w.join().unwrap();
+        }
+        timeline.drive(jobs);
+        assert_eq!(timeline.completed(), jobs);
+    }
+
+    /// A thread waiting for a stream whose worker sleeps may run the jobs itself (the
+    /// worker may also wake and take some), in order either way; while the worker is
+    /// busy with a job the waiter leaves the rest to it.
+    #[test]
+    fn a_waiter_runs_jobs_only_while_the_worker_sleeps() {
+        let queue = Queue::start("host:test".into(), "xpu-test-queue".into()).unwrap();
+        let timeline = queue.timeline().clone();
+        // Let the worker fall asleep.
+        while !timeline.asleep.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let ran_on = Arc::new(Mutex::new(Vec::new()));
+        for i in 0..4 {
+            let ran_on = ran_on.clone();
+            queue
+                .push(job(move || {
+                    lock(&ran_on).push((i, std::thread::current().name().map(String::from)));
+                }))
+                .unwrap();
+        }
+        timeline.drive(4);
+        let ran = lock(&ran_on).clone();
+        assert_eq!(ran.iter().map(|r| r.0).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        // A job that blocks keeps the worker awake: the waiter waits for it.
+        let gate = Arc::new(AtomicBool::new(false));
+        let g = gate.clone();
+        let ran_on2 = ran_on.clone();
+        queue
+            .push(job(move || {
+                while !g.load(Ordering::SeqCst) {
+                    std::thread::yield_now();
+                }
+                lock(&ran_on2).push((4, std::thread::current().name().map(String::from)));
+            }))
+            .unwrap();
+        while timeline.queued.load(Ordering::SeqCst) > 0 {
+            std::thread::yield_now();
+        }
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            gate.store(true, Ordering::SeqCst);
+        });
+        timeline.drive(5);
+        opener.join().unwrap();
+        assert_eq!(lock(&ran_on)[4].1.as_deref(), Some("xpu-test-queue"));
     }
 }

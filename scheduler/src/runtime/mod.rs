@@ -58,13 +58,18 @@ const CALIBRATION_SAMPLES: u64 = 10;
 const SAMPLE_EVERY: u64 = 32;
 /// Assumed bytes per second of a copy to or from a device before any was measured.
 const DEFAULT_BANDWIDTH: f64 = 8e9;
-/// What handing data from one device to another costs beyond its bytes: an event, a
-/// copy on the receiver's copy stream and a wait on its task stream, each of which wakes a
-/// thread (a futex wake-up is about 20 µs on the 2-core build machine). Without it a
+/// What handing data from one device to another costs beyond its bytes: an event the
+/// receiver's stream waits for (a small copy goes on its task stream, see
+/// [`OVERLAP_MIN_BYTES`]). A wait that finds the other device's work done costs about
+/// 2 µs on the 2-core build machine; one that must sleep costs tens. Without it a
 /// policy would split chains of small tasks across devices for nothing.
-const HANDOFF: f64 = 20e-6;
+const HANDOFF: f64 = 5e-6;
 /// Copies smaller than this are not timed: their time is mostly latency.
 const MIN_TIMED_COPY: u64 = 256 << 10;
+/// Copies to a device of at least this many bytes go on its copy stream, to overlap
+/// the tasks before them; smaller ones, whose time is mostly latency, go on its task
+/// stream, where they cost no hand-off between threads.
+const OVERLAP_MIN_BYTES: u64 = 64 << 10;
 
 /// How a [`Scheduler`] works.
 #[derive(Debug, Clone, Default)]

@@ -153,7 +153,13 @@ impl State {
                 return Ok(r.ready);
             }
         }
-        let s = copy_stream(d);
+        // A copy too small to gain from overlap goes on the task stream: one hand-off
+        // between threads fewer on the way to the task that needs it.
+        let s = if handle.len < OVERLAP_MIN_BYTES {
+            compute_stream(d)
+        } else {
+            copy_stream(d)
+        };
         // A peer copy from a device of the same backend that allows it.
         let device = &shared.devices[d];
         let peer = h.valid_on().find(|&e| {
