@@ -10,7 +10,7 @@
 //! the task lists them (as buffers, with the access the task declares), then the task's
 //! scalars. Kernels are loaded once per device and kept for the codelet's life.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -223,7 +223,7 @@ impl CodeletBuilder {
                 name: self.name,
                 implementations: self.implementations,
                 dtypes: self.dtypes,
-                kernels: Mutex::new(HashMap::new()),
+                kernels: Mutex::new(HashMap::default()),
             }),
         })
     }
@@ -256,7 +256,7 @@ impl Codelet {
                 name: format!("builtin.{op:?}"),
                 implementations: vec![Implementation::Builtin(op)],
                 dtypes: Vec::new(),
-                kernels: Mutex::new(HashMap::new()),
+                kernels: Mutex::new(HashMap::default()),
             }),
         };
         made.push((op, codelet.clone()));

@@ -14,7 +14,9 @@
 //! Models are saved as JSON under `XPU_CACHE_DIR/perfmodels/` (one file per codelet) and
 //! loaded at start-up, so they survive restarts.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -204,7 +206,7 @@ impl PerfModels {
     /// Models kept in `dir` (nothing persists with `None`).
     pub fn new(dir: Option<PathBuf>) -> PerfModels {
         PerfModels {
-            models: HashMap::new(),
+            models: HashMap::default(),
             dir,
             fallback: CodeletModel::default(),
         }

@@ -19,7 +19,9 @@ use profiling::{finish_profile, write_trace};
 use queue::worker;
 pub use record::Graph;
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
+
+use rustc_hash::FxHashMap as HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -391,8 +393,8 @@ impl Scheduler {
                 profile_path: options.profile.clone(),
                 state: Mutex::new(State {
                     streams,
-                    handles: HashMap::new(),
-                    tasks: HashMap::new(),
+                    handles: HashMap::default(),
+                    tasks: HashMap::default(),
                     next_task: 0,
                     devices: (0..n)
                         .map(|_| DeviceState {

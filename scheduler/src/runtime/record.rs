@@ -22,7 +22,7 @@
 //! A recorded graph keeps only the explicit dependencies among its own tasks; order it
 //! after earlier work through data, or wait for that work before replaying.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use super::*;
 use crate::sim;
@@ -74,7 +74,7 @@ impl Recording {
         Recording {
             first,
             items: Vec::new(),
-            index: HashMap::new(),
+            index: HashMap::default(),
         }
     }
 
@@ -204,7 +204,7 @@ impl Scheduler {
             st.recording = Some(Recording {
                 first,
                 items: Vec::new(),
-                index: HashMap::new(),
+                index: HashMap::default(),
             });
         }
         let outcome = submit(self);
@@ -223,7 +223,7 @@ impl Scheduler {
             )));
         }
         // Each handle's first access in the graph.
-        let mut seen: HashMap<u64, ()> = HashMap::new();
+        let mut seen: HashMap<u64, ()> = HashMap::default();
         let mut handles = Vec::new();
         for item in &mut items {
             let entry: Vec<bool> = item

@@ -143,7 +143,7 @@ impl State {
         errored.dedup();
         let mut verdicts: BTreeMap<u64, Verdict> = BTreeMap::new();
         // Handles written by tasks that failed here, with the task and why.
-        let mut poisoned: HashMap<u64, (u64, String)> = HashMap::new();
+        let mut poisoned: HashMap<u64, (u64, String)> = HashMap::default();
         for &id in &errored {
             let Some(rec) = self.tasks.get(&id) else {
                 continue;
