@@ -18,6 +18,7 @@ use crate::error::VkResultExt;
 use crate::instance::{Instance, PhysicalInfo};
 use crate::memory::{Placement, VulkanBuffer};
 use crate::pipeline::Pipeline;
+use crate::retire::Graveyard;
 use crate::stream::VulkanStream;
 
 /// A WGSL kernel's identity in the compile cache: its source and entry point.
@@ -56,6 +57,8 @@ pub struct DeviceShared {
     /// SPIR-V of the WGSL kernels compiled so far, by (source, entry point), so that
     /// loading the same kernel again does not run naga again.
     pub(crate) wgsl_cache: Mutex<HashMap<WgslKey, Arc<Vec<u32>>>>,
+    /// Objects of dropped streams that the queues may still refer to (see `retire`).
+    pub(crate) graveyard: Graveyard,
     info: DeviceInfo,
 }
 
@@ -162,9 +165,11 @@ impl Drop for DeviceShared {
         if let Ok(pipes) = self.builtin_pipelines.get_mut() {
             pipes.clear();
         }
-        // SAFETY: every object of this device holds an Arc to it, so none is left.
+        // SAFETY: every object of this device holds an Arc to it, so none is left; once
+        // the device is idle no submission refers to the retired objects.
         unsafe {
             let _ = self.device.device_wait_idle();
+            self.graveyard.destroy_all(&self.device);
             self.device.destroy_device(None);
         }
     }
@@ -347,6 +352,7 @@ impl VulkanDevice {
                 allocated: AtomicU64::new(0),
                 builtin_pipelines: Mutex::new(HashMap::new()),
                 wgsl_cache: Mutex::new(HashMap::new()),
+                graveyard: Graveyard::default(),
                 info,
             }),
         })

@@ -39,6 +39,7 @@ mod kernel;
 mod memory;
 mod pinned;
 mod pipeline;
+mod retire;
 mod shader;
 mod staging;
 mod stream;

@@ -37,6 +37,7 @@ use crate::device::DeviceShared;
 use crate::error::VkResultExt;
 use crate::event::{Mark, VulkanEvent};
 use crate::memory::{Placement, VulkanBuffer};
+use crate::retire::Retired;
 use crate::staging::{Staging, StagingPool};
 
 /// Operations recorded before a batch is submitted without being asked.
@@ -494,16 +495,23 @@ impl StreamShared {
 
 impl Drop for StreamShared {
     fn drop(&mut self) {
-        // SAFETY: the completion thread has finished every batch (it holds an Arc to
-        // this value until it exits), so nothing uses these objects any more.
-        unsafe {
-            if let Some((q, _)) = &self.timestamps {
-                self.dev.device.destroy_query_pool(*q, None);
-            }
-            self.dev.device.destroy_command_pool(self.pool, None);
-            self.dev.device.destroy_semaphore(self.gpu_sem, None);
-            self.dev.device.destroy_semaphore(self.host_sem, None);
-        }
+        // The completion thread has seen every batch finish (it holds an Arc to this
+        // value until it exits), but a driver may still be finishing the submissions on
+        // its queue: the objects are destroyed once the queues have passed them.
+        self.dev.graveyard.retire(
+            &self.dev.device,
+            &self.dev.queues,
+            Retired {
+                semaphores: vec![self.gpu_sem, self.host_sem],
+                command_pools: vec![self.pool],
+                query_pools: self
+                    .timestamps
+                    .as_ref()
+                    .map(|(q, _)| *q)
+                    .into_iter()
+                    .collect(),
+            },
+        );
     }
 }
 

@@ -79,3 +79,77 @@ fn host_buffers_are_imported_where_the_device_has_the_extension() {
     assert!(got[3..MIB as usize - 2].iter().all(|&b| b == 7));
     assert_eq!(&got[MIB as usize - 2..MIB as usize], &[1u8; 2]);
 }
+
+/// Streams dropped as soon as the last batch that waited on their semaphores has
+/// signalled: the driver may still be finishing that submission on its queue thread
+/// (Mesa's emulated timeline semaphores, lavapipe's, release the points a submission
+/// waited on after it signals), so the semaphores must outlive the stream until the
+/// queues have passed it. Destroying them at once crashed lavapipe's queue thread now
+/// and then (a time point put back on the free list of a destroyed timeline). Here a
+/// producer's batch waits for a host step and runs a while, a waiter on another stream
+/// waits for it and holds the producer's last reference, and a stream whose last batch
+/// waited for its own host step is dropped at once; the values must come out right
+/// every round.
+#[test]
+fn a_stream_dropped_right_after_its_waiter_finishes_leaves_the_queue_sound() {
+    let Some(d) = device() else { return };
+    let host = Device::from_impl(
+        DeviceId::new("host", 0),
+        xpu_host::HostBackend::new(xpu_host::HostConfig {
+            devices: 1,
+            capacity: 1 << 20,
+        })
+        .create_device(0)
+        .unwrap(),
+    );
+    let pause = host
+        .load_kernel(xpu_hal::KernelDesc {
+            name: "pause".into(),
+            entry_point: String::new(),
+            source: xpu_hal::KernelSource::host_fn(|_| {
+                std::thread::sleep(std::time::Duration::from_micros(200));
+                Ok(())
+            }),
+            params: vec![],
+        })
+        .unwrap();
+    let host_stream = host.create_stream().unwrap();
+    let buf = d.allocate(256).unwrap();
+    let big = d.allocate(4 * MIB).unwrap();
+    for i in 0..200i32 {
+        let waiter = d.create_stream().unwrap();
+        let producer = d.create_stream().unwrap();
+        host_stream
+            .launch(&pause, xpu_hal::LaunchDims::linear(1, 1), &[])
+            .unwrap();
+        producer
+            .wait_event(&host_stream.record_event().unwrap())
+            .unwrap();
+        producer.fill(&buf, Scalar::I32(i)).unwrap();
+        // Work the device runs for a while after the submission.
+        producer
+            .binary(BinaryOp::Sum, DType::F32, &big, &big, &big)
+            .unwrap();
+        let event = producer.record_event().unwrap();
+        waiter.wait_event(&event).unwrap();
+        waiter.fill(buf.slice(0, 4), Scalar::I32(i + 1)).unwrap();
+        // The waiter's batch holds the last reference to the producer's stream: it
+        // goes when that batch has signalled.
+        drop(event);
+        drop(producer);
+        waiter.synchronize().unwrap();
+        let got = waiter.read(buf.slice(0, 8)).unwrap();
+        assert_eq!(got[..4], (i + 1).to_le_bytes(), "round {i}");
+        assert_eq!(got[4..], i.to_le_bytes(), "round {i}");
+        // A stream whose last batch waited for its own host step, dropped at once.
+        let alone = d.create_stream().unwrap();
+        host_stream
+            .launch(&pause, xpu_hal::LaunchDims::linear(1, 1), &[])
+            .unwrap();
+        alone
+            .wait_event(&host_stream.record_event().unwrap())
+            .unwrap();
+        alone.fill(buf.slice(8, 8), Scalar::I32(i)).unwrap();
+        drop(alone);
+    }
+}
