@@ -136,7 +136,8 @@ static NEXT_CODELET: AtomicU64 = AtomicU64::new(1);
 
 struct Inner {
     id: u64,
-    name: String,
+    /// Shared with the labels of its tasks.
+    name: Arc<str>,
     implementations: Vec<Implementation>,
     dtypes: Vec<DType>,
     /// Kernels loaded so far, by device uid and implementation index.
@@ -220,7 +221,7 @@ impl CodeletBuilder {
         Ok(Codelet {
             inner: Arc::new(Inner {
                 id: NEXT_CODELET.fetch_add(1, Ordering::Relaxed),
-                name: self.name,
+                name: Arc::from(self.name),
                 implementations: self.implementations,
                 dtypes: self.dtypes,
                 kernels: Mutex::new(HashMap::default()),
@@ -253,7 +254,7 @@ impl Codelet {
         let codelet = Codelet {
             inner: Arc::new(Inner {
                 id: NEXT_CODELET.fetch_add(1, Ordering::Relaxed),
-                name: format!("builtin.{op:?}"),
+                name: format!("builtin.{op:?}").into(),
                 implementations: vec![Implementation::Builtin(op)],
                 dtypes: Vec::new(),
                 kernels: Mutex::new(HashMap::default()),
@@ -266,6 +267,11 @@ impl Codelet {
     /// Its name.
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// Its name, shared (a task's default label).
+    pub(crate) fn shared_name(&self) -> Arc<str> {
+        self.inner.name.clone()
     }
 
     /// A process-unique id.
@@ -320,7 +326,7 @@ impl Codelet {
             return Ok(Some(k.clone()));
         }
         let kernel = device.load_kernel(KernelDesc {
-            name: self.inner.name.clone(),
+            name: self.inner.name.to_string(),
             entry_point: entry.clone(),
             source: source.clone(),
             params: params.clone(),

@@ -1,5 +1,7 @@
 //! Tasks as the caller describes them.
 
+use std::sync::Arc;
+
 use std::fmt;
 
 use xpu_hal::{Device, Scalar};
@@ -106,9 +108,10 @@ impl Task {
     }
 
     /// The name messages use.
-    pub(crate) fn label(&self) -> String {
-        self.name
-            .clone()
-            .unwrap_or_else(|| self.codelet.name().to_string())
+    pub(crate) fn label(&self) -> Arc<str> {
+        match &self.name {
+            Some(name) => Arc::from(name.as_str()),
+            None => self.codelet.shared_name(),
+        }
     }
 }

@@ -18,7 +18,7 @@ impl Scheduler {
         recv: &[Handle],
     ) -> Result<TaskId> {
         let n = comm.size();
-        let label = kind.name().to_string();
+        let label: Arc<str> = Arc::from(kind.name());
         if send.len() != n || recv.len() != n {
             return Err(Error::invalid(format!(
                 "{label}: the communicator has {n} ranks but {} send and {} receive handles were given; give one of each per rank",
@@ -189,7 +189,7 @@ impl State {
         comm: &Communicator,
         kind: CollectiveTask,
         id: u64,
-        label: &str,
+        label: &Arc<str>,
         ranks: &[usize],
         send: &[Handle],
         recv: &[Handle],
@@ -256,7 +256,7 @@ impl State {
         self.tasks.insert(
             id,
             TaskRecord {
-                label: label.to_string(),
+                label: label.clone(),
                 point: points[0],
                 extra: points[1..].to_vec(),
                 failed: None,

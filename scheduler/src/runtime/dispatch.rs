@@ -15,34 +15,34 @@ impl State {
     pub(super) fn poll_taken(&mut self, shared: &Shared, taken: &mut [Option<Error>]) -> usize {
         let mut released = 0;
         self.poll_streams(shared, taken);
-        let mut pending = Vec::new();
-        for m in std::mem::take(&mut self.measurements) {
-            match m.end.query() {
-                Ok(true) => {
-                    let Ok(t) = m.end.elapsed_since(&m.start) else {
-                        continue;
-                    };
-                    let t = t.as_secs_f64();
-                    match m.what {
-                        Timed::Task {
-                            codelet,
-                            arch,
-                            footprint,
-                        } => self.models.record(&codelet, &arch, footprint, t),
-                        Timed::Copy { device, bytes } if t > 0.0 => {
-                            let measured = bytes as f64 / t;
-                            let bw = &mut self.devices[device].bandwidth;
-                            // A running average that follows changes within a few copies.
-                            *bw = Some(bw.map_or(measured, |b| 0.75 * b + 0.25 * measured));
-                        }
-                        Timed::Copy { .. } => {}
+        // Kept in place (no new list per poll).
+        let mut measurements = std::mem::take(&mut self.measurements);
+        measurements.retain(|m| match m.end.query() {
+            Ok(true) => {
+                let Ok(t) = m.end.elapsed_since(&m.start) else {
+                    return false;
+                };
+                let t = t.as_secs_f64();
+                match &m.what {
+                    Timed::Task {
+                        codelet,
+                        arch,
+                        footprint,
+                    } => self.models.record(codelet, arch, *footprint, t),
+                    Timed::Copy { device, bytes } if t > 0.0 => {
+                        let measured = *bytes as f64 / t;
+                        let bw = &mut self.devices[*device].bandwidth;
+                        // A running average that follows changes within a few copies.
+                        *bw = Some(bw.map_or(measured, |b| 0.75 * b + 0.25 * measured));
                     }
+                    Timed::Copy { .. } => {}
                 }
-                Ok(false) => pending.push(m),
-                Err(_) => {}
+                false
             }
-        }
-        self.measurements = pending;
+            Ok(false) => true,
+            Err(_) => false,
+        });
+        self.measurements = measurements;
         // Forget tasks every device has passed, oldest first (failed ones stay:
         // dependants must learn of the failure).
         for d in 0..self.devices.len() {
@@ -156,7 +156,7 @@ impl State {
     pub(super) fn fail_task(
         &mut self,
         id: u64,
-        label: &str,
+        label: &Arc<str>,
         accesses: &[(Handle, AccessMode)],
         deps: &BTreeSet<u64>,
         message: String,
@@ -170,7 +170,7 @@ impl State {
     pub(super) fn fail_task_from(
         &mut self,
         id: u64,
-        label: &str,
+        label: &Arc<str>,
         accesses: &[(Handle, AccessMode)],
         deps: &BTreeSet<u64>,
         message: String,
@@ -183,7 +183,7 @@ impl State {
         self.tasks.insert(
             id,
             TaskRecord {
-                label: label.to_string(),
+                label: label.clone(),
                 point: Point { stream: 0, seq: 0 },
                 through: deps.iter().copied().collect(),
                 extra: Vec::new(),
@@ -204,7 +204,7 @@ impl State {
     pub(super) fn fails_with_dependency(
         &mut self,
         id: u64,
-        label: &str,
+        label: &Arc<str>,
         accesses: &[(Handle, AccessMode)],
         deps: &BTreeSet<u64>,
         after: &[TaskId],
@@ -320,7 +320,7 @@ impl State {
         shared: &Shared,
         task: &Task,
         id: u64,
-        label: &str,
+        label: &Arc<str>,
         d: usize,
         implementation: usize,
         accesses: &[(Handle, AccessMode)],
@@ -477,7 +477,7 @@ impl State {
         self.tasks.insert(
             id,
             TaskRecord {
-                label: label.to_string(),
+                label: label.clone(),
                 point,
                 extra: Vec::new(),
                 failed: None,

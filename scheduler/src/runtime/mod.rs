@@ -129,7 +129,7 @@ pub struct SchedStats {
 
 /// A task's record while it may still be pending.
 struct TaskRecord {
-    label: String,
+    label: Arc<str>,
     point: Point,
     /// The points on other devices' streams of a collective task.
     extra: Vec<Point>,
@@ -228,7 +228,7 @@ struct State {
 #[derive(Clone)]
 struct Pending {
     task: Task,
-    label: String,
+    label: Arc<str>,
     accesses: Vec<(Handle, AccessMode)>,
     deps: BTreeSet<u64>,
     /// Devices that can run it, with the implementation each runs.

@@ -305,7 +305,7 @@ impl Scheduler {
             }
             let label = match item {
                 Item::Task { pending, .. } => pending.label.clone(),
-                Item::Collective { kind, .. } => kind.name().to_string(),
+                Item::Collective { kind, .. } => Arc::from(kind.name()),
             };
             let after = match item {
                 Item::Task { pending, .. } => pending.task.after.as_slice(),
@@ -335,13 +335,12 @@ impl Scheduler {
                         ..
                     },
                 ) => {
-                    let label = kind.name();
                     match st.run_collective(
                         &self.shared,
                         comm,
                         *kind,
                         id,
-                        label,
+                        &label,
                         ranks,
                         send,
                         recv,
@@ -351,7 +350,7 @@ impl Scheduler {
                         Err(e) => {
                             st.fail_task(
                                 id,
-                                label,
+                                &label,
                                 accesses,
                                 &deps,
                                 format!("{label} failed: {e}"),
