@@ -43,6 +43,44 @@ fn a_checked_stencil_runs_every_task_after_its_dependencies() {
 }
 
 #[test]
+fn a_recorded_graph_replays_checked_beside_submission() {
+    for policy in ["dmda", "eager", "heft"] {
+        let (code, out, err) = bench(&[
+            "--pattern",
+            "stencil_1d",
+            "--width",
+            "4",
+            "--steps",
+            "6",
+            "--policy",
+            policy,
+            "--replay",
+            "--check",
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{policy}: {out}\n{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("valid JSON");
+        // Every submitted and replayed run ran each task once, after its dependencies,
+        // and left the right final values.
+        assert_eq!(v["wrong"], 0, "{policy}: {v}");
+        let r = &v["replay"];
+        assert_eq!(r["rounds"], 1, "{policy}: {v}");
+        for key in [
+            "submit_s",
+            "replay_s",
+            "ratio",
+            "submit_wall_s",
+            "replay_wall_s",
+        ] {
+            assert!(
+                r[key].as_f64().is_some_and(|x| x > 0.0),
+                "{policy} {key}: {v}"
+            );
+        }
+    }
+}
+
+#[test]
 fn every_pattern_runs_checked_under_every_policy() {
     for (pattern, policy) in [
         ("trivial", "ws"),

@@ -189,6 +189,9 @@ impl Graph {
     }
 }
 
+/// A replay learns how far the devices have got every this many tasks.
+const REPLAY_POLL_EVERY: usize = 32;
+
 impl Scheduler {
     /// Runs `submit` (which submits tasks through the scheduler it is given) and
     /// returns what it submitted as a [`Graph`] to replay. The tasks run as usual.
@@ -280,6 +283,11 @@ impl Scheduler {
         let now = self.now();
         let mut first_error = None;
         for (k, item) in graph.items.iter().enumerate() {
+            if k > 0 && k % REPLAY_POLL_EVERY == 0 {
+                // Forget what has run meanwhile, as submissions do: the books (tasks,
+                // events in flight) stay small instead of growing with the graph.
+                st.poll(&self.shared);
+            }
             let id = base + k as u64;
             let (internal, entry) = match item {
                 Item::Task {

@@ -88,6 +88,10 @@ pub struct SchedBenchArgs {
     /// Also search the smallest grain reaching 50% efficiency (METG(50%)).
     #[arg(long)]
     pub metg: bool,
+    /// Also record the graph once and compare submitting it task by task with replaying
+    /// the recording (`Scheduler::record` / `replay`), in alternating rounds.
+    #[arg(long)]
+    pub replay: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -316,12 +320,9 @@ impl Bench {
         Ok(codelet)
     }
 
-    /// Submits the whole graph and waits for it; returns the seconds from the first
-    /// submit to the end of the wait.
-    fn run_once(&self, codelets: &mut Codelets) -> Result<f64> {
+    /// Submits every task of the graph, row by row.
+    fn submit_graph(&self, codelets: &mut Codelets) -> Result<()> {
         let g = &*self.graph;
-        let ran_before = self.ran.load(Ordering::Relaxed);
-        let start = Instant::now();
         for step in 0..g.steps {
             let (out, inp) = ((step % 2) as usize, ((step + 1) % 2) as usize);
             for point in g.points(step) {
@@ -339,6 +340,25 @@ impl Bench {
                 )?;
             }
         }
+        Ok(())
+    }
+
+    /// Submits the whole graph and waits for it; returns the seconds from the first
+    /// submit to the end of the wait.
+    fn run_once(&self, codelets: &mut Codelets) -> Result<f64> {
+        self.timed(|b| b.submit_graph(codelets))
+            .map(|(_, wall)| wall)
+    }
+
+    /// Runs `submit` (which submits the whole graph one way or another), waits for the
+    /// tasks and, with `--check`, counts what is wrong; returns the seconds `submit`
+    /// took and the seconds to the end of the wait.
+    fn timed(&self, submit: impl FnOnce(&Self) -> Result<()>) -> Result<(f64, f64)> {
+        let g = &*self.graph;
+        let ran_before = self.ran.load(Ordering::Relaxed);
+        let start = Instant::now();
+        submit(self)?;
+        let submitted = start.elapsed().as_secs_f64();
         self.sched.wait_all()?;
         let wall = start.elapsed().as_secs_f64();
         if self.check {
@@ -355,7 +375,49 @@ impl Bench {
             }
             self.wrong.fetch_add(bad, Ordering::Relaxed);
         }
-        Ok(wall)
+        Ok((submitted, wall))
+    }
+
+    /// `--replay`: the graph recorded once, then `iterations` rounds that each submit
+    /// it task by task and replay the recording, alternately.
+    fn replay(&self, grain_us: f64, iterations: u64) -> Result<ReplayReport> {
+        let mut codelets = Codelets {
+            grain: Duration::from_secs_f64(grain_us * 1e-6),
+            by_inputs: Vec::with_capacity(self.graph.max_deps().min(64) as usize + 1),
+        };
+        self.run_once(&mut codelets)?;
+        let mut recorded = None;
+        self.timed(|b| {
+            recorded = Some(b.sched.record(|_| b.submit_graph(&mut codelets))?);
+            Ok(())
+        })?;
+        let graph = recorded.ok_or_else(|| Error::invalid("the recording returned nothing"))?;
+        let rounds = iterations.max(1) as usize;
+        let (mut submit, mut submit_wall) =
+            (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
+        let (mut replay, mut replay_wall) =
+            (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
+        for _ in 0..rounds {
+            let (s, w) = self.timed(|b| b.submit_graph(&mut codelets))?;
+            submit.push(s);
+            submit_wall.push(w);
+            let (s, w) = self.timed(|b| b.sched.replay(&graph).map(|_| ()))?;
+            replay.push(s);
+            replay_wall.push(w);
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (submit_s, replay_s) = (median(&mut submit), median(&mut replay));
+        Ok(ReplayReport {
+            rounds: rounds as u64,
+            submit_s,
+            replay_s,
+            ratio: replay_s / submit_s,
+            submit_wall_s: median(&mut submit_wall),
+            replay_wall_s: median(&mut replay_wall),
+        })
     }
 
     /// One warm-up run, then `iterations` timed runs at `grain_us`.
@@ -472,9 +534,27 @@ struct Report {
     fetches: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     metg: Option<MetgReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replay: Option<ReplayReport>,
     /// METG(50%) in µs; null when no grain up to the ceiling reached 50%.
     #[serde(skip_serializing_if = "Option::is_none")]
     metg_us: Option<Option<f64>>,
+}
+
+/// What `--replay` measured (medians over the rounds).
+#[derive(Debug, Serialize)]
+struct ReplayReport {
+    rounds: u64,
+    /// Seconds from the first submit to the return of the last.
+    submit_s: f64,
+    /// Seconds the `replay` call took.
+    replay_s: f64,
+    /// `replay_s / submit_s`.
+    ratio: f64,
+    /// Seconds to the end of the wait after submitting.
+    submit_wall_s: f64,
+    /// Seconds to the end of the wait after replaying.
+    replay_wall_s: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -520,6 +600,11 @@ pub fn run(devices: Vec<Device>, args: &SchedBenchArgs) -> Result<bool> {
     } else {
         None
     };
+    let replay = if args.replay {
+        Some(bench.replay(args.grain_us, args.iterations)?)
+    } else {
+        None
+    };
     let wrong = bench.wrong.load(Ordering::Relaxed);
     let stats = bench.sched.stats();
     let kind = args.pattern;
@@ -554,6 +639,7 @@ pub fn run(devices: Vec<Device>, args: &SchedBenchArgs) -> Result<bool> {
             probes,
             bisections: BISECTIONS,
         }),
+        replay,
     };
     if args.json {
         let text = serde_json::to_string(&report)
@@ -618,6 +704,17 @@ fn print_text(r: &Report) {
             None => println!("METG(50%): not reached at grains up to {METG_CEILING_US} us"),
         }
         println!("  probes: {}", probes.join(", "));
+    }
+    if let Some(p) = &r.replay {
+        println!(
+            "replay: submitting the graph took {:.3} ms, replaying its recording {:.3} ms ({:.1}% of submitting; medians of {} alternating rounds); to the end of the wait {:.3} ms and {:.3} ms",
+            p.submit_s * 1e3,
+            p.replay_s * 1e3,
+            p.ratio * 100.0,
+            p.rounds,
+            p.submit_wall_s * 1e3,
+            p.replay_wall_s * 1e3
+        );
     }
     let checked = if r.checked {
         "checked"
