@@ -17,6 +17,8 @@
 use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap as HashMap;
+
+use crate::codelet::Codelet;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -167,9 +169,13 @@ pub struct CodeletModel {
 /// The models of every codelet the scheduler has seen, with where they persist.
 #[derive(Debug, Default)]
 pub struct PerfModels {
-    models: HashMap<String, CodeletModel>,
+    models: Vec<CodeletModel>,
+    /// Index in `models` by codelet name.
+    by_name: HashMap<String, usize>,
+    /// Index in `models` by [`crate::Codelet::id`], for the lookups of every dispatch
+    /// (an integer hash instead of a name's; codelets of one name share a model).
+    by_id: HashMap<u64, usize>,
     dir: Option<PathBuf>,
-    fallback: CodeletModel,
 }
 
 /// The directory models persist in: `XPU_CACHE_DIR/perfmodels`, else under
@@ -206,9 +212,10 @@ impl PerfModels {
     /// Models kept in `dir` (nothing persists with `None`).
     pub fn new(dir: Option<PathBuf>) -> PerfModels {
         PerfModels {
-            models: HashMap::default(),
+            models: Vec::new(),
+            by_name: HashMap::default(),
+            by_id: HashMap::default(),
             dir,
-            fallback: CodeletModel::default(),
         }
     }
 
@@ -217,25 +224,62 @@ impl PerfModels {
         self.dir.as_deref()
     }
 
+    /// The index of `codelet`'s model, loading it from the directory (or starting an
+    /// empty one) the first time.
+    fn index(&mut self, codelet: &str) -> usize {
+        if let Some(&i) = self.by_name.get(codelet) {
+            return i;
+        }
+        let loaded = self
+            .dir
+            .as_ref()
+            .and_then(|d| std::fs::read_to_string(d.join(file_name(codelet))).ok())
+            .and_then(|text| serde_json::from_str::<CodeletModel>(&text).ok())
+            .filter(|m| m.codelet == codelet)
+            .unwrap_or_else(|| CodeletModel {
+                codelet: codelet.to_string(),
+                archs: BTreeMap::new(),
+            });
+        self.models.push(loaded);
+        let i = self.models.len() - 1;
+        self.by_name.insert(codelet.to_string(), i);
+        i
+    }
+
     fn model(&mut self, codelet: &str) -> &mut CodeletModel {
-        if !self.models.contains_key(codelet) {
-            let loaded = self
-                .dir
-                .as_ref()
-                .and_then(|d| std::fs::read_to_string(d.join(file_name(codelet))).ok())
-                .and_then(|text| serde_json::from_str::<CodeletModel>(&text).ok())
-                .filter(|m| m.codelet == codelet)
-                .unwrap_or_else(|| CodeletModel {
-                    codelet: codelet.to_string(),
-                    archs: BTreeMap::new(),
-                });
-            self.models.insert(codelet.to_string(), loaded);
-        }
-        // Present (inserted above); the fallback only satisfies the types.
-        match self.models.get_mut(codelet) {
-            Some(m) => m,
-            None => &mut self.fallback,
-        }
+        let i = self.index(codelet);
+        &mut self.models[i]
+    }
+
+    /// The model of codelet `id` named `name`.
+    fn model_of(&mut self, id: u64, name: &str) -> &mut CodeletModel {
+        let i = match self.by_id.get(&id) {
+            Some(&i) => i,
+            None => {
+                let i = self.index(name);
+                self.by_id.insert(id, i);
+                i
+            }
+        };
+        &mut self.models[i]
+    }
+
+    /// [`PerfModels::predict`] for a codelet, found by its id.
+    pub(crate) fn predict_for(&mut self, codelet: &Codelet, arch: &str, n: u64) -> Option<f64> {
+        self.model_of(codelet.id(), codelet.name())
+            .archs
+            .get(arch)?
+            .predict(n)
+    }
+
+    /// Samples of `codelet` on `arch`: over all footprints, and at footprint `n`.
+    pub(crate) fn samples_for(&mut self, codelet: &Codelet, arch: &str, n: u64) -> (u64, u64) {
+        self.model_of(codelet.id(), codelet.name())
+            .archs
+            .get(arch)
+            .map_or((0, 0), |a| {
+                (a.samples(), a.history.get(&n).map_or(0, |h| h.count))
+            })
     }
 
     /// The prediction for `codelet` on `arch` with footprint `n`.
@@ -278,12 +322,12 @@ impl PerfModels {
         };
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("could not create {}: {e}", dir.display()))?;
-        for (name, model) in &self.models {
+        for model in &self.models {
             if model.archs.is_empty() {
                 continue;
             }
             let text = serde_json::to_string_pretty(model).map_err(|e| e.to_string())?;
-            let path = dir.join(file_name(name));
+            let path = dir.join(file_name(&model.codelet));
             let tmp = path.with_extension("json.tmp");
             std::fs::write(&tmp, text)
                 .and_then(|()| std::fs::rename(&tmp, &path))

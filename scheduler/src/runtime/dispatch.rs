@@ -99,8 +99,8 @@ impl State {
         now: f64,
     ) -> Candidate {
         let arch = &shared.archs[d];
-        let exec = self.models.predict(codelet.name(), arch, footprint);
-        let samples = self.models.samples(codelet.name(), arch);
+        let exec = self.models.predict_for(codelet, arch, footprint);
+        let (samples, _) = self.models.samples_for(codelet, arch, footprint);
         let bandwidth = self.devices[d].bandwidth.unwrap_or(DEFAULT_BANDWIDTH);
         let transfer: f64 = accesses
             .iter()
@@ -251,15 +251,12 @@ impl State {
         chosen: (usize, usize),
         now: f64,
     ) -> Result<()> {
-        let mut order = vec![chosen];
-        order.extend(
-            p.candidates
-                .iter()
-                .copied()
-                .filter(|c| *c != chosen && self.devices[c.0].lost.is_none()),
-        );
         let mut last = None;
-        for (d, implementation) in order {
+        // The chosen device, then the other candidates not lost, in turn (found as
+        // needed: most tasks start on the first).
+        let mut fallbacks = 0;
+        let mut current = Some(chosen);
+        while let Some((d, implementation)) = current {
             match self.dispatch(
                 shared,
                 &p.task,
@@ -296,6 +293,14 @@ impl State {
                 }
                 Err(e) => {
                     last = Some((d, e));
+                    break;
+                }
+            }
+            current = None;
+            while let Some(&c) = p.candidates.get(fallbacks) {
+                fallbacks += 1;
+                if c != chosen && self.devices[c.0].lost.is_none() {
+                    current = Some(c);
                     break;
                 }
             }
@@ -369,13 +374,7 @@ impl State {
             .is_some_and(|p| p.origins.get(d).is_some_and(Option::is_some));
         let timed = profiled
             || shared.devices[d].capabilities().event_timing && {
-                let samples = self
-                    .models
-                    .get(task.codelet.name())
-                    .archs
-                    .get(arch)
-                    .and_then(|a| a.history.get(&footprint))
-                    .map_or(0, |h| h.count);
+                let (_, samples) = self.models.samples_for(&task.codelet, arch, footprint);
                 samples < CALIBRATION_SAMPLES || id.is_multiple_of(SAMPLE_EVERY)
             };
         let start = if timed {
@@ -460,7 +459,7 @@ impl State {
         // Bookkeeping for placement.
         let predicted = self
             .models
-            .predict(task.codelet.name(), arch, footprint)
+            .predict_for(&task.codelet, arch, footprint)
             .unwrap_or(0.0);
         // It starts when the device is free and its inputs are written.
         let inputs_ready = self.inputs_ready(accesses);
