@@ -272,14 +272,21 @@ impl PerfModels {
             .predict(n)
     }
 
-    /// Samples of `codelet` on `arch`: over all footprints, and at footprint `n`.
-    pub(crate) fn samples_for(&mut self, codelet: &Codelet, arch: &str, n: u64) -> (u64, u64) {
+    /// Samples of `codelet` on `arch`, over all footprints.
+    pub(crate) fn samples_for(&mut self, codelet: &Codelet, arch: &str) -> u64 {
         self.model_of(codelet.id(), codelet.name())
             .archs
             .get(arch)
-            .map_or((0, 0), |a| {
-                (a.samples(), a.history.get(&n).map_or(0, |h| h.count))
-            })
+            .map_or(0, ArchModel::samples)
+    }
+
+    /// Samples of `codelet` on `arch` at footprint `n`.
+    pub(crate) fn samples_at(&mut self, codelet: &Codelet, arch: &str, n: u64) -> u64 {
+        self.model_of(codelet.id(), codelet.name())
+            .archs
+            .get(arch)
+            .and_then(|a| a.history.get(&n))
+            .map_or(0, |h| h.count)
     }
 
     /// The prediction for `codelet` on `arch` with footprint `n`.

@@ -30,10 +30,11 @@ pub(crate) struct Retired {
 
 struct Entry {
     objects: Retired,
-    /// One per queue, signalled after everything submitted before the retirement;
-    /// `None` when they could not be submitted (the objects then wait for the device's
-    /// own destruction).
-    fences: Option<Vec<vk::Fence>>,
+    /// Signalled after everything submitted before the retirement, one per queue.
+    fences: Vec<vk::Fence>,
+    /// Whether every queue got its fence; when not, the entry (fences included) waits
+    /// for the device's own destruction.
+    watched: bool,
 }
 
 /// What is retired and not yet destroyed, per device.
@@ -55,15 +56,20 @@ impl Graveyard {
         queues: &[Mutex<vk::Queue>],
         objects: Retired,
     ) {
-        let fences = fence_every_queue(device, queues);
+        let (fences, watched) = fence_every_queue(device, queues);
         let mut entries = lock(&self.entries);
-        entries.push(Entry { objects, fences });
+        entries.push(Entry {
+            objects,
+            fences,
+            watched,
+        });
         entries.retain_mut(|e| {
-            let Some(fences) = &e.fences else {
+            if !e.watched {
                 return true;
-            };
+            }
             // SAFETY: fences of this device, not yet destroyed.
-            let passed = fences
+            let passed = e
+                .fences
                 .iter()
                 .all(|f| matches!(unsafe { device.get_fence_status(*f) }, Ok(true)));
             if passed {
@@ -87,13 +93,16 @@ impl Graveyard {
     }
 }
 
-/// An empty submission with a fence on each queue; `None` if any failed (the fences
-/// made so far are destroyed once the device is idle, with the entry's objects).
-fn fence_every_queue(device: &ash::Device, queues: &[Mutex<vk::Queue>]) -> Option<Vec<vk::Fence>> {
+/// An empty submission with a fence on each queue, and whether every queue got one
+/// (the fences made before a failure are kept, to be destroyed with the entry).
+fn fence_every_queue(device: &ash::Device, queues: &[Mutex<vk::Queue>]) -> (Vec<vk::Fence>, bool) {
     let mut fences = Vec::with_capacity(queues.len());
     for queue in queues {
         // SAFETY: a valid device and create info.
-        let fence = unsafe { device.create_fence(&vk::FenceCreateInfo::default(), None) }.ok()?;
+        let Ok(fence) = (unsafe { device.create_fence(&vk::FenceCreateInfo::default(), None) })
+        else {
+            return (fences, false);
+        };
         let q = lock(queue);
         // SAFETY: the queue is externally synchronised by its mutex; an empty submission
         // with a fresh, unsignalled fence.
@@ -102,11 +111,11 @@ fn fence_every_queue(device: &ash::Device, queues: &[Mutex<vk::Queue>]) -> Optio
         if submitted.is_err() {
             // SAFETY: the fence was not submitted.
             unsafe { device.destroy_fence(fence, None) };
-            return None;
+            return (fences, false);
         }
         fences.push(fence);
     }
-    Some(fences)
+    (fences, true)
 }
 
 /// # Safety
@@ -124,7 +133,7 @@ unsafe fn destroy(device: &ash::Device, e: &mut Entry) {
         for q in e.objects.query_pools.drain(..) {
             device.destroy_query_pool(q, None);
         }
-        for f in e.fences.take().unwrap_or_default() {
+        for f in e.fences.drain(..) {
             device.destroy_fence(f, None);
         }
     }

@@ -114,17 +114,21 @@ fn a_stream_dropped_right_after_its_waiter_finishes_leaves_the_queue_sound() {
         })
         .unwrap();
     let host_stream = host.create_stream().unwrap();
+    // Makes `stream` wait for a host step that completes a little later.
+    let behind_host_step = |stream: &xpu_hal::Stream| {
+        host_stream
+            .launch(&pause, xpu_hal::LaunchDims::linear(1, 1), &[])
+            .unwrap();
+        stream
+            .wait_event(&host_stream.record_event().unwrap())
+            .unwrap();
+    };
     let buf = d.allocate(256).unwrap();
     let big = d.allocate(4 * MIB).unwrap();
     for i in 0..200i32 {
         let waiter = d.create_stream().unwrap();
         let producer = d.create_stream().unwrap();
-        host_stream
-            .launch(&pause, xpu_hal::LaunchDims::linear(1, 1), &[])
-            .unwrap();
-        producer
-            .wait_event(&host_stream.record_event().unwrap())
-            .unwrap();
+        behind_host_step(&producer);
         producer.fill(&buf, Scalar::I32(i)).unwrap();
         // Work the device runs for a while after the submission.
         producer
@@ -143,12 +147,7 @@ fn a_stream_dropped_right_after_its_waiter_finishes_leaves_the_queue_sound() {
         assert_eq!(got[4..], i.to_le_bytes(), "round {i}");
         // A stream whose last batch waited for its own host step, dropped at once.
         let alone = d.create_stream().unwrap();
-        host_stream
-            .launch(&pause, xpu_hal::LaunchDims::linear(1, 1), &[])
-            .unwrap();
-        alone
-            .wait_event(&host_stream.record_event().unwrap())
-            .unwrap();
+        behind_host_step(&alone);
         alone.fill(buf.slice(8, 8), Scalar::I32(i)).unwrap();
         drop(alone);
     }

@@ -100,7 +100,7 @@ impl State {
     ) -> Candidate {
         let arch = &shared.archs[d];
         let exec = self.models.predict_for(codelet, arch, footprint);
-        let (samples, _) = self.models.samples_for(codelet, arch, footprint);
+        let samples = self.models.samples_for(codelet, arch);
         let bandwidth = self.devices[d].bandwidth.unwrap_or(DEFAULT_BANDWIDTH);
         let transfer: f64 = accesses
             .iter()
@@ -374,7 +374,7 @@ impl State {
             .is_some_and(|p| p.origins.get(d).is_some_and(Option::is_some));
         let timed = profiled
             || shared.devices[d].capabilities().event_timing && {
-                let (_, samples) = self.models.samples_for(&task.codelet, arch, footprint);
+                let samples = self.models.samples_at(&task.codelet, arch, footprint);
                 samples < CALIBRATION_SAMPLES || id.is_multiple_of(SAMPLE_EVERY)
             };
         let start = if timed {
