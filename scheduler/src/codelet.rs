@@ -264,6 +264,21 @@ impl Codelet {
         codelet
     }
 
+    /// A codelet with no implementation of its own, named `name`: the kind of a task the
+    /// scheduler makes itself (a replayed run of a graph), so that it has a performance
+    /// model and a label.
+    pub(crate) fn internal(name: impl Into<Arc<str>>) -> Codelet {
+        Codelet {
+            inner: Arc::new(Inner {
+                id: NEXT_CODELET.fetch_add(1, Ordering::Relaxed),
+                name: name.into(),
+                implementations: Vec::new(),
+                dtypes: Vec::new(),
+                kernels: Mutex::new(HashMap::default()),
+            }),
+        }
+    }
+
     /// Its name.
     pub fn name(&self) -> &str {
         &self.inner.name

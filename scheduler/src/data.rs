@@ -124,6 +124,8 @@ pub(crate) struct HandleState {
     journal: Vec<Entry>,
     /// Recent writes by task id (see [`HandleState::value_lost`]).
     writes: BTreeMap<u64, Write>,
+    /// How many of `writes` are failures: with none, every value is there.
+    failed_writes: usize,
     /// Why the handle has no value since its only copy went with a lost device (until a
     /// task overwrites it).
     pub(crate) gone: Option<String>,
@@ -159,6 +161,7 @@ impl HandleState {
             replicas: (0..devices).map(|_| None).collect(),
             journal: Vec::new(),
             writes: BTreeMap::new(),
+            failed_writes: 0,
             gone: None,
             written_by: 0.0,
         }
@@ -248,6 +251,9 @@ impl HandleState {
         if let Some(g) = &self.gone {
             return Some(g);
         }
+        if self.failed_writes == 0 {
+            return None;
+        }
         for (_, w) in self.writes.range(..reader).rev() {
             match w {
                 Write::Failed(root) => return Some(root),
@@ -264,9 +270,15 @@ impl HandleState {
     }
 
     fn note(&mut self, by: u64, w: Write) {
-        self.writes.insert(by, w);
+        let failed = |w: &Write| usize::from(matches!(w, Write::Failed(_)));
+        self.failed_writes += failed(&w);
+        if let Some(old) = self.writes.insert(by, w) {
+            self.failed_writes -= failed(&old);
+        }
         while self.writes.len() > WRITES_KEPT {
-            self.writes.pop_first();
+            if let Some((_, old)) = self.writes.pop_first() {
+                self.failed_writes -= failed(&old);
+            }
         }
     }
 

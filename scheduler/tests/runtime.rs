@@ -489,6 +489,107 @@ fn recorded_graphs_replay_like_resubmission_and_heft_plans_them() {
     }
 }
 
+/// A graph's consecutive tasks on one device replay as one task (a run): a failure
+/// inside it fails the run, which says so and names the cause; its dependants fail;
+/// waiting for any of its tasks waits for the run; a task ordered after one of them
+/// runs after the run; and the next replay, with the cause gone, computes the values.
+#[test]
+fn a_replayed_run_fails_as_one_and_its_tasks_wait_and_order_as_it() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some(devs) = devices("host:0") else {
+        return;
+    };
+    for policy in Policy::ALL {
+        let sched = Scheduler::new(&devs, options(policy)).unwrap();
+        let (a, b, c) = (
+            sched.create(4).unwrap(),
+            sched.create(4).unwrap(),
+            sched.create(4).unwrap(),
+        );
+        let broken = Arc::new(AtomicBool::new(false));
+        let flag = broken.clone();
+        let rw = KernelParam::Buffer(xpu_hal::Access::ReadWrite);
+        let r = KernelParam::Buffer(xpu_hal::Access::Read);
+        let w = KernelParam::Buffer(xpu_hal::Access::Write);
+        // a += 1, failing while `broken`.
+        let inc = Codelet::new("inc")
+            .host(vec![rw], move |ctx| {
+                if flag.load(Ordering::SeqCst) {
+                    return Err("broken on purpose".into());
+                }
+                let x = ctx.bytes_mut(0)?;
+                let v = f32::from_le_bytes(x[..4].try_into().unwrap()) + 1.0;
+                x.copy_from_slice(&v.to_le_bytes());
+                Ok(())
+            })
+            .build()
+            .unwrap();
+        // b = 2 × a.
+        let double = Codelet::new("double")
+            .host(vec![r, w], |ctx| {
+                let v = f32::from_le_bytes(ctx.bytes(0)?[..4].try_into().unwrap());
+                ctx.bytes_mut(1)?.copy_from_slice(&(2.0 * v).to_le_bytes());
+                Ok(())
+            })
+            .build()
+            .unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let fill = Codelet::from_builtin(Builtin::Fill {
+            value: Scalar::F32(0.0),
+        });
+        let graph = sched
+            .record(|s| {
+                s.submit(Task::new(&fill).write(a).on(&devs[0]))?;
+                s.submit(Task::new(&inc).read_write(a).on(&devs[0]))?;
+                s.submit(Task::new(&inc).read_write(a).on(&devs[0]))?;
+                s.submit(Task::new(&double).read(a).write(b).on(&devs[0]))?;
+                Ok(())
+            })
+            .unwrap();
+        sched.wait_all().unwrap();
+        assert_eq!(sched.read(b).unwrap(), bytes(&[4.0]), "{policy}");
+
+        // Waiting for a task inside the run waits for the run; a task ordered after
+        // one of its tasks runs after all of it.
+        let first = sched.replay(&graph).unwrap();
+        let inner = xpu_scheduler::TaskId::from_index(first.index() + 2);
+        let tail = sched
+            .submit(Task::new(&logger(&log, 7, vec![w])).write(c).after(inner))
+            .unwrap();
+        sched.wait(inner).unwrap();
+        sched.wait(tail).unwrap();
+        assert_eq!(sched.read(b).unwrap(), bytes(&[4.0]), "{policy}");
+        assert_eq!(*log.lock().unwrap(), [7]);
+
+        // A failure inside the run.
+        broken.store(true, Ordering::SeqCst);
+        let first = sched.replay(&graph).unwrap();
+        let e = sched.wait_all().unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("replayed tasks"), "{policy}: {msg}");
+        assert!(msg.contains("broken on purpose"), "{policy}: {msg}");
+        for k in 0..4 {
+            let e = sched
+                .wait(xpu_scheduler::TaskId::from_index(first.index() + k))
+                .unwrap_err();
+            assert!(e.to_string().contains("replayed tasks"), "{policy}: {e}");
+        }
+        // What the run wrote has no value: a task reading it fails, naming the cause
+        // (when submitted under `dmda`, when waited for under the queued policies).
+        let e = sched
+            .submit(Task::new(&double).read(b).write(c))
+            .and_then(|t| sched.wait(t))
+            .unwrap_err();
+        assert!(e.to_string().contains("broken on purpose"), "{policy}: {e}");
+
+        // Fixed: the next replay overwrites `a` first and computes again.
+        broken.store(false, Ordering::SeqCst);
+        sched.replay(&graph).unwrap();
+        sched.wait_all().unwrap();
+        assert_eq!(sched.read(b).unwrap(), bytes(&[4.0]), "{policy}");
+    }
+}
+
 #[test]
 fn a_training_step_with_an_all_reduce_records_and_replays() {
     use xpu_collectives::{CommOptions, Communicator, ReduceOp};

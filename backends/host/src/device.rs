@@ -154,7 +154,7 @@ impl DeviceImpl for HostDevice {
 
     fn load_kernel(&self, desc: &KernelDesc) -> Result<Arc<dyn KernelImpl>> {
         match &desc.source {
-            KernelSource::HostFunction(f) => Ok(Arc::new(HostKernel::new(f.clone()))),
+            KernelSource::HostFunction(f) => Ok(Arc::new(HostKernel::new(f.clone(), &desc.name))),
             other => Err(Error::unsupported(format!(
                 "the host backend runs host-function kernels only, not {}",
                 other.format()

@@ -9,11 +9,20 @@ use xpu_hal::{HostKernelFn, KernelImpl};
 #[derive(Clone)]
 pub struct HostKernel {
     function: Arc<HostKernelFn>,
+    /// The kernel's name, for messages.
+    name: Arc<str>,
 }
 
 impl HostKernel {
-    pub(crate) fn new(function: Arc<HostKernelFn>) -> Self {
-        HostKernel { function }
+    pub(crate) fn new(function: Arc<HostKernelFn>, name: &str) -> Self {
+        HostKernel {
+            function,
+            name: Arc::from(name),
+        }
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
     }
 
     pub(crate) fn function(&self) -> &HostKernelFn {

@@ -24,6 +24,9 @@
 //!   before they sleep on the condition variable. The polling backs off from spinning
 //!   to yielding (crossbeam's `Backoff`), so on a machine with fewer cores than busy
 //!   threads a poller hands its core to the thread it is waiting for.
+//! - **An event costs no job while work is queued.** Recording an event attaches its
+//!   mark to the last queued job, completed right after that job runs; only an event
+//!   recorded on a drained queue queues a mark job of its own.
 //! - **The counters live on their own cache lines** (`CachePadded`): the executor bumps
 //!   `completed` while submitters bump `queued`, and neither should invalidate the
 //!   other's line.
@@ -64,9 +67,25 @@ pub(crate) struct Mark {
     pub(crate) outcome: EventOutcome,
 }
 
+/// A queued job, and the event mark to complete right after it (set when an event is
+/// recorded while the job is still queued: the event needs no job of its own).
+struct Entry {
+    job: Job,
+    mark: Option<Arc<Mark>>,
+}
+
+impl Mark {
+    /// Execution has reached the mark: records the time and the stream's state.
+    fn reached(&self, timeline: &Timeline) {
+        let _ = self.time.set(Instant::now());
+        self.outcome
+            .complete(timeline.peek_error().as_ref(), &timeline.device);
+    }
+}
+
 /// The job queue proper, guarded by one mutex.
 struct Jobs {
-    queue: VecDeque<Job>,
+    queue: VecDeque<Entry>,
     /// Jobs ever submitted; a job's number is this count right after its push.
     submitted: u64,
     /// Whether the worker sleeps on `work_cv`.
@@ -178,7 +197,7 @@ impl Timeline {
                 message: "the stream has been shut down".to_string(),
             });
         }
-        jobs.queue.push_back(job);
+        jobs.queue.push_back(Entry { job, mark: None });
         jobs.submitted += 1;
         self.queued.fetch_add(1, Ordering::SeqCst);
         if jobs.worker_sleeping {
@@ -188,7 +207,28 @@ impl Timeline {
         Ok(jobs.submitted)
     }
 
-    fn pop(&self) -> Option<Job> {
+    /// An event at the current end of the queue: its number and the mark completed when
+    /// execution passes it. While the last job is still queued the mark rides on it (an
+    /// event right after another shares its mark); otherwise a mark job is queued.
+    fn record(&self) -> Result<(u64, Arc<Mark>)> {
+        let mut jobs = lock(&self.jobs);
+        let submitted = jobs.submitted;
+        if !jobs.closed {
+            if let Some(last) = jobs.queue.back_mut() {
+                let mark = match &last.job {
+                    Job::Mark(m) => m.clone(),
+                    Job::Work(_) => last.mark.get_or_insert_with(Arc::default).clone(),
+                };
+                return Ok((submitted, mark));
+            }
+        }
+        drop(jobs);
+        let mark = Arc::new(Mark::default());
+        let seq = self.push(Job::Mark(mark.clone()))?;
+        Ok((seq, mark))
+    }
+
+    fn pop(&self) -> Option<Entry> {
         let job = lock(&self.jobs).queue.pop_front();
         if job.is_some() {
             self.queued.fetch_sub(1, Ordering::SeqCst);
@@ -200,8 +240,11 @@ impl Timeline {
     fn run_queued(&self, _exec: &MutexGuard<'_, ()>, limit: u64) -> u64 {
         let mut ran = 0;
         while ran < limit {
-            let Some(job) = self.pop() else { break };
-            run(job, self);
+            let Some(entry) = self.pop() else { break };
+            run(entry.job, self);
+            if let Some(mark) = entry.mark {
+                mark.reached(self);
+            }
             // Counted before the executor lock is released, so that a thread holding
             // the lock with an empty queue knows every submitted job is complete.
             self.finish_one();
@@ -361,6 +404,11 @@ impl Queue {
     pub(crate) fn push(&self, job: Job) -> Result<u64> {
         self.timeline.push(job)
     }
+
+    /// An event's point at the current end of the queue (see `Timeline::record`).
+    pub(crate) fn record(&self) -> Result<(u64, Arc<Mark>)> {
+        self.timeline.record()
+    }
 }
 
 impl Drop for Queue {
@@ -385,11 +433,7 @@ fn worker(timeline: &Timeline) {
 /// captured are dropped before this returns, so completion implies release.
 fn run(job: Job, timeline: &Timeline) {
     match job {
-        Job::Mark(mark) => {
-            let _ = mark.time.set(Instant::now());
-            mark.outcome
-                .complete(timeline.peek_error().as_ref(), &timeline.device);
-        }
+        Job::Mark(mark) => mark.reached(timeline),
         Job::Work(work) => {
             if timeline.has_error.load(Ordering::Acquire) {
                 // Skipped: an earlier job failed and the error has not been reported.

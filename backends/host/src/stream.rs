@@ -13,7 +13,7 @@ use crate::event::HostEvent;
 use crate::kernel::HostKernel;
 use crate::memory::Region;
 use crate::ops;
-use crate::queue::{Job, Mark, Queue};
+use crate::queue::{Job, Queue};
 
 /// An in-order queue of work on a virtual host device, run by its own worker thread.
 ///
@@ -37,8 +37,7 @@ impl HostStream {
 
     /// Records an event and returns it as the concrete host type.
     pub fn record(&self) -> Result<HostEvent> {
-        let mark = Arc::new(Mark::default());
-        let seq = self.queue.push(Job::Mark(mark.clone()))?;
+        let (seq, mark) = self.queue.record()?;
         Ok(HostEvent::new(self.queue.timeline().clone(), seq, mark))
     }
 
@@ -111,7 +110,7 @@ impl StreamImpl for HostStream {
                 )
             })?
             .clone();
-        let name = desc.name.clone();
+        let _ = desc;
         let mut regions = Vec::with_capacity(args.len());
         for arg in args {
             regions.push(match arg {
@@ -141,8 +140,9 @@ impl StreamImpl for HostStream {
                 dims,
                 args: host_args,
             };
-            (kernel.function())(&mut ctx)
-                .map_err(|msg| Error::aborted(format!("host kernel `{name}` failed: {msg}")))
+            (kernel.function())(&mut ctx).map_err(|msg| {
+                Error::aborted(format!("host kernel `{}` failed: {msg}", kernel.name()))
+            })
         })
     }
 

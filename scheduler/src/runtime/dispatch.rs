@@ -59,12 +59,27 @@ impl State {
                 });
                 if done {
                     self.tasks.remove(&id);
+                    if !self.runs.is_empty() {
+                        self.runs.remove(&id);
+                    }
                     released += self.release(id, d);
                 }
             }
         }
         let _ = shared;
         released
+    }
+
+    /// The id that task `id` is recorded under: its own, or — for an item of a replayed
+    /// run — the run's.
+    pub(super) fn resolve(&self, id: u64) -> u64 {
+        if self.runs.is_empty() {
+            return id;
+        }
+        match self.runs.range(..=id).next_back() {
+            Some((&first, &last)) if id <= last => first,
+            _ => id,
+        }
     }
 
     /// Records task `id`'s access to handle `h` as `mode`, adding the tasks it must wait
@@ -126,9 +141,20 @@ impl State {
     /// The points a task with dependencies `deps` waits for: where each ends, and for
     /// a dependency that failed without running, where its own dependencies end.
     pub(super) fn dep_points(&self, deps: &BTreeSet<u64>) -> Vec<Point> {
-        let mut points = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        let mut todo: Vec<u64> = deps.iter().copied().collect();
+        let mut points = Vec::with_capacity(deps.len());
+        // Tasks that failed without running lead on to their own dependencies (rare:
+        // the set of those seen is made only then).
+        let mut todo = Vec::new();
+        for t in deps {
+            if let Some(rec) = self.tasks.get(t) {
+                points.extend(rec.points().filter(|p| p.seq > 0));
+                todo.extend(rec.through.iter().copied());
+            }
+        }
+        if todo.is_empty() {
+            return points;
+        }
+        let mut seen: rustc_hash::FxHashSet<u64> = deps.iter().copied().collect();
         while let Some(t) = todo.pop() {
             if !seen.insert(t) {
                 continue;
@@ -213,7 +239,7 @@ impl State {
             .iter()
             .find_map(|d| {
                 self.tasks
-                    .get(&d.0)
+                    .get(&self.resolve(d.0))
                     .and_then(|t| t.failed.as_ref())
                     .map(|why| {
                         (
@@ -260,6 +286,7 @@ impl State {
             match self.dispatch(
                 shared,
                 &p.task,
+                p.run.as_deref(),
                 id,
                 &p.label,
                 d,
@@ -318,12 +345,13 @@ impl State {
         Err(e)
     }
 
-    /// Enqueues task `id` on device `d`.
+    /// Enqueues task `id` on device `d` (for a replayed run, its items in order).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn dispatch(
         &mut self,
         shared: &Shared,
         task: &Task,
+        run: Option<&record::Run>,
         id: u64,
         label: &Arc<str>,
         d: usize,
@@ -384,33 +412,33 @@ impl State {
         };
         // The work.
         let stream = &self.streams[s].stream;
-        match &task.codelet.implementations()[implementation] {
-            Implementation::Builtin(op) => {
-                let m = &memories;
-                match *op {
-                    Builtin::Fill { value } => stream.fill(&m[0], value)?,
-                    Builtin::Binary { op, dtype } => {
-                        stream.binary(op, dtype, &m[0], &m[1], &m[2])?
-                    }
-                    Builtin::Accumulate { op, dtype } => {
-                        stream.accumulate(op, dtype, &m[0], &m[1])?
-                    }
-                    Builtin::Scale { alpha } => stream.scale(&m[0], &m[1], alpha)?,
-                    Builtin::Cast { from, to } => stream.cast(&m[0], from, &m[1], to)?,
+        let device = &shared.devices[d];
+        match run {
+            None => enqueue(
+                stream,
+                device,
+                task,
+                label,
+                accesses,
+                implementation,
+                &memories,
+            )?,
+            Some(run) => {
+                let mut m: Vec<&Allocation> = Vec::new();
+                for item in &run.items {
+                    let p = &item.pending;
+                    let Some(&(_, i)) = p.candidates.iter().find(|c| c.0 == d) else {
+                        return Err(Error::unsupported(format!(
+                            "{}: {} has no implementation of {}",
+                            label,
+                            device.id(),
+                            p.label
+                        )));
+                    };
+                    m.clear();
+                    m.extend(item.slots.iter().map(|&k| &memories[k as usize]));
+                    enqueue(stream, device, &p.task, &p.label, &p.accesses, i, &m)?;
                 }
-            }
-            Implementation::Kernel { dims, .. } => {
-                let kernel = task
-                    .codelet
-                    .kernel(&shared.devices[d], implementation)?
-                    .ok_or_else(|| Error::invalid(format!("{label}: no kernel")))?;
-                let sizes: Vec<u64> = accesses.iter().map(|(h, _)| h.len).collect();
-                let mut args: Vec<KernelArg<'_>> = memories
-                    .iter()
-                    .map(|m| KernelArg::Buffer(m.whole()))
-                    .collect();
-                args.extend(task.scalars.iter().map(|v| KernelArg::Scalar(*v)));
-                stream.launch(&kernel, dims(&sizes), &args)?;
             }
         }
         let point = self.streams[s].advance(s)?;
@@ -488,5 +516,59 @@ impl State {
         self.stats.placed[d] += 1;
         self.live[d].push_back((point.seq, id));
         Ok(())
+    }
+}
+
+/// Enqueues implementation `implementation` of `task` (labelled `label`, with its merged
+/// `accesses`) on `stream` of `device`, over `memories` (one per access).
+fn enqueue<A: std::borrow::Borrow<Allocation>>(
+    stream: &xpu_hal::Stream,
+    device: &Device,
+    task: &Task,
+    label: &str,
+    accesses: &[(Handle, AccessMode)],
+    implementation: usize,
+    memories: &[A],
+) -> Result<()> {
+    let m = |k: usize| memories[k].borrow();
+    match task.codelet.implementations().get(implementation) {
+        Some(Implementation::Builtin(op)) => match *op {
+            Builtin::Fill { value } => stream.fill(m(0), value),
+            Builtin::Binary { op, dtype } => stream.binary(op, dtype, m(0), m(1), m(2)),
+            Builtin::Accumulate { op, dtype } => stream.accumulate(op, dtype, m(0), m(1)),
+            Builtin::Scale { alpha } => stream.scale(m(0), m(1), alpha),
+            Builtin::Cast { from, to } => stream.cast(m(0), from, m(1), to),
+        },
+        Some(Implementation::Kernel { dims, .. }) => {
+            let kernel = task
+                .codelet
+                .kernel(device, implementation)?
+                .ok_or_else(|| Error::invalid(format!("{label}: no kernel")))?;
+            // The sizes on the stack for the usual few handles.
+            let mut few = [0u64; 8];
+            let many: Vec<u64>;
+            let sizes: &[u64] = if accesses.len() <= few.len() {
+                for (s, (h, _)) in few.iter_mut().zip(accesses) {
+                    *s = h.len;
+                }
+                &few[..accesses.len()]
+            } else {
+                many = accesses.iter().map(|(h, _)| h.len).collect();
+                &many
+            };
+            let mut args: Vec<KernelArg<'_>> =
+                Vec::with_capacity(memories.len() + task.scalars.len());
+            args.extend(
+                memories
+                    .iter()
+                    .map(|a| KernelArg::Buffer(a.borrow().whole())),
+            );
+            args.extend(task.scalars.iter().map(|v| KernelArg::Scalar(*v)));
+            stream.launch(&kernel, dims(sizes), &args)
+        }
+        None => Err(Error::invalid(format!(
+            "{label}: implementation {implementation} of `{}` does not exist",
+            task.codelet.name()
+        ))),
     }
 }

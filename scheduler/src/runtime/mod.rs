@@ -222,6 +222,9 @@ struct State {
     unrecovered_loss: bool,
     /// Tasks `heft` holds until the next wait.
     window: window::Window,
+    /// Replayed runs still recorded, by the id of their task (that of the run's first
+    /// item) to the id of their last item: the ids in between name the run.
+    runs: std::collections::BTreeMap<u64, u64>,
 }
 
 /// A task submitted and not dispatched yet (queued policies), or being dispatched.
@@ -236,6 +239,9 @@ struct Pending {
     footprint: u64,
     /// Dependencies not dispatched yet.
     remaining: usize,
+    /// For a replayed run of a graph: its items, which it runs in place of a codelet's
+    /// implementation (see the `record` module).
+    run: Option<Arc<record::Run>>,
 }
 
 /// The queues of the queued policies.
@@ -424,6 +430,7 @@ impl Scheduler {
                     shutdown: false,
                     unrecovered_loss: false,
                     window: window::Window::default(),
+                    runs: Default::default(),
                 }),
                 work: Condvar::new(),
                 epoch: Instant::now(),
@@ -588,7 +595,7 @@ impl Scheduler {
         for (h, m) in &accesses {
             st.access(h.id, id, *m, key, &mut deps);
         }
-        deps.extend(task.after.iter().map(|t| t.0));
+        deps.extend(task.after.iter().map(|t| st.resolve(t.0)));
         st.next_task += 1;
         st.stats.tasks += 1;
         // A task that reads what a failed task wrote fails too (queued policies and
@@ -608,6 +615,7 @@ impl Scheduler {
             candidates,
             footprint,
             remaining: 0,
+            run: None,
         };
         if let Some(rec) = &mut st.recording {
             rec.task(id, &pending);
@@ -706,7 +714,7 @@ impl Scheduler {
                         Err(p) => p.into_inner().0,
                     };
                 }
-                let Some(rec) = st.tasks.get(&task.0) else {
+                let Some(rec) = st.tasks.get(&st.resolve(task.0)) else {
                     if task.0 >= st.next_task {
                         return Err(Error::invalid(format!("{task} has not been submitted")));
                     }

@@ -11,6 +11,17 @@
 //! on tasks submitted before the replay come from those first accesses, so replays
 //! order correctly after whatever came before them, including the previous replay.
 //!
+//! Consecutive tasks placed on one device replay as one task, a *run* (as a CUDA graph
+//! launches as one unit): the run's accesses are its items' merged, so it costs one
+//! dependency analysis, one set of replicas and fetches and one event, and its items'
+//! operations go on the device's stream back to back. A run is recorded under its first
+//! item's id; the ids of its other items name it (waiting for one waits for the run, a
+//! task ordered after one runs after the run). A failure inside a run fails the run and
+//! so every item of it, with a message naming the run and the cause; a run that did not
+//! start because of another failure runs again whole. A run's handles must fit in half
+//! its device's memory together (longer stretches are cut into several runs), and while
+//! a profile is recorded every item replays on its own, to have its span.
+//!
 //! [`Scheduler::plan`] turns a recorded graph into a [`crate::sim::CostGraph`] — the
 //! tasks' predicted times on each device from the performance models, the bytes each
 //! dependency carries over the measured copy bandwidth into each device plus a fixed
@@ -21,6 +32,9 @@
 //!
 //! A recorded graph keeps only the explicit dependencies among its own tasks; order it
 //! after earlier work through data, or wait for that work before replaying.
+
+use std::ops::Range;
+use std::sync::OnceLock;
 
 use rustc_hash::FxHashMap as HashMap;
 
@@ -150,6 +164,40 @@ pub struct Graph {
     handles: Vec<Handle>,
     /// The scheduler it was recorded on.
     scheduler: u64,
+    /// How it replays, worked out at its first replay (placement decides it).
+    plan: Arc<OnceLock<ReplayPlan>>,
+}
+
+/// One item of a replayed run: the recorded task and, per access of it, the index of
+/// its handle among the run's accesses.
+pub(super) struct RunItem {
+    pub(super) pending: Arc<Pending>,
+    pub(super) slots: Vec<u32>,
+}
+
+/// Consecutive tasks of a graph placed on one device, replayed as one task.
+pub(super) struct Run {
+    pub(super) items: Vec<RunItem>,
+}
+
+/// A stretch of a graph as it replays.
+enum Segment {
+    /// Items replayed one by one.
+    Items(Range<usize>),
+    /// Items replayed as one task (`pending`, whose `run` they are), which also waits
+    /// for the items before the run that its items were explicitly ordered after.
+    Run {
+        range: Range<usize>,
+        pending: Arc<Pending>,
+        after: Vec<u32>,
+    },
+}
+
+/// How a graph replays: its segments, and for every item the item it is recorded
+/// under (the first of its run, or itself).
+struct ReplayPlan {
+    segments: Vec<Segment>,
+    recorded_as: Vec<u32>,
 }
 
 impl std::fmt::Debug for Graph {
@@ -248,6 +296,7 @@ impl Scheduler {
             items,
             handles,
             scheduler: self.shared.id,
+            plan: Arc::default(),
         })
     }
 
@@ -277,99 +326,52 @@ impl Scheduler {
                 "the graph uses {h}, which is no longer registered; a replayed graph needs all its handles"
             )));
         }
+        let plan = graph
+            .plan
+            .get_or_init(|| replay_plan(&self.shared, &graph.items));
+        // While a profile is recorded every task runs on its own, to have its span.
+        let fused = st.profiling.is_none();
         let base = st.next_task;
         st.next_task += graph.items.len() as u64;
         st.stats.tasks += graph.items.len() as u64;
         let now = self.now();
         let mut first_error = None;
-        for (k, item) in graph.items.iter().enumerate() {
-            if k > 0 && k % REPLAY_POLL_EVERY == 0 {
-                // Forget what has run meanwhile, as submissions do: the books (tasks,
-                // events in flight) stay small instead of growing with the graph.
-                st.poll(&self.shared);
-            }
-            let id = base + k as u64;
-            let (internal, entry) = match item {
-                Item::Task {
-                    internal, entry, ..
+        let mut since_poll = 0;
+        for segment in &plan.segments {
+            let range = match segment {
+                Segment::Run {
+                    range,
+                    pending,
+                    after,
+                } if fused => {
+                    let outcome = st.replay_run(&self.shared, base, range, pending, after, now);
+                    if let Err(e) = outcome {
+                        first_error.get_or_insert(e);
+                    }
+                    continue;
                 }
-                | Item::Collective {
-                    internal, entry, ..
-                } => (internal, entry),
+                Segment::Run { range, .. } | Segment::Items(range) => range,
             };
-            let mut deps: BTreeSet<u64> = internal.iter().map(|i| base + u64::from(*i)).collect();
-            let key = match item {
-                Item::Task { pending, .. } => pending.task.codelet.id(),
-                Item::Collective { .. } => 0,
-            };
-            for ((h, m), first) in item.accesses().iter().zip(entry) {
-                if let Some(hs) = st.handles.get_mut(&h.id) {
-                    if *first {
-                        hs.deps.access_keyed(id, *m, key, &mut deps);
+            for k in range.clone() {
+                since_poll += 1;
+                if since_poll % REPLAY_POLL_EVERY == 0 {
+                    // Forget what has run meanwhile, as submissions do: the books
+                    // (tasks, events in flight) stay small instead of growing with the
+                    // graph.
+                    st.poll(&self.shared);
+                }
+                let recorded_as = |i: u32| {
+                    if fused {
+                        plan.recorded_as[i as usize]
                     } else {
-                        hs.deps.advance_keyed(id, *m, key);
+                        i
                     }
+                };
+                if let Err(e) =
+                    st.replay_item(&self.shared, base, k, &graph.items[k], recorded_as, now)
+                {
+                    first_error.get_or_insert(e);
                 }
-            }
-            let label = match item {
-                Item::Task { pending, .. } => pending.label.clone(),
-                Item::Collective { kind, .. } => Arc::from(kind.name()),
-            };
-            let after = match item {
-                Item::Task { pending, .. } => pending.task.after.as_slice(),
-                Item::Collective { .. } => &[],
-            };
-            let failed = st.fails_with_dependency(id, &label, item.accesses(), &deps, after);
-            let outcome = match (failed, item) {
-                (Some(e), _) => Err(e),
-                (
-                    None,
-                    Item::Task {
-                        pending, placed, ..
-                    },
-                ) => {
-                    let chosen = placed.unwrap_or(pending.candidates[0]);
-                    st.start(&self.shared, id, pending, &deps, chosen, now)
-                }
-                (
-                    None,
-                    Item::Collective {
-                        comm,
-                        kind,
-                        send,
-                        recv,
-                        ranks,
-                        accesses,
-                        ..
-                    },
-                ) => {
-                    match st.run_collective(
-                        &self.shared,
-                        comm,
-                        *kind,
-                        id,
-                        &label,
-                        ranks,
-                        send,
-                        recv,
-                        &deps,
-                    ) {
-                        Ok(()) => Ok(()),
-                        Err(e) => {
-                            st.fail_task(
-                                id,
-                                &label,
-                                accesses,
-                                &deps,
-                                format!("{label} failed: {e}"),
-                            );
-                            Err(e)
-                        }
-                    }
-                }
-            };
-            if let Err(e) = outcome {
-                first_error.get_or_insert(e);
             }
         }
         match first_error {
@@ -388,6 +390,7 @@ impl Scheduler {
             schedule_items(&self.shared, &mut st, &graph.items, policy)?
         };
         let mut planned = graph.clone();
+        planned.plan = Arc::default();
         for (item, placed) in planned.items.iter_mut().zip(&schedule.tasks) {
             if let Item::Task {
                 pending, placed: p, ..
@@ -399,6 +402,277 @@ impl Scheduler {
             }
         }
         Ok((planned, schedule.makespan))
+    }
+}
+
+/// Runs shorter than this replay item by item.
+const MIN_RUN: usize = 2;
+
+impl State {
+    /// Replays item `k` of a graph whose first task is `base` on its own; `recorded_as`
+    /// maps an item to the item it is recorded under.
+    fn replay_item(
+        &mut self,
+        shared: &Shared,
+        base: u64,
+        k: usize,
+        item: &Item,
+        recorded_as: impl Fn(u32) -> u32,
+        now: f64,
+    ) -> Result<()> {
+        let id = base + k as u64;
+        let (internal, entry) = match item {
+            Item::Task {
+                internal, entry, ..
+            }
+            | Item::Collective {
+                internal, entry, ..
+            } => (internal, entry),
+        };
+        let mut deps: BTreeSet<u64> = internal
+            .iter()
+            .map(|i| base + u64::from(recorded_as(*i)))
+            .collect();
+        let key = match item {
+            Item::Task { pending, .. } => pending.task.codelet.id(),
+            Item::Collective { .. } => 0,
+        };
+        for ((h, m), first) in item.accesses().iter().zip(entry) {
+            if let Some(hs) = self.handles.get_mut(&h.id) {
+                if *first {
+                    hs.deps.access_keyed(id, *m, key, &mut deps);
+                } else {
+                    hs.deps.advance_keyed(id, *m, key);
+                }
+            }
+        }
+        let label = match item {
+            Item::Task { pending, .. } => pending.label.clone(),
+            Item::Collective { kind, .. } => Arc::from(kind.name()),
+        };
+        let after = match item {
+            Item::Task { pending, .. } => pending.task.after.as_slice(),
+            Item::Collective { .. } => &[],
+        };
+        if let Some(e) = self.fails_with_dependency(id, &label, item.accesses(), &deps, after) {
+            return Err(e);
+        }
+        match item {
+            Item::Task {
+                pending, placed, ..
+            } => {
+                let chosen = placed.unwrap_or(pending.candidates[0]);
+                self.start(shared, id, pending, &deps, chosen, now)
+            }
+            Item::Collective {
+                comm,
+                kind,
+                send,
+                recv,
+                ranks,
+                accesses,
+                ..
+            } => {
+                let outcome =
+                    self.run_collective(shared, comm, *kind, id, &label, ranks, send, recv, &deps);
+                if let Err(e) = &outcome {
+                    self.fail_task(id, &label, accesses, &deps, format!("{label} failed: {e}"));
+                }
+                outcome
+            }
+        }
+    }
+
+    /// Replays the run of items `range` of a graph whose first task is `base` as one
+    /// task, recorded under the id of its first item; `after` are the items before it
+    /// that its items depend on (as recorded).
+    fn replay_run(
+        &mut self,
+        shared: &Shared,
+        base: u64,
+        range: &Range<usize>,
+        pending: &Arc<Pending>,
+        after: &[u32],
+        now: f64,
+    ) -> Result<()> {
+        let id = base + range.start as u64;
+        let mut deps: BTreeSet<u64> = after.iter().map(|i| base + u64::from(*i)).collect();
+        for (h, m) in &pending.accesses {
+            self.access(h.id, id, *m, 0, &mut deps);
+        }
+        self.runs.insert(id, base + range.end as u64 - 1);
+        if let Some(e) =
+            self.fails_with_dependency(id, &pending.label, &pending.accesses, &deps, &[])
+        {
+            return Err(e);
+        }
+        let Some(&chosen) = pending.candidates.first() else {
+            return Err(Error::invalid(format!(
+                "{}: no device runs all its tasks",
+                pending.label
+            )));
+        };
+        self.start(shared, id, pending, &deps, chosen, now)
+    }
+}
+
+/// The device a recorded task was placed on (`None` for a collective).
+fn placed_on(item: &Item) -> Option<usize> {
+    match item {
+        Item::Task { placed, .. } => placed.map(|p| p.0),
+        Item::Collective { .. } => None,
+    }
+}
+
+/// How `items` replay (see [`ReplayPlan`]): each stretch of consecutive tasks placed on
+/// one device becomes a run, as long as the handles it uses fit in half the device's
+/// memory together (a run needs a replica of each at once).
+fn replay_plan(shared: &Shared, items: &[Item]) -> ReplayPlan {
+    let mut segments = Vec::new();
+    let mut recorded_as: Vec<u32> = (0..items.len() as u32).collect();
+    let mut loose = 0;
+    let mut k = 0;
+    while k < items.len() {
+        let Some(d) = placed_on(&items[k]) else {
+            k += 1;
+            continue;
+        };
+        let cap = match shared.devices[d].info().memory_bytes / 2 {
+            0 => u64::MAX,
+            c => c,
+        };
+        let mut seen = rustc_hash::FxHashSet::default();
+        let (mut end, mut bytes) = (k, 0u64);
+        while end < items.len() && placed_on(&items[end]) == Some(d) {
+            let add: u64 = items[end]
+                .accesses()
+                .iter()
+                .filter(|(h, _)| !seen.contains(&h.id))
+                .map(|(h, _)| h.len)
+                .sum();
+            if end > k && bytes.saturating_add(add) > cap {
+                break;
+            }
+            bytes = bytes.saturating_add(add);
+            seen.extend(items[end].accesses().iter().map(|(h, _)| h.id));
+            end += 1;
+        }
+        if end - k >= MIN_RUN {
+            if loose < k {
+                segments.push(Segment::Items(loose..k));
+            }
+            segments.push(build_run(items, k..end, bytes, &mut recorded_as));
+            loose = end;
+        }
+        k = end;
+    }
+    if loose < items.len() {
+        segments.push(Segment::Items(loose..items.len()));
+    }
+    ReplayPlan {
+        segments,
+        recorded_as,
+    }
+}
+
+/// The run of tasks `range` of `items` as one task (see [`Run`]); records in
+/// `recorded_as` that its items are recorded under its first.
+fn build_run(
+    items: &[Item],
+    range: Range<usize>,
+    footprint: u64,
+    recorded_as: &mut [u32],
+) -> Segment {
+    let mut accesses: Vec<(Handle, AccessMode)> = Vec::new();
+    let mut index: HashMap<u64, u32> = HashMap::default();
+    let mut run = Vec::with_capacity(range.len());
+    let mut after = BTreeSet::new();
+    // The devices every item can run on, the one they were placed on first.
+    let mut devices: Vec<usize> = Vec::new();
+    for j in range.clone() {
+        let Item::Task {
+            pending,
+            placed,
+            internal,
+            ..
+        } = &items[j]
+        else {
+            continue;
+        };
+        let mut slots = Vec::with_capacity(pending.accesses.len());
+        for (h, m) in &pending.accesses {
+            let slot = match index.get(&h.id) {
+                Some(&slot) => {
+                    // Read before it is written here: the run reads the old value.
+                    let mode = &mut accesses[slot as usize].1;
+                    if *mode == AccessMode::Read && m.writes() {
+                        *mode = AccessMode::ReadWrite;
+                    }
+                    slot
+                }
+                None => {
+                    let mode = match m {
+                        AccessMode::Read => AccessMode::Read,
+                        AccessMode::Write => AccessMode::Write,
+                        // A reduction's order among the run's items is fixed.
+                        AccessMode::ReadWrite | AccessMode::Reduce => AccessMode::ReadWrite,
+                    };
+                    accesses.push((*h, mode));
+                    let slot = (accesses.len() - 1) as u32;
+                    index.insert(h.id, slot);
+                    slot
+                }
+            };
+            slots.push(slot);
+        }
+        after.extend(
+            internal
+                .iter()
+                .filter(|i| (**i as usize) < range.start)
+                .map(|i| recorded_as[*i as usize]),
+        );
+        if j == range.start {
+            devices = placed.iter().map(|p| p.0).collect();
+            devices.extend(
+                pending
+                    .candidates
+                    .iter()
+                    .map(|c| c.0)
+                    .filter(|c| Some(*c) != placed.map(|p| p.0)),
+            );
+        } else {
+            devices.retain(|d| pending.candidates.iter().any(|c| c.0 == *d));
+        }
+        run.push(RunItem {
+            pending: pending.clone(),
+            slots,
+        });
+    }
+    for r in &mut recorded_as[range.clone()] {
+        *r = range.start as u32;
+    }
+    let first = run.first().map_or("", |i| i.pending.task.codelet.name());
+    let name = format!("replay:{first}+{}", run.len());
+    let label: Arc<str> = Arc::from(format!(
+        "run of {} replayed tasks (graph items {}..{}) from `{first}`",
+        run.len(),
+        range.start,
+        range.end
+    ));
+    let pending = Pending {
+        task: Task::new(&Codelet::internal(name)),
+        label,
+        accesses,
+        deps: BTreeSet::new(),
+        candidates: devices.into_iter().map(|d| (d, 0)).collect(),
+        footprint,
+        remaining: 0,
+        run: Some(Arc::new(Run { items: run })),
+    };
+    Segment::Run {
+        range,
+        pending: Arc::new(pending),
+        after: after.into_iter().collect(),
     }
 }
 
