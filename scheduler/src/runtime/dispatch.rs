@@ -513,7 +513,7 @@ impl State {
                 redo: None,
             },
         );
-        self.stats.placed[d] += 1;
+        self.stats.placed[d] += run.map_or(1, |r| r.items.len() as u64);
         self.live[d].push_back((point.seq, id));
         Ok(())
     }
