@@ -171,6 +171,25 @@ pub enum BuiltinOp {
     },
 }
 
+/// One operation of a batch (see [`StreamImpl::batch`]), validated as the single call
+/// would be.
+#[derive(Debug, Clone)]
+pub enum BatchOp {
+    /// A builtin operation (as [`StreamImpl::builtin`] receives it).
+    Builtin(BuiltinOp),
+    /// A kernel launch (as [`StreamImpl::launch`] receives it: the kernel's backend
+    /// object is [`crate::Kernel::backend_kernel`], its description
+    /// [`crate::Kernel::desc`]).
+    Launch {
+        /// The kernel, loaded on this stream's device.
+        kernel: crate::Kernel,
+        /// The launch dimensions.
+        dims: LaunchDims,
+        /// The arguments.
+        args: Vec<RawKernelArg>,
+    },
+}
+
 /// An in-order queue of work on one device. Thread-safe: several threads may enqueue
 /// at once; the order between them is the order in which the calls take effect.
 ///
@@ -219,6 +238,39 @@ pub trait StreamImpl: Send + Sync {
         dims: LaunchDims,
         args: Vec<RawKernelArg>,
     ) -> Result<()>;
+
+    /// Enqueues `ops` in order, with the semantics of enqueuing them one after another,
+    /// as one submission where the backend can make one (one job, one command buffer):
+    /// what a batch saves is the per-operation cost of submitting. Guaranteed: each
+    /// operation as for [`StreamImpl::builtin`] and [`StreamImpl::launch`]. On an error
+    /// the operations before the failing one may have been enqueued. The default
+    /// enqueues them one by one.
+    fn batch(&self, ops: Vec<BatchOp>) -> Result<()> {
+        for op in ops {
+            match op {
+                BatchOp::Builtin(op) => self.builtin(op)?,
+                BatchOp::Launch { kernel, dims, args } => {
+                    self.launch(kernel.backend_kernel(), kernel.desc(), dims, args)?
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues the operations of `kept` with its slots bound to `memory` (see
+    /// [`crate::KeptBatch::bound`]), with the semantics of [`StreamImpl::batch`].
+    /// Guaranteed: `kept` was validated for this stream's device; `memory` has one
+    /// allocation per slot (`None` for a zero-size one), of the slot's size, on this
+    /// device, none twice. The default binds them here and calls `batch`; a backend that
+    /// can bind them where it runs them saves the submitting thread that work.
+    fn batch_kept(
+        &self,
+        kept: &crate::KeptBatch,
+        memory: Vec<Option<Arc<dyn crate::memory::RawAllocation>>>,
+    ) -> Result<()> {
+        let ops = kept.bound(&memory).collect::<Result<Vec<_>>>()?;
+        self.batch(ops)
+    }
 
     /// Records an event at the current end of the stream.
     fn record_event(&self) -> Result<Arc<dyn EventImpl>>;

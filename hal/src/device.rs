@@ -270,7 +270,9 @@ impl Kernel {
         &self.inner.desc
     }
 
-    pub(crate) fn implementation(&self) -> &Arc<dyn KernelImpl> {
+    /// The backend's object for it, for a backend's [`crate::backend::StreamImpl::batch`]
+    /// (it is the one that backend's `load_kernel` returned).
+    pub fn backend_kernel(&self) -> &Arc<dyn KernelImpl> {
         &self.inner.imp
     }
 }

@@ -117,6 +117,7 @@ mod error;
 mod event;
 mod id;
 mod info;
+mod kept;
 mod kernel;
 mod memory;
 mod progress;
@@ -132,6 +133,7 @@ pub use event::Event;
 pub use half::{bf16, f16};
 pub use id::{DeviceId, DeviceSelector};
 pub use info::{topology_keys, Capabilities, DeviceInfo, DeviceKind, MemoryInfo};
+pub use kept::KeptBatch;
 pub use kernel::{
     Access, HostArg, HostKernelContext, HostKernelFn, KernelArg, KernelDesc, KernelFormat,
     KernelImpl, KernelParam, KernelSource, LaunchDims, RawKernelArg,
@@ -141,5 +143,5 @@ pub use memory::{
     RawAllocation, RawSlice,
 };
 pub use registry::{Availability, BackendStatus, Registry};
-pub use stream::Stream;
+pub use stream::{Batch, Stream};
 pub use units::parse_bytes;

@@ -3,13 +3,14 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::backend::{BuiltinOp, StreamImpl};
+use crate::backend::{BatchOp, BuiltinOp, StreamImpl};
 use crate::device::{Device, Kernel};
 use crate::dtype::{BinaryOp, DType, Scalar};
 use crate::error::{Error, Result};
 use crate::event::Event;
+use crate::kept::KeptBatch;
 use crate::kernel::{KernelArg, KernelParam, LaunchDims, RawKernelArg};
-use crate::memory::{BufferSlice, HostBuffer, HostSlice};
+use crate::memory::{Allocation, BufferSlice, HostBuffer, HostSlice, RawAllocation};
 use crate::validate::{self, Overlap};
 
 struct StreamInner {
@@ -173,14 +174,23 @@ impl Stream {
 
     /// Sets every element of `dst` to `value` (the dtype is the value's).
     pub fn fill<'a>(&self, dst: impl Into<BufferSlice<'a>>, value: Scalar) -> Result<()> {
-        let dst = dst.into();
+        self.enqueue_builtin(self.fill_op(dst.into(), value)?)
+    }
+
+    fn fill_op(&self, dst: BufferSlice<'_>, value: Scalar) -> Result<Option<BuiltinOp>> {
         let dtype = value.dtype();
         validate::dtype_supported(self.device(), dtype)?;
         validate::elements(&dst, dtype, "the fill's destination")?;
-        let Some(dst) = validate::resolve(self.device(), &dst, "the fill's destination")? else {
-            return Ok(());
-        };
-        self.imp().builtin(BuiltinOp::Fill { dst, value })
+        let dst = validate::resolve(self.device(), &dst, "the fill's destination")?;
+        Ok(dst.map(|dst| BuiltinOp::Fill { dst, value }))
+    }
+
+    /// Enqueues a validated builtin (`None`: an empty operation, nothing to do).
+    fn enqueue_builtin(&self, op: Option<BuiltinOp>) -> Result<()> {
+        match op {
+            Some(op) => self.imp().builtin(op),
+            None => Ok(()),
+        }
     }
 
     /// `dst[i] = a[i] op b[i]`. `dst` may be the very range of `a` or `b` (in place);
@@ -193,7 +203,17 @@ impl Stream {
         b: impl Into<BufferSlice<'b>>,
         dst: impl Into<BufferSlice<'c>>,
     ) -> Result<()> {
-        let (a, b, dst) = (a.into(), b.into(), dst.into());
+        self.enqueue_builtin(self.binary_op(op, dtype, a.into(), b.into(), dst.into())?)
+    }
+
+    fn binary_op(
+        &self,
+        op: BinaryOp,
+        dtype: DType,
+        a: BufferSlice<'_>,
+        b: BufferSlice<'_>,
+        dst: BufferSlice<'_>,
+    ) -> Result<Option<BuiltinOp>> {
         validate::dtype_supported(self.device(), dtype)?;
         let na = validate::elements(&a, dtype, "operand a")?;
         let nb = validate::elements(&b, dtype, "operand b")?;
@@ -206,16 +226,16 @@ impl Stream {
         let ra = validate::resolve(self.device(), &a, "operand a")?;
         let rb = validate::resolve(self.device(), &b, "operand b")?;
         let rd = validate::resolve(self.device(), &dst, "the destination")?;
-        match (ra, rb, rd) {
-            (Some(a), Some(b), Some(dst)) => self.imp().builtin(BuiltinOp::Binary {
+        Ok(match (ra, rb, rd) {
+            (Some(a), Some(b), Some(dst)) => Some(BuiltinOp::Binary {
                 op,
                 dtype,
                 a,
                 b,
                 dst,
             }),
-            _ => Ok(()),
-        }
+            _ => None,
+        })
     }
 
     /// `dst[i] = dst[i] op src[i]`. `src` may be the very range of `dst`.
@@ -226,7 +246,16 @@ impl Stream {
         dst: impl Into<BufferSlice<'a>>,
         src: impl Into<BufferSlice<'b>>,
     ) -> Result<()> {
-        let (dst, src) = (dst.into(), src.into());
+        self.enqueue_builtin(self.accumulate_op(op, dtype, dst.into(), src.into())?)
+    }
+
+    fn accumulate_op(
+        &self,
+        op: BinaryOp,
+        dtype: DType,
+        dst: BufferSlice<'_>,
+        src: BufferSlice<'_>,
+    ) -> Result<Option<BuiltinOp>> {
         validate::dtype_supported(self.device(), dtype)?;
         let nd = validate::elements(&dst, dtype, "the accumulator")?;
         let ns = validate::elements(&src, dtype, "the source")?;
@@ -234,15 +263,15 @@ impl Stream {
         validate::identical_or_disjoint(&dst, &src, "the accumulator", "the source")?;
         let rd = validate::resolve(self.device(), &dst, "the accumulator")?;
         let rs = validate::resolve(self.device(), &src, "the source")?;
-        match (rd, rs) {
-            (Some(dst), Some(src)) => self.imp().builtin(BuiltinOp::Accumulate {
+        Ok(match (rd, rs) {
+            (Some(dst), Some(src)) => Some(BuiltinOp::Accumulate {
                 op,
                 dtype,
                 dst,
                 src,
             }),
-            _ => Ok(()),
-        }
+            _ => None,
+        })
     }
 
     /// `dst[i] = src[i] * alpha`, in the dtype of `alpha`. `dst` may be `src` itself.
@@ -252,7 +281,15 @@ impl Stream {
         dst: impl Into<BufferSlice<'b>>,
         alpha: Scalar,
     ) -> Result<()> {
-        let (src, dst) = (src.into(), dst.into());
+        self.enqueue_builtin(self.scale_op(src.into(), dst.into(), alpha)?)
+    }
+
+    fn scale_op(
+        &self,
+        src: BufferSlice<'_>,
+        dst: BufferSlice<'_>,
+        alpha: Scalar,
+    ) -> Result<Option<BuiltinOp>> {
         let dtype = alpha.dtype();
         validate::dtype_supported(self.device(), dtype)?;
         let ns = validate::elements(&src, dtype, "the source")?;
@@ -261,10 +298,10 @@ impl Stream {
         validate::identical_or_disjoint(&src, &dst, "the source", "the destination")?;
         let rs = validate::resolve(self.device(), &src, "the source")?;
         let rd = validate::resolve(self.device(), &dst, "the destination")?;
-        match (rs, rd) {
-            (Some(src), Some(dst)) => self.imp().builtin(BuiltinOp::Scale { alpha, src, dst }),
-            _ => Ok(()),
-        }
+        Ok(match (rs, rd) {
+            (Some(src), Some(dst)) => Some(BuiltinOp::Scale { alpha, src, dst }),
+            _ => None,
+        })
     }
 
     /// `dst[i] = src[i] as dst_dtype` with the cast rules of [`crate::dtype`]. The ranges
@@ -276,7 +313,16 @@ impl Stream {
         dst: impl Into<BufferSlice<'b>>,
         dst_dtype: DType,
     ) -> Result<()> {
-        let (src, dst) = (src.into(), dst.into());
+        self.enqueue_builtin(self.cast_op(src.into(), src_dtype, dst.into(), dst_dtype)?)
+    }
+
+    fn cast_op(
+        &self,
+        src: BufferSlice<'_>,
+        src_dtype: DType,
+        dst: BufferSlice<'_>,
+        dst_dtype: DType,
+    ) -> Result<Option<BuiltinOp>> {
         validate::dtype_supported(self.device(), src_dtype)?;
         validate::dtype_supported(self.device(), dst_dtype)?;
         let ns = validate::elements(&src, src_dtype, "the cast's source")?;
@@ -285,19 +331,31 @@ impl Stream {
         validate::identical_or_disjoint(&src, &dst, "the cast's source", "its destination")?;
         let rs = validate::resolve(self.device(), &src, "the cast's source")?;
         let rd = validate::resolve(self.device(), &dst, "the cast's destination")?;
-        match (rs, rd) {
-            (Some(src), Some(dst)) => self.imp().builtin(BuiltinOp::Cast {
+        Ok(match (rs, rd) {
+            (Some(src), Some(dst)) => Some(BuiltinOp::Cast {
                 src,
                 src_dtype,
                 dst,
                 dst_dtype,
             }),
-            _ => Ok(()),
-        }
+            _ => None,
+        })
     }
 
     /// Launches `kernel` with `args`, which must match its declared parameters.
     pub fn launch(&self, kernel: &Kernel, dims: LaunchDims, args: &[KernelArg<'_>]) -> Result<()> {
+        let raw = self.launch_args(kernel, dims, args)?;
+        self.imp()
+            .launch(kernel.backend_kernel(), kernel.desc(), dims, raw)
+    }
+
+    /// Validates a launch; its arguments as the backend receives them.
+    fn launch_args(
+        &self,
+        kernel: &Kernel,
+        dims: LaunchDims,
+        args: &[KernelArg<'_>],
+    ) -> Result<Vec<RawKernelArg>> {
         let desc = kernel.desc();
         if kernel.device() != self.device() {
             return Err(Error::invalid(format!(
@@ -384,7 +442,83 @@ impl Stream {
                 }
             }
         }
-        self.imp().launch(kernel.implementation(), desc, dims, raw)
+        Ok(raw)
+    }
+
+    /// A batch of operations on this stream (see [`Batch`]).
+    pub fn batch(&self) -> Batch<'_> {
+        Batch {
+            stream: self,
+            ops: Vec::new(),
+        }
+    }
+
+    /// Enqueues `kept` (see [`KeptBatch`]) with its slots bound to `memory`, one
+    /// allocation per slot, in order: each on this stream's device, of the size the
+    /// slot had when it was kept, none twice. The batch must have been kept on a stream
+    /// of this device. The cost on this thread does not grow with the batch's
+    /// operations.
+    pub fn submit_kept(&self, kept: &KeptBatch, memory: &[&Allocation]) -> Result<()> {
+        if kept.device() != self.device() {
+            return Err(Error::invalid(format!(
+                "the kept batch was validated for {}, but this stream is on {}; keep it on a stream of {}",
+                kept.device().id(),
+                self.device().id(),
+                self.device().id()
+            )));
+        }
+        let raws = self.slot_memory(memory, Some(kept.slot_sizes()))?;
+        self.imp().batch_kept(kept, raws)
+    }
+
+    /// The backend memory of `memory`, checked to be this device's, distinct, and —
+    /// when `sizes` is given — one per slot of those sizes.
+    fn slot_memory(
+        &self,
+        memory: &[&Allocation],
+        sizes: Option<&[u64]>,
+    ) -> Result<Vec<Option<Arc<dyn RawAllocation>>>> {
+        if let Some(sizes) = sizes {
+            if sizes.len() != memory.len() {
+                return Err(Error::invalid(format!(
+                    "the kept batch has {} slots but {} allocations were given; give one per slot, in order",
+                    sizes.len(),
+                    memory.len()
+                )));
+            }
+        }
+        let mut raws = Vec::with_capacity(memory.len());
+        let mut ids = Vec::with_capacity(memory.len());
+        for (i, a) in memory.iter().enumerate() {
+            if a.device_uid() != self.device().uid() {
+                return Err(Error::invalid(format!(
+                    "slot {i}: allocation #{} is on {}, but this stream is on {}; use memory of {}",
+                    a.id(),
+                    a.device(),
+                    self.device().id(),
+                    self.device().id()
+                )));
+            }
+            if let Some(size) = sizes.and_then(|s| s.get(i)) {
+                if a.size() != *size {
+                    return Err(Error::invalid(format!(
+                        "slot {i}: allocation #{} has {} bytes, but the slot was kept over {size}; bind memory of the same size",
+                        a.id(),
+                        a.size()
+                    )));
+                }
+            }
+            ids.push((a.id(), i));
+            raws.push(a.raw()?);
+        }
+        ids.sort_unstable();
+        if let Some(w) = ids.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(Error::invalid(format!(
+                "allocation #{} is given for slots {} and {}; every slot needs its own memory",
+                w[0].0, w[0].1, w[1].1
+            )));
+        }
+        Ok(raws)
     }
 
     /// Records an event at the current end of the stream.
@@ -453,5 +587,157 @@ impl fmt::Debug for Stream {
         f.debug_struct("Stream")
             .field("device", &self.device().id().to_string())
             .finish()
+    }
+}
+
+/// Operations gathered to be enqueued on a stream together: [`Batch::submit`] hands
+/// them to the backend as one submission (one job on a host stream) instead of one per
+/// operation, which is what enqueuing many small operations costs. Each operation is
+/// validated as it is added, exactly as the [`Stream`] method of the same name
+/// validates it (an operation that is refused is not added); nothing is enqueued
+/// before `submit`, and dropping the batch enqueues nothing. Once submitted, the
+/// operations behave as if enqueued one after another by those methods.
+pub struct Batch<'s> {
+    stream: &'s Stream,
+    ops: Vec<BatchOp>,
+}
+
+impl fmt::Debug for Batch<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batch")
+            .field("device", &self.stream.device().id().to_string())
+            .field("operations", &self.ops.len())
+            .finish()
+    }
+}
+
+impl Batch<'_> {
+    /// Operations added so far.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether none was added.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    fn push(&mut self, op: Option<BuiltinOp>) {
+        if let Some(op) = op {
+            self.ops.push(BatchOp::Builtin(op));
+        }
+    }
+
+    /// Adds [`Stream::fill`].
+    pub fn fill<'a>(&mut self, dst: impl Into<BufferSlice<'a>>, value: Scalar) -> Result<()> {
+        let op = self.stream.fill_op(dst.into(), value)?;
+        self.push(op);
+        Ok(())
+    }
+
+    /// Adds [`Stream::binary`].
+    pub fn binary<'a, 'b, 'c>(
+        &mut self,
+        op: BinaryOp,
+        dtype: DType,
+        a: impl Into<BufferSlice<'a>>,
+        b: impl Into<BufferSlice<'b>>,
+        dst: impl Into<BufferSlice<'c>>,
+    ) -> Result<()> {
+        let op = self
+            .stream
+            .binary_op(op, dtype, a.into(), b.into(), dst.into())?;
+        self.push(op);
+        Ok(())
+    }
+
+    /// Adds [`Stream::accumulate`].
+    pub fn accumulate<'a, 'b>(
+        &mut self,
+        op: BinaryOp,
+        dtype: DType,
+        dst: impl Into<BufferSlice<'a>>,
+        src: impl Into<BufferSlice<'b>>,
+    ) -> Result<()> {
+        let op = self
+            .stream
+            .accumulate_op(op, dtype, dst.into(), src.into())?;
+        self.push(op);
+        Ok(())
+    }
+
+    /// Adds [`Stream::scale`].
+    pub fn scale<'a, 'b>(
+        &mut self,
+        src: impl Into<BufferSlice<'a>>,
+        dst: impl Into<BufferSlice<'b>>,
+        alpha: Scalar,
+    ) -> Result<()> {
+        let op = self.stream.scale_op(src.into(), dst.into(), alpha)?;
+        self.push(op);
+        Ok(())
+    }
+
+    /// Adds [`Stream::cast`].
+    pub fn cast<'a, 'b>(
+        &mut self,
+        src: impl Into<BufferSlice<'a>>,
+        src_dtype: DType,
+        dst: impl Into<BufferSlice<'b>>,
+        dst_dtype: DType,
+    ) -> Result<()> {
+        let op = self
+            .stream
+            .cast_op(src.into(), src_dtype, dst.into(), dst_dtype)?;
+        self.push(op);
+        Ok(())
+    }
+
+    /// Adds [`Stream::launch`].
+    pub fn launch(
+        &mut self,
+        kernel: &Kernel,
+        dims: LaunchDims,
+        args: &[KernelArg<'_>],
+    ) -> Result<()> {
+        let args = self.stream.launch_args(kernel, dims, args)?;
+        self.ops.push(BatchOp::Launch {
+            kernel: kernel.clone(),
+            dims,
+            args,
+        });
+        Ok(())
+    }
+
+    /// Keeps the operations to enqueue many times (see [`KeptBatch`]) over `memory`:
+    /// the allocations they use, each becoming a slot, by position. Fails if an
+    /// operation uses an allocation that is not listed, or one is listed twice. Nothing
+    /// is enqueued.
+    pub fn keep(self, memory: &[&Allocation]) -> Result<KeptBatch> {
+        let raws = self.stream.slot_memory(memory, None)?;
+        let memory: Vec<_> = raws
+            .into_iter()
+            .zip(memory)
+            .map(|(raw, a)| (raw, a.size()))
+            .collect();
+        KeptBatch::new(self.stream.device().clone(), self.ops, &memory)
+    }
+
+    /// Enqueues the operations, in the order they were added.
+    pub fn submit(self) -> Result<()> {
+        let mut ops = self.ops;
+        match ops.len() {
+            0 => Ok(()),
+            1 => match ops.pop() {
+                Some(BatchOp::Builtin(op)) => self.stream.imp().builtin(op),
+                Some(BatchOp::Launch { kernel, dims, args }) => {
+                    self.stream
+                        .imp()
+                        .launch(kernel.backend_kernel(), kernel.desc(), dims, args)
+                }
+                None => Ok(()),
+            },
+            _ => self.stream.imp().batch(ops),
+        }
     }
 }

@@ -199,6 +199,66 @@ fn replicas_are_evicted_and_written_back_under_a_small_device_memory() {
     }
 }
 
+/// A replayed run keeps its operations validated once and binds them, each replay, to
+/// the replicas of the time: here the replicas it used are evicted between replays (a
+/// device of 1 MiB, other 256 KiB handles passing through), so it runs on new memory.
+#[test]
+fn a_replayed_run_binds_the_replicas_of_the_time() {
+    let backend = HostBackend::new(HostConfig {
+        devices: 1,
+        capacity: 1 << 20,
+    });
+    let dev = Device::from_impl(
+        xpu_hal::DeviceId::new("host", 0),
+        Arc::new(backend.create_host_device(0).unwrap()),
+    );
+    let sched = Scheduler::new(std::slice::from_ref(&dev), options(Policy::Dmda)).unwrap();
+    let elems = (256 << 10) / 4;
+    let register = |v: f32| {
+        sched
+            .register(HostBuffer::from_bytes(&bytes(&vec![v; elems])).unwrap())
+            .unwrap()
+    };
+    let (a, b) = (register(1.0), register(0.0));
+    let others: Vec<_> = (0..4).map(|i| register(10.0 + i as f32)).collect();
+    let add = Codelet::from_builtin(Builtin::Accumulate {
+        op: BinaryOp::Sum,
+        dtype: DType::F32,
+    });
+    // b += a, twice: one run.
+    let graph = sched
+        .record(|s| {
+            s.submit(Task::new(&add).read_write(b).read(a))?;
+            s.submit(Task::new(&add).read_write(b).read(a))?;
+            Ok(())
+        })
+        .unwrap();
+    let mut want = 2.0f32;
+    for round in 0..3 {
+        // Four other handles through the device push a and b out of its memory.
+        let before = sched.stats().evictions;
+        for w in others.windows(2) {
+            sched
+                .submit(Task::new(&add).read_write(w[1]).read(w[0]))
+                .unwrap();
+        }
+        sched.wait_all().unwrap();
+        assert!(
+            sched.stats().evictions > before,
+            "round {round}: nothing was evicted"
+        );
+        sched.replay(&graph).unwrap();
+        want += 2.0;
+        sched.wait_all().unwrap();
+        assert_eq!(
+            sched.read(b).unwrap(),
+            bytes(&vec![want; elems]),
+            "round {round}"
+        );
+    }
+    assert_eq!(sched.read(a).unwrap(), bytes(&vec![1.0; elems]));
+}
+
 // -------------------------------------------------------------------- failures --
 
 #[test]

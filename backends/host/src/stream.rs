@@ -3,10 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use xpu_hal::backend::{BuiltinOp, EventImpl, StreamImpl};
+use xpu_hal::backend::{BatchOp, BuiltinOp, EventImpl, StreamImpl};
 use xpu_hal::{
-    Error, Event, HostArg, HostKernelContext, HostSlice, KernelDesc, KernelImpl, LaunchDims,
-    RawKernelArg, RawSlice, Result,
+    Access, Error, Event, HostArg, HostKernelContext, HostSlice, KeptBatch, KernelDesc, KernelImpl,
+    LaunchDims, RawAllocation, RawKernelArg, RawSlice, Result, Scalar,
 };
 
 use crate::event::HostEvent;
@@ -49,6 +49,83 @@ impl HostStream {
 fn host_range(slice: &HostSlice) -> *mut u8 {
     // The HAL checked offset + len <= the buffer's length.
     slice.memory.as_ptr().wrapping_add(slice.offset)
+}
+
+/// A kernel launch ready to run on the host: the kernel and its arguments' memory.
+struct Launch {
+    kernel: HostKernel,
+    dims: LaunchDims,
+    /// Per argument: the buffer's region (`None` for an empty buffer) and access, or
+    /// the scalar.
+    args: Vec<(Option<Region>, Option<Access>, Option<Scalar>)>,
+}
+
+impl Launch {
+    fn new(
+        kernel: &Arc<dyn KernelImpl>,
+        dims: LaunchDims,
+        args: Vec<RawKernelArg>,
+    ) -> Result<Self> {
+        let kernel = kernel
+            .as_any()
+            .downcast_ref::<HostKernel>()
+            .ok_or_else(|| {
+                Error::backend_message(
+                    "host",
+                    "internal error: a kernel of another backend reached the host backend",
+                )
+            })?
+            .clone();
+        let mut regions = Vec::with_capacity(args.len());
+        for arg in args {
+            regions.push(match arg {
+                RawKernelArg::Buffer(Some(slice), access) => {
+                    (Some(Region::from_raw(&slice)?), Some(access), None)
+                }
+                RawKernelArg::Buffer(None, access) => (None, Some(access), None),
+                RawKernelArg::Scalar(s) => (None, None, Some(s)),
+            });
+        }
+        Ok(Launch {
+            kernel,
+            dims,
+            args: regions,
+        })
+    }
+
+    /// Calls the kernel (on the stream's worker, in order).
+    fn run(&self) -> Result<()> {
+        let mut host_args = Vec::with_capacity(self.args.len());
+        for (region, access, scalar) in &self.args {
+            host_args.push(match (region, access, scalar) {
+                (_, None, Some(s)) => HostArg::Scalar(*s),
+                // SAFETY: the HAL guarantees a writable buffer overlaps no other
+                // argument, so this is the only reference to these bytes; read-only
+                // arguments may share bytes with each other, which shared slices allow.
+                (Some(r), Some(a), _) if a.writes() => HostArg::Write(unsafe { r.bytes_mut() }),
+                // SAFETY: as above.
+                (Some(r), Some(_), _) => HostArg::Read(unsafe { r.bytes() }),
+                (None, Some(a), _) if a.writes() => HostArg::Write(&mut []),
+                _ => HostArg::Read(&[]),
+            });
+        }
+        let mut ctx = HostKernelContext {
+            dims: self.dims,
+            args: host_args,
+        };
+        (self.kernel.function())(&mut ctx).map_err(|msg| {
+            Error::aborted(format!(
+                "host kernel `{}` failed: {msg}",
+                self.kernel.name()
+            ))
+        })
+    }
+}
+
+/// An operation of a batch, ready to run.
+enum Prepared {
+    Builtin(BuiltinOp),
+    Launch(Launch),
 }
 
 impl StreamImpl for HostStream {
@@ -100,49 +177,51 @@ impl StreamImpl for HostStream {
         dims: LaunchDims,
         args: Vec<RawKernelArg>,
     ) -> Result<()> {
-        let kernel = kernel
-            .as_any()
-            .downcast_ref::<HostKernel>()
-            .ok_or_else(|| {
-                Error::backend_message(
-                    "host",
-                    "internal error: a kernel of another backend reached the host backend",
-                )
-            })?
-            .clone();
         let _ = desc;
-        let mut regions = Vec::with_capacity(args.len());
-        for arg in args {
-            regions.push(match arg {
-                RawKernelArg::Buffer(Some(slice), access) => {
-                    (Some(Region::from_raw(&slice)?), Some(access), None)
+        let launch = Launch::new(kernel, dims, args)?;
+        self.work(move || launch.run())
+    }
+
+    fn batch(&self, ops: Vec<BatchOp>) -> Result<()> {
+        // One job for all of them: each runs in turn, and the first failure ends the
+        // job, as it would make the stream skip the jobs after it.
+        let mut prepared = Vec::with_capacity(ops.len());
+        for op in ops {
+            prepared.push(match op {
+                BatchOp::Builtin(op) => Prepared::Builtin(op),
+                BatchOp::Launch { kernel, dims, args } => {
+                    Prepared::Launch(Launch::new(kernel.backend_kernel(), dims, args)?)
                 }
-                RawKernelArg::Buffer(None, access) => (None, Some(access), None),
-                RawKernelArg::Scalar(s) => (None, None, Some(s)),
             });
         }
         self.work(move || {
-            let mut host_args = Vec::with_capacity(regions.len());
-            for (region, access, scalar) in &regions {
-                host_args.push(match (region, access, scalar) {
-                    (_, None, Some(s)) => HostArg::Scalar(*s),
-                    // SAFETY: the HAL guarantees a writable buffer overlaps no other
-                    // argument, so this is the only reference to these bytes; read-only
-                    // arguments may share bytes with each other, which shared slices allow.
-                    (Some(r), Some(a), _) if a.writes() => HostArg::Write(unsafe { r.bytes_mut() }),
-                    // SAFETY: as above.
-                    (Some(r), Some(_), _) => HostArg::Read(unsafe { r.bytes() }),
-                    (None, Some(a), _) if a.writes() => HostArg::Write(&mut []),
-                    _ => HostArg::Read(&[]),
-                });
+            for op in &prepared {
+                match op {
+                    Prepared::Builtin(op) => ops::execute(op)?,
+                    Prepared::Launch(launch) => launch.run()?,
+                }
             }
-            let mut ctx = HostKernelContext {
-                dims,
-                args: host_args,
-            };
-            (kernel.function())(&mut ctx).map_err(|msg| {
-                Error::aborted(format!("host kernel `{}` failed: {msg}", kernel.name()))
-            })
+            Ok(())
+        })
+    }
+
+    fn batch_kept(
+        &self,
+        kept: &KeptBatch,
+        memory: Vec<Option<Arc<dyn RawAllocation>>>,
+    ) -> Result<()> {
+        // Bound on the worker as it runs them: the submitting thread only queues the job.
+        let kept = kept.clone();
+        self.work(move || {
+            for op in kept.bound(&memory) {
+                match op? {
+                    BatchOp::Builtin(op) => ops::execute(&op)?,
+                    BatchOp::Launch { kernel, dims, args } => {
+                        Launch::new(kernel.backend_kernel(), dims, args)?.run()?
+                    }
+                }
+            }
+            Ok(())
         })
     }
 

@@ -414,31 +414,48 @@ impl State {
         let stream = &self.streams[s].stream;
         let device = &shared.devices[d];
         match run {
-            None => enqueue(
-                stream,
-                device,
-                task,
-                label,
-                accesses,
-                implementation,
-                &memories,
-            )?,
+            None => {
+                let mut batch = stream.batch();
+                enqueue(
+                    &mut batch,
+                    device,
+                    task,
+                    label,
+                    accesses,
+                    implementation,
+                    &memories,
+                )?;
+                batch.submit()?;
+            }
             Some(run) => {
-                let mut m: Vec<&Allocation> = Vec::new();
-                for item in &run.items {
-                    let p = &item.pending;
-                    let Some(&(_, i)) = p.candidates.iter().find(|c| c.0 == d) else {
-                        return Err(Error::unsupported(format!(
-                            "{}: {} has no implementation of {}",
-                            label,
-                            device.id(),
-                            p.label
-                        )));
-                    };
-                    m.clear();
-                    m.extend(item.slots.iter().map(|&k| &memories[k as usize]));
-                    enqueue(stream, device, &p.task, &p.label, &p.accesses, i, &m)?;
-                }
+                // Validated and kept the first time on this device; then only bound to
+                // the replicas of the time and enqueued as one submission.
+                let m: Vec<&Allocation> = memories.iter().collect();
+                let kept = match run.kept_on(d) {
+                    Some(kept) => kept,
+                    None => {
+                        let mut batch = stream.batch();
+                        let mut args: Vec<&Allocation> = Vec::new();
+                        for item in &run.items {
+                            let p = &item.pending;
+                            let Some(&(_, i)) = p.candidates.iter().find(|c| c.0 == d) else {
+                                return Err(Error::unsupported(format!(
+                                    "{}: {} has no implementation of {}",
+                                    label,
+                                    device.id(),
+                                    p.label
+                                )));
+                            };
+                            args.clear();
+                            args.extend(item.slots.iter().map(|&k| m[k as usize]));
+                            enqueue(&mut batch, device, &p.task, &p.label, &p.accesses, i, &args)?;
+                        }
+                        let kept = batch.keep(&m)?;
+                        run.keep(d, kept.clone());
+                        kept
+                    }
+                };
+                stream.submit_kept(&kept, &m)?;
             }
         }
         let point = self.streams[s].advance(s)?;
@@ -519,10 +536,10 @@ impl State {
     }
 }
 
-/// Enqueues implementation `implementation` of `task` (labelled `label`, with its merged
-/// `accesses`) on `stream` of `device`, over `memories` (one per access).
+/// Adds implementation `implementation` of `task` (labelled `label`, with its merged
+/// `accesses`) on `device` to `stream`, over `memories` (one per access).
 fn enqueue<A: std::borrow::Borrow<Allocation>>(
-    stream: &xpu_hal::Stream,
+    stream: &mut xpu_hal::Batch<'_>,
     device: &Device,
     task: &Task,
     label: &str,

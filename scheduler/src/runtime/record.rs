@@ -13,8 +13,10 @@
 //!
 //! Consecutive tasks placed on one device replay as one task, a *run* (as a CUDA graph
 //! launches as one unit): the run's accesses are its items' merged, so it costs one
-//! dependency analysis, one set of replicas and fetches and one event, and its items'
-//! operations go on the device's stream back to back. A run is recorded under its first
+//! dependency analysis, one set of replicas and fetches and one event. Its items'
+//! operations are validated once per device into an [`xpu_hal::KeptBatch`] over the
+//! run's handles, and each replay binds the replicas of the time to it: one submission
+//! to the stream whose cost does not grow with the run. A run is recorded under its first
 //! item's id; the ids of its other items name it (waiting for one waits for the run, a
 //! task ordered after one runs after the run). A failure inside a run fails the run and
 //! so every item of it, with a message naming the run and the cause; a run that did not
@@ -178,6 +180,23 @@ pub(super) struct RunItem {
 /// Consecutive tasks of a graph placed on one device, replayed as one task.
 pub(super) struct Run {
     pub(super) items: Vec<RunItem>,
+    /// Its operations as validated on a device (index) the last time it ran there.
+    kept: Mutex<Option<(usize, xpu_hal::KeptBatch)>>,
+}
+
+impl Run {
+    /// Its operations as kept on device `d`, if they are.
+    pub(super) fn kept_on(&self, d: usize) -> Option<xpu_hal::KeptBatch> {
+        match &*self.kept.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some((on, kept)) if *on == d => Some(kept.clone()),
+            _ => None,
+        }
+    }
+
+    /// Keeps its operations as validated on device `d`.
+    pub(super) fn keep(&self, d: usize, kept: xpu_hal::KeptBatch) {
+        *self.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some((d, kept));
+    }
 }
 
 /// A stretch of a graph as it replays.
@@ -667,7 +686,10 @@ fn build_run(
         candidates: devices.into_iter().map(|d| (d, 0)).collect(),
         footprint,
         remaining: 0,
-        run: Some(Arc::new(Run { items: run })),
+        run: Some(Arc::new(Run {
+            items: run,
+            kept: Mutex::new(None),
+        })),
     };
     Segment::Run {
         range,

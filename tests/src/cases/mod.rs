@@ -9,6 +9,7 @@
 //! | `ops`    | binary, accumulate and scale against the host reference; wrapping, NaN, rounding; refused operands |
 //! | `cast`   | every dtype pair; truncation, saturation, wrapping and rounding rules |
 //! | `stream` | ordering of builtin operations, kernels and copies without synchronize, many operations, several threads, foreign memory |
+//! | `batch`  | batches submitted as one, refused operations left out; kept batches bound to other memory; refused bindings |
 //! | `kernel` | launches with buffer and scalar arguments (host function or WGSL), argument alignment, refused launches, unsupported formats, failing and panicking kernels |
 //! | `event`  | cross-stream and cross-device waits, queries, timeouts, timing, errors |
 //! | `pool`   | the caching allocator on the device: reuse with data intact, cross-stream fences, empty_cache, expandable growth |
@@ -16,6 +17,7 @@
 
 use crate::case::{Case, Profile};
 
+mod batch;
 mod cast;
 mod collectives;
 mod copy;
@@ -37,6 +39,7 @@ const MODULES: &[&[Case]] = &[
     ops::CASES,
     cast::CASES,
     stream::CASES,
+    batch::CASES,
     kernel::CASES,
     event::CASES,
     pool::CASES,
