@@ -449,7 +449,8 @@ impl Stream {
     pub fn batch(&self) -> Batch<'_> {
         Batch {
             stream: self,
-            ops: Vec::new(),
+            first: None,
+            rest: Vec::new(),
         }
     }
 
@@ -599,14 +600,17 @@ impl fmt::Debug for Stream {
 /// operations behave as if enqueued one after another by those methods.
 pub struct Batch<'s> {
     stream: &'s Stream,
-    ops: Vec<BatchOp>,
+    /// The first operation, kept inline: a batch of one allocates nothing.
+    first: Option<BatchOp>,
+    /// The operations after the first.
+    rest: Vec<BatchOp>,
 }
 
 impl fmt::Debug for Batch<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Batch")
             .field("device", &self.stream.device().id().to_string())
-            .field("operations", &self.ops.len())
+            .field("operations", &self.len())
             .finish()
     }
 }
@@ -614,17 +618,38 @@ impl fmt::Debug for Batch<'_> {
 impl Batch<'_> {
     /// Operations added so far.
     pub fn len(&self) -> usize {
-        self.ops.len()
+        usize::from(self.first.is_some()) + self.rest.len()
     }
 
     /// Whether none was added.
     pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
+        self.first.is_none()
+    }
+
+    fn add(&mut self, op: BatchOp) {
+        if self.first.is_none() {
+            self.first = Some(op);
+        } else {
+            self.rest.push(op);
+        }
     }
 
     fn push(&mut self, op: Option<BuiltinOp>) {
         if let Some(op) = op {
-            self.ops.push(BatchOp::Builtin(op));
+            self.add(BatchOp::Builtin(op));
+        }
+    }
+
+    /// All the operations, in order.
+    fn into_ops(self) -> Vec<BatchOp> {
+        match self.first {
+            None => Vec::new(),
+            Some(first) => {
+                let mut ops = Vec::with_capacity(1 + self.rest.len());
+                ops.push(first);
+                ops.extend(self.rest);
+                ops
+            }
         }
     }
 
@@ -701,7 +726,7 @@ impl Batch<'_> {
         args: &[KernelArg<'_>],
     ) -> Result<()> {
         let args = self.stream.launch_args(kernel, dims, args)?;
-        self.ops.push(BatchOp::Launch {
+        self.add(BatchOp::Launch {
             kernel: kernel.clone(),
             dims,
             args,
@@ -720,24 +745,24 @@ impl Batch<'_> {
             .zip(memory)
             .map(|(raw, a)| (raw, a.size()))
             .collect();
-        KeptBatch::new(self.stream.device().clone(), self.ops, &memory)
+        let device = self.stream.device().clone();
+        KeptBatch::new(device, self.into_ops(), &memory)
     }
 
     /// Enqueues the operations, in the order they were added.
     pub fn submit(self) -> Result<()> {
-        let mut ops = self.ops;
-        match ops.len() {
-            0 => Ok(()),
-            1 => match ops.pop() {
-                Some(BatchOp::Builtin(op)) => self.stream.imp().builtin(op),
-                Some(BatchOp::Launch { kernel, dims, args }) => {
-                    self.stream
-                        .imp()
-                        .launch(kernel.backend_kernel(), kernel.desc(), dims, args)
-                }
-                None => Ok(()),
-            },
-            _ => self.stream.imp().batch(ops),
+        let stream = self.stream;
+        if !self.rest.is_empty() {
+            return stream.imp().batch(self.into_ops());
+        }
+        match self.first {
+            None => Ok(()),
+            Some(BatchOp::Builtin(op)) => stream.imp().builtin(op),
+            Some(BatchOp::Launch { kernel, dims, args }) => {
+                stream
+                    .imp()
+                    .launch(kernel.backend_kernel(), kernel.desc(), dims, args)
+            }
         }
     }
 }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use xpu_hal::backend::{BatchOp, BuiltinOp, EventImpl, StreamImpl};
 use xpu_hal::{
-    Access, Error, Event, HostArg, HostKernelContext, HostSlice, KeptBatch, KernelDesc, KernelImpl,
-    LaunchDims, RawAllocation, RawKernelArg, RawSlice, Result, Scalar,
+    Error, Event, HostArg, HostKernelContext, HostSlice, KeptBatch, KernelDesc, KernelImpl,
+    LaunchDims, RawAllocation, RawKernelArg, RawSlice, Result,
 };
 
 use crate::event::HostEvent;
@@ -51,13 +51,12 @@ fn host_range(slice: &HostSlice) -> *mut u8 {
     slice.memory.as_ptr().wrapping_add(slice.offset)
 }
 
-/// A kernel launch ready to run on the host: the kernel and its arguments' memory.
+/// A kernel launch ready to run on the host: the kernel and its arguments, whose
+/// memory is looked up where it runs (on the worker, off the submitting thread).
 struct Launch {
     kernel: HostKernel,
     dims: LaunchDims,
-    /// Per argument: the buffer's region (`None` for an empty buffer) and access, or
-    /// the scalar.
-    args: Vec<(Option<Region>, Option<Access>, Option<Scalar>)>,
+    args: Vec<RawKernelArg>,
 }
 
 impl Launch {
@@ -76,27 +75,23 @@ impl Launch {
                 )
             })?
             .clone();
-        let mut regions = Vec::with_capacity(args.len());
-        for arg in args {
-            regions.push(match arg {
-                RawKernelArg::Buffer(Some(slice), access) => {
-                    (Some(Region::from_raw(&slice)?), Some(access), None)
-                }
-                RawKernelArg::Buffer(None, access) => (None, Some(access), None),
-                RawKernelArg::Scalar(s) => (None, None, Some(s)),
-            });
-        }
-        Ok(Launch {
-            kernel,
-            dims,
-            args: regions,
-        })
+        Ok(Launch { kernel, dims, args })
     }
 
     /// Calls the kernel (on the stream's worker, in order).
     fn run(&self) -> Result<()> {
-        let mut host_args = Vec::with_capacity(self.args.len());
-        for (region, access, scalar) in &self.args {
+        let mut regions = Vec::with_capacity(self.args.len());
+        for arg in &self.args {
+            regions.push(match arg {
+                RawKernelArg::Buffer(Some(slice), access) => {
+                    (Some(Region::from_raw(slice)?), Some(*access), None)
+                }
+                RawKernelArg::Buffer(None, access) => (None, Some(*access), None),
+                RawKernelArg::Scalar(s) => (None, None, Some(*s)),
+            });
+        }
+        let mut host_args = Vec::with_capacity(regions.len());
+        for (region, access, scalar) in &regions {
             host_args.push(match (region, access, scalar) {
                 (_, None, Some(s)) => HostArg::Scalar(*s),
                 // SAFETY: the HAL guarantees a writable buffer overlaps no other
