@@ -447,3 +447,92 @@ fn work_in_flight_on_a_lost_device_is_placed_again_with_the_same_results() {
         }
     }
 }
+
+/// A collective skipped because work before it on a rank's stream failed leaves what it
+/// was to write without a value: a task reading it fails, naming the cause, instead of
+/// reading the value from before.
+#[test]
+fn a_collective_skipped_behind_a_failure_leaves_its_outputs_without_value() {
+    use xpu_collectives::{CommOptions, Communicator, ReduceOp};
+    let devs = host("host:0,1");
+    for (policy, busy_peer) in Policy::ALL
+        .into_iter()
+        .flat_map(|p| [(p, false), (p, true)])
+    {
+        let sched = Scheduler::new(&devs, options(policy)).unwrap();
+        let comm = Communicator::new(devs.clone(), CommOptions::default()).unwrap();
+        let n = 16;
+        let grads: Vec<Handle> = (0..2)
+            .map(|r| {
+                sched
+                    .register(xpu_hal::HostBuffer::from_bytes(&f32s(r as f32 + 1.0, n)).unwrap())
+                    .unwrap()
+            })
+            .collect();
+        let (x, y, z) = (
+            sched.create(4).unwrap(),
+            sched.create(4).unwrap(),
+            sched.create(4).unwrap(),
+        );
+        // Fails after a pause on device 0's stream, with the all-reduce queued behind it.
+        let slow_failure = Codelet::new("slow_failure")
+            .host(
+                vec![
+                    KernelParam::Buffer(Access::Read),
+                    KernelParam::Buffer(Access::Write),
+                ],
+                |_| {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    Err("failed on purpose after a pause".to_string())
+                },
+            )
+            .build()
+            .unwrap();
+        let _ = sched.submit(Task::new(&slow_failure).read(x).write(y).on(&devs[0]));
+        if busy_peer {
+            // Device 1 busy too: both parts are queued on the streams, and rank 1's
+            // learns of rank 0's skip where it runs.
+            let slow = Codelet::new("slow")
+                .host(vec![KernelParam::Buffer(Access::Write)], |_| {
+                    std::thread::sleep(std::time::Duration::from_millis(30));
+                    Ok(())
+                })
+                .build()
+                .unwrap();
+            sched
+                .submit(Task::new(&slow).write(z).on(&devs[1]))
+                .unwrap();
+        }
+        let reduced = sched.all_reduce(&comm, &grads, DType::F32, ReduceOp::Sum);
+        if let Err(e) = &reduced {
+            // Refused at once: a rank that ran its part found the other's skipped.
+            assert!(
+                e.to_string().contains("skipped it"),
+                "{policy} {busy_peer}: {e}"
+            );
+        }
+        let copy = Codelet::from_builtin(Builtin::Scale {
+            alpha: Scalar::F32(1.0),
+        });
+        let out = sched.create((n * 4) as u64).unwrap();
+        let reader = sched.submit(Task::new(&copy).read(grads[0]).write(out).on(&devs[0]));
+        let _ = sched.wait_all();
+        // Either the all-reduce ran (3 everywhere) or what reads its output fails,
+        // saying why.
+        match reader.and_then(|t| sched.wait(t)) {
+            Ok(()) => assert_eq!(
+                sched.read(out).unwrap(),
+                f32s(3.0, n),
+                "{policy} {busy_peer}"
+            ),
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(msg.contains("no value"), "{policy} {busy_peer}: {msg}");
+                assert!(
+                    msg.contains("failed on purpose") || msg.contains("skipped it"),
+                    "{policy} {busy_peer}: {msg}"
+                );
+            }
+        }
+    }
+}

@@ -47,8 +47,15 @@ impl Shared {
         }
     }
 
-    /// The error of operation `seq` on every rank when `rank` refused it (`why`).
+    /// The error of operation `seq` on every rank when `rank` refused it (`why`), or did
+    /// not run it (`why` is `Aborted`: its stream skipped it).
     pub(super) fn refused(&self, seq: u64, rank: usize, why: Option<&Error>) -> Error {
+        if let Some(e @ Error::Aborted { .. }) = why {
+            return Error::aborted(format!(
+                "operation #{seq} failed on every rank because {} did not run it: {e}",
+                self.rank_name(rank)
+            ));
+        }
         Error::invalid(format!(
             "operation #{seq} was refused on every rank because {} passed invalid arguments{}",
             self.rank_name(rank),

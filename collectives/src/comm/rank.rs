@@ -191,7 +191,11 @@ impl Rank {
         }
         let shared = self.shared.clone();
         let rank = self.rank;
+        let skipped = self.shared.clone();
+        let guard = SkipGuard::new(move || skipped.skipped(rank, seq));
+        let armed = guard.armed();
         let exchange = move |_: &mut xpu_hal::HostKernelContext<'_>| {
+            guard.ran();
             let Some(slots) = shared.slots.as_ref() else {
                 return Err("internal error: the communicator has no slots".to_string());
             };
@@ -201,7 +205,7 @@ impl Rank {
             }
             result.map_err(|e| e.to_string())
         };
-        let launched = self.launch_host_function(stream, "collective exchange", exchange);
+        let launched = self.launch_host_function(stream, "collective exchange", exchange, &armed);
         if launched.is_err() {
             sh.announce(slots, self.rank, seq, None)?;
         }
@@ -220,7 +224,11 @@ impl Rank {
     ) -> Result<()> {
         let shared = self.shared.clone();
         let rank = self.rank;
+        let skipped = self.shared.clone();
+        let guard = SkipGuard::new(move || skipped.skipped(rank, seq));
+        let armed = guard.armed();
         let announce = move |_: &mut xpu_hal::HostKernelContext<'_>| {
+            guard.ran();
             let Some(slots) = shared.slots.as_ref() else {
                 return Err("internal error: the communicator has no slots".to_string());
             };
@@ -228,7 +236,7 @@ impl Rank {
                 .announce(slots, rank, seq, Some(desc))
                 .map_err(|e| e.to_string())
         };
-        match self.launch_host_function(stream, "collective announce", announce) {
+        match self.launch_host_function(stream, "collective announce", announce, &armed) {
             Ok(()) => Ok(()),
             // Nothing was enqueued: publish from here, waiting as before.
             Err(_) => self.shared.announce(slots, self.rank, seq, Some(desc)),
@@ -270,9 +278,13 @@ impl Rank {
     /// function that runs when the stream gets there (`Work::participate_queued`).
     fn enqueue_share(&self, work: Arc<Work>, stream: &Stream) -> Result<()> {
         let abandon = work.clone();
+        let skipped = work.clone();
+        let guard = SkipGuard::new(move || skipped.abandon());
+        let armed = guard.armed();
         let shared = self.shared.clone();
         let rank = self.rank;
         let share = move |_: &mut xpu_hal::HostKernelContext<'_>| {
+            guard.ran();
             let deadline = Instant::now() + shared.options.timeout;
             work.participate_queued(rank, shared.spinner, deadline)
                 .map_err(|e| {
@@ -282,7 +294,7 @@ impl Rank {
                     e.to_string()
                 })
         };
-        let launched = self.launch_host_function(stream, "collective share", share);
+        let launched = self.launch_host_function(stream, "collective share", share, &armed);
         if launched.is_err() {
             // The other ranks' shares must not wait for this one.
             abandon.abandon();
@@ -290,7 +302,9 @@ impl Rank {
         launched
     }
 
-    /// Runs `f` on `stream`, in stream order, as a host function.
+    /// Runs `f` on `stream`, in stream order, as a host function. `armed` is the flag
+    /// of the [`SkipGuard`] `f` holds: it is cleared when nothing was enqueued (the
+    /// caller then handles the failure itself), before `f` is dropped.
     fn launch_host_function(
         &self,
         stream: &Stream,
@@ -299,14 +313,23 @@ impl Rank {
             + Send
             + Sync
             + 'static,
+        armed: &AtomicBool,
     ) -> Result<()> {
-        let kernel = self.device().load_kernel(xpu_hal::KernelDesc {
-            name: name.to_string(),
-            entry_point: name.to_string(),
-            source: xpu_hal::KernelSource::HostFunction(Arc::new(f)),
-            params: Vec::new(),
-        })?;
-        stream.launch(&kernel, xpu_hal::LaunchDims::linear(1, 1), &[])
+        let source = xpu_hal::KernelSource::HostFunction(Arc::new(f));
+        let launched = self
+            .device()
+            .load_kernel(xpu_hal::KernelDesc {
+                name: name.to_string(),
+                entry_point: name.to_string(),
+                source: source.clone(),
+                params: Vec::new(),
+            })
+            .and_then(|kernel| stream.launch(&kernel, xpu_hal::LaunchDims::linear(1, 1), &[]));
+        if launched.is_err() {
+            armed.store(false, Ordering::Release);
+        }
+        drop(source);
+        launched
     }
 
     /// Every rank's `recv` becomes the reduction over ranks of their `send`. `send` and
@@ -682,5 +705,52 @@ impl Rank {
             self.rank,
             &Slice::from_buffer(&d),
         )
+    }
+}
+
+/// Held by a host function a rank enqueues: when the function is dropped without having
+/// run — its stream skipped it because an earlier operation there failed — `on_skip`
+/// tells the other ranks that this rank will not come, so that they fail now instead of
+/// waiting for it until the communicator times out. Disarmed when the function was not
+/// enqueued at all (its caller handles that).
+struct SkipGuard<F: FnOnce() + Send> {
+    armed: Arc<AtomicBool>,
+    ran: AtomicBool,
+    on_skip: std::sync::Mutex<Option<F>>,
+}
+
+impl<F: FnOnce() + Send> SkipGuard<F> {
+    fn new(on_skip: F) -> Self {
+        SkipGuard {
+            armed: Arc::new(AtomicBool::new(true)),
+            ran: AtomicBool::new(false),
+            on_skip: std::sync::Mutex::new(Some(on_skip)),
+        }
+    }
+
+    /// The flag that disarms it.
+    fn armed(&self) -> Arc<AtomicBool> {
+        self.armed.clone()
+    }
+
+    /// The function ran.
+    fn ran(&self) {
+        self.ran.store(true, Ordering::Release);
+    }
+}
+
+impl<F: FnOnce() + Send> Drop for SkipGuard<F> {
+    fn drop(&mut self) {
+        if self.ran.load(Ordering::Acquire) || !self.armed.load(Ordering::Acquire) {
+            return;
+        }
+        let on_skip = self
+            .on_skip
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(f) = on_skip {
+            f();
+        }
     }
 }

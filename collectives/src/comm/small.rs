@@ -211,6 +211,19 @@ impl Shared {
         Ok(())
     }
 
+    /// Tells the other ranks that `rank` will not run operation `seq`: its stream skipped
+    /// the host function that was to run it, after an earlier operation there failed.
+    pub(super) fn skipped(&self, rank: usize, seq: u64) {
+        let Some(slots) = self.slots.as_ref() else {
+            return;
+        };
+        let why = Error::aborted(format!(
+            "the stream of {} skipped it, because an earlier operation on that stream failed",
+            self.rank_name(rank)
+        ));
+        let _ = self.refuse(slots, rank, seq, &why);
+    }
+
     /// Whether `rank` is through with every operation before `seq`, so that it may
     /// publish `seq` now without waiting.
     pub(super) fn is_through(&self, rank: usize, seq: u64) -> bool {

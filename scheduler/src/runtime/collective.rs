@@ -263,8 +263,24 @@ impl State {
                 inputs: Vec::new(),
                 through: Vec::new(),
                 redo: None,
+                collective: collective_accesses(send, recv),
             },
         );
         Ok(())
     }
+}
+
+/// What a collective accesses: each rank's send handle read and receive handle written
+/// (read and written when they are the same handle).
+fn collective_accesses(send: &[Handle], recv: &[Handle]) -> Vec<(Handle, AccessMode)> {
+    let mut accesses = Vec::with_capacity(send.len() + recv.len());
+    for (s, r) in send.iter().zip(recv) {
+        if s.id == r.id {
+            accesses.push((*r, AccessMode::ReadWrite));
+        } else {
+            accesses.push((*s, AccessMode::Read));
+            accesses.push((*r, AccessMode::Write));
+        }
+    }
+    accesses
 }

@@ -216,6 +216,7 @@ impl State {
                 failed: Some(message),
                 inputs: Vec::new(),
                 redo: None,
+                collective: Vec::new(),
             },
         );
         // Its dependants will not wait for it: they fail when they are dispatched.
@@ -528,6 +529,7 @@ impl State {
                 inputs,
                 through: Vec::new(),
                 redo: None,
+                collective: Vec::new(),
             },
         );
         self.stats.placed[d] += run.map_or(1, |r| r.items.len() as u64);

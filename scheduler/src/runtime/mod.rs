@@ -142,6 +142,9 @@ struct TaskRecord {
     through: Vec<u64>,
     /// What running it again needs (`None` for collectives and failed tasks).
     redo: Option<Redo>,
+    /// For a collective, what it accesses (other tasks keep theirs in `redo`): what it
+    /// writes has no value if it fails.
+    collective: Vec<(Handle, AccessMode)>,
 }
 
 /// What running a dispatched task again needs, should work before it fail.

@@ -168,7 +168,7 @@ impl State {
                         &r.pending.task.after,
                         &r.pending.accesses,
                     ),
-                    None => (Vec::new(), &[], &[]),
+                    None => (Vec::new(), &[], &rec.collective[..]),
                 };
             let failed = |d: u64| match verdicts.get(&d) {
                 Some(Verdict::Failed { root, .. }) => Some(root.clone()),
@@ -304,7 +304,10 @@ impl State {
                                 .collect()
                         })
                         .unwrap_or_default();
-                    let accesses = redo.map(|r| r.pending.accesses.clone()).unwrap_or_default();
+                    let accesses = match redo {
+                        Some(r) => r.pending.accesses.clone(),
+                        None => rec.collective.clone(),
+                    };
                     self.poison(&accesses, id, root);
                     if original {
                         self.errors
@@ -393,7 +396,6 @@ impl State {
         }
     }
 
-    /// Marks the handles a failed task writes as having no value.
     /// Marks the handles failed task `id` writes as having no value, because of
     /// `root`.
     pub(super) fn poison(&mut self, accesses: &[(Handle, AccessMode)], id: u64, root: String) {
