@@ -190,6 +190,18 @@ pub enum BatchOp {
     },
 }
 
+impl BatchOp {
+    /// Enqueues it on `stream` by itself (`builtin` or `launch`).
+    pub(crate) fn enqueue_alone<S: StreamImpl + ?Sized>(self, stream: &S) -> Result<()> {
+        match self {
+            BatchOp::Builtin(op) => stream.builtin(op),
+            BatchOp::Launch { kernel, dims, args } => {
+                stream.launch(kernel.backend_kernel(), kernel.desc(), dims, args)
+            }
+        }
+    }
+}
+
 /// An in-order queue of work on one device. Thread-safe: several threads may enqueue
 /// at once; the order between them is the order in which the calls take effect.
 ///
@@ -247,12 +259,7 @@ pub trait StreamImpl: Send + Sync {
     /// enqueues them one by one.
     fn batch(&self, ops: Vec<BatchOp>) -> Result<()> {
         for op in ops {
-            match op {
-                BatchOp::Builtin(op) => self.builtin(op)?,
-                BatchOp::Launch { kernel, dims, args } => {
-                    self.launch(kernel.backend_kernel(), kernel.desc(), dims, args)?
-                }
-            }
+            op.enqueue_alone(self)?;
         }
         Ok(())
     }

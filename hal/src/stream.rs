@@ -757,12 +757,7 @@ impl Batch<'_> {
         }
         match self.first {
             None => Ok(()),
-            Some(BatchOp::Builtin(op)) => stream.imp().builtin(op),
-            Some(BatchOp::Launch { kernel, dims, args }) => {
-                stream
-                    .imp()
-                    .launch(kernel.backend_kernel(), kernel.desc(), dims, args)
-            }
+            Some(op) => op.enqueue_alone(stream.imp()),
         }
     }
 }

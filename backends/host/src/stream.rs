@@ -51,76 +51,59 @@ fn host_range(slice: &HostSlice) -> *mut u8 {
     slice.memory.as_ptr().wrapping_add(slice.offset)
 }
 
-/// A kernel launch ready to run on the host: the kernel and its arguments, whose
-/// memory is looked up where it runs (on the worker, off the submitting thread).
-struct Launch {
-    kernel: HostKernel,
-    dims: LaunchDims,
-    args: Vec<RawKernelArg>,
+/// `kernel` as the host kernel it is (the HAL hands a backend only its own kernels).
+fn host_kernel(kernel: &Arc<dyn KernelImpl>) -> Result<&HostKernel> {
+    kernel.as_any().downcast_ref::<HostKernel>().ok_or_else(|| {
+        Error::backend_message(
+            "host",
+            "internal error: a kernel of another backend reached the host backend",
+        )
+    })
 }
 
-impl Launch {
-    fn new(
-        kernel: &Arc<dyn KernelImpl>,
-        dims: LaunchDims,
-        args: Vec<RawKernelArg>,
-    ) -> Result<Self> {
-        let kernel = kernel
-            .as_any()
-            .downcast_ref::<HostKernel>()
-            .ok_or_else(|| {
-                Error::backend_message(
-                    "host",
-                    "internal error: a kernel of another backend reached the host backend",
-                )
-            })?
-            .clone();
-        Ok(Launch { kernel, dims, args })
+/// Calls `kernel` with `args` (on the stream's worker, in order); the arguments' memory
+/// is looked up here, off the submitting thread.
+fn run_kernel(kernel: &HostKernel, dims: LaunchDims, args: &[RawKernelArg]) -> Result<()> {
+    let mut regions = Vec::with_capacity(args.len());
+    for arg in args {
+        regions.push(match arg {
+            RawKernelArg::Buffer(Some(slice), access) => {
+                (Some(Region::from_raw(slice)?), Some(*access), None)
+            }
+            RawKernelArg::Buffer(None, access) => (None, Some(*access), None),
+            RawKernelArg::Scalar(s) => (None, None, Some(*s)),
+        });
     }
-
-    /// Calls the kernel (on the stream's worker, in order).
-    fn run(&self) -> Result<()> {
-        let mut regions = Vec::with_capacity(self.args.len());
-        for arg in &self.args {
-            regions.push(match arg {
-                RawKernelArg::Buffer(Some(slice), access) => {
-                    (Some(Region::from_raw(slice)?), Some(*access), None)
-                }
-                RawKernelArg::Buffer(None, access) => (None, Some(*access), None),
-                RawKernelArg::Scalar(s) => (None, None, Some(*s)),
-            });
-        }
-        let mut host_args = Vec::with_capacity(regions.len());
-        for (region, access, scalar) in &regions {
-            host_args.push(match (region, access, scalar) {
-                (_, None, Some(s)) => HostArg::Scalar(*s),
-                // SAFETY: the HAL guarantees a writable buffer overlaps no other
-                // argument, so this is the only reference to these bytes; read-only
-                // arguments may share bytes with each other, which shared slices allow.
-                (Some(r), Some(a), _) if a.writes() => HostArg::Write(unsafe { r.bytes_mut() }),
-                // SAFETY: as above.
-                (Some(r), Some(_), _) => HostArg::Read(unsafe { r.bytes() }),
-                (None, Some(a), _) if a.writes() => HostArg::Write(&mut []),
-                _ => HostArg::Read(&[]),
-            });
-        }
-        let mut ctx = HostKernelContext {
-            dims: self.dims,
-            args: host_args,
-        };
-        (self.kernel.function())(&mut ctx).map_err(|msg| {
-            Error::aborted(format!(
-                "host kernel `{}` failed: {msg}",
-                self.kernel.name()
-            ))
-        })
+    let mut host_args = Vec::with_capacity(regions.len());
+    for (region, access, scalar) in &regions {
+        host_args.push(match (region, access, scalar) {
+            (_, None, Some(s)) => HostArg::Scalar(*s),
+            // SAFETY: the HAL guarantees a writable buffer overlaps no other argument, so
+            // this is the only reference to these bytes; read-only arguments may share
+            // bytes with each other, which shared slices allow.
+            (Some(r), Some(a), _) if a.writes() => HostArg::Write(unsafe { r.bytes_mut() }),
+            // SAFETY: as above.
+            (Some(r), Some(_), _) => HostArg::Read(unsafe { r.bytes() }),
+            (None, Some(a), _) if a.writes() => HostArg::Write(&mut []),
+            _ => HostArg::Read(&[]),
+        });
     }
+    let mut ctx = HostKernelContext {
+        dims,
+        args: host_args,
+    };
+    (kernel.function())(&mut ctx)
+        .map_err(|msg| Error::aborted(format!("host kernel `{}` failed: {msg}", kernel.name())))
 }
 
-/// An operation of a batch, ready to run.
-enum Prepared {
-    Builtin(BuiltinOp),
-    Launch(Launch),
+/// Runs one operation of a batch (on the stream's worker, in order).
+fn run_op(op: &BatchOp) -> Result<()> {
+    match op {
+        BatchOp::Builtin(op) => ops::execute(op),
+        BatchOp::Launch { kernel, dims, args } => {
+            run_kernel(host_kernel(kernel.backend_kernel())?, *dims, args)
+        }
+    }
 }
 
 impl StreamImpl for HostStream {
@@ -173,31 +156,14 @@ impl StreamImpl for HostStream {
         args: Vec<RawKernelArg>,
     ) -> Result<()> {
         let _ = desc;
-        let launch = Launch::new(kernel, dims, args)?;
-        self.work(move || launch.run())
+        let kernel = host_kernel(kernel)?.clone();
+        self.work(move || run_kernel(&kernel, dims, &args))
     }
 
     fn batch(&self, ops: Vec<BatchOp>) -> Result<()> {
         // One job for all of them: each runs in turn, and the first failure ends the
         // job, as it would make the stream skip the jobs after it.
-        let mut prepared = Vec::with_capacity(ops.len());
-        for op in ops {
-            prepared.push(match op {
-                BatchOp::Builtin(op) => Prepared::Builtin(op),
-                BatchOp::Launch { kernel, dims, args } => {
-                    Prepared::Launch(Launch::new(kernel.backend_kernel(), dims, args)?)
-                }
-            });
-        }
-        self.work(move || {
-            for op in &prepared {
-                match op {
-                    Prepared::Builtin(op) => ops::execute(op)?,
-                    Prepared::Launch(launch) => launch.run()?,
-                }
-            }
-            Ok(())
-        })
+        self.work(move || ops.iter().try_for_each(run_op))
     }
 
     fn batch_kept(
@@ -207,17 +173,7 @@ impl StreamImpl for HostStream {
     ) -> Result<()> {
         // Bound on the worker as it runs them: the submitting thread only queues the job.
         let kept = kept.clone();
-        self.work(move || {
-            for op in kept.bound(&memory) {
-                match op? {
-                    BatchOp::Builtin(op) => ops::execute(&op)?,
-                    BatchOp::Launch { kernel, dims, args } => {
-                        Launch::new(kernel.backend_kernel(), dims, args)?.run()?
-                    }
-                }
-            }
-            Ok(())
-        })
+        self.work(move || kept.bound(&memory).try_for_each(|op| run_op(&op?)))
     }
 
     fn record_event(&self) -> Result<Arc<dyn EventImpl>> {

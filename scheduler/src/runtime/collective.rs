@@ -75,15 +75,7 @@ impl Scheduler {
         st.next_task += 1;
         st.stats.tasks += 1;
         let mut deps = BTreeSet::new();
-        let mut accesses = Vec::with_capacity(2 * n);
-        for (s, v) in send.iter().zip(recv) {
-            if s.id == v.id {
-                accesses.push((*s, AccessMode::ReadWrite));
-            } else {
-                accesses.push((*s, AccessMode::Read));
-                accesses.push((*v, AccessMode::Write));
-            }
-        }
+        let accesses = collective_accesses(send, recv);
         for (h, m) in &accesses {
             st.access(h.id, id, *m, 0, &mut deps);
         }
@@ -99,6 +91,7 @@ impl Scheduler {
             &ranks,
             send,
             recv,
+            &accesses,
             &deps,
         ) {
             Ok(()) => {
@@ -193,6 +186,7 @@ impl State {
         ranks: &[usize],
         send: &[Handle],
         recv: &[Handle],
+        accesses: &[(Handle, AccessMode)],
         deps: &BTreeSet<u64>,
     ) -> Result<()> {
         let dep_points = self.dep_points(deps);
@@ -263,7 +257,7 @@ impl State {
                 inputs: Vec::new(),
                 through: Vec::new(),
                 redo: None,
-                collective: collective_accesses(send, recv),
+                collective: accesses.to_vec(),
             },
         );
         Ok(())

@@ -356,6 +356,15 @@ impl Scheduler {
         let now = self.now();
         let mut first_error = None;
         let mut since_poll = 0;
+        // The item each item is recorded under: the first of its run, or itself when
+        // runs replay item by item.
+        let recorded_as = |i: u32| {
+            if fused {
+                plan.recorded_as[i as usize]
+            } else {
+                i
+            }
+        };
         for segment in &plan.segments {
             let range = match segment {
                 Segment::Run {
@@ -379,13 +388,6 @@ impl Scheduler {
                     // graph.
                     st.poll(&self.shared);
                 }
-                let recorded_as = |i: u32| {
-                    if fused {
-                        plan.recorded_as[i as usize]
-                    } else {
-                        i
-                    }
-                };
                 if let Err(e) =
                     st.replay_item(&self.shared, base, k, &graph.items[k], recorded_as, now)
                 {
@@ -492,8 +494,9 @@ impl State {
                 accesses,
                 ..
             } => {
-                let outcome =
-                    self.run_collective(shared, comm, *kind, id, &label, ranks, send, recv, &deps);
+                let outcome = self.run_collective(
+                    shared, comm, *kind, id, &label, ranks, send, recv, accesses, &deps,
+                );
                 if let Err(e) = &outcome {
                     self.fail_task(id, &label, accesses, &deps, format!("{label} failed: {e}"));
                 }

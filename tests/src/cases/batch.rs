@@ -4,7 +4,9 @@
 use xpu_hal::{Allocation, BinaryOp, DType, HostBuffer, Scalar, Stream};
 
 use crate::case::{Case, CaseContext, CaseError, CaseOutcome};
-use crate::cases::util::{check_values, encode, expect_invalid, small_values, upload, Rng};
+use crate::cases::util::{
+    check_values, encode, expect_invalid, small_values, upload, Rng, NUMERIC,
+};
 use crate::reference::{self, from_i64};
 
 pub(crate) const CASES: &[Case] = &[
@@ -23,16 +25,6 @@ pub(crate) const CASES: &[Case] = &[
         "keeping a batch without all its memory, or submitting a kept batch with the wrong number, sizes or repeated allocations, is an invalid-argument error and enqueues nothing",
         kept_refused,
     ),
-];
-
-const NUMERIC: [DType; 7] = [
-    DType::I32,
-    DType::F32,
-    DType::I64,
-    DType::F64,
-    DType::F16,
-    DType::BF16,
-    DType::U8,
 ];
 
 fn order(ctx: &CaseContext) -> CaseOutcome {

@@ -8,7 +8,7 @@ use xpu_hal::{
 use crate::case::{Case, CaseContext, CaseError, CaseOutcome};
 use crate::cases::util::{
     check_bytes, check_values, encode, enqueue_slow_write, expect_invalid, kernel_kind, pattern,
-    portable_kernel, require_host_functions, small_values, upload, Rng,
+    portable_kernel, require_host_functions, small_values, upload, Rng, NUMERIC,
 };
 use crate::reference::{self, from_i64};
 
@@ -48,16 +48,6 @@ pub(crate) const CASES: &[Case] = &[
         "memory of another device used on this device's stream is an invalid-argument error",
         foreign_memory,
     ),
-];
-
-const NUMERIC: [DType; 7] = [
-    DType::I32,
-    DType::F32,
-    DType::I64,
-    DType::F64,
-    DType::F16,
-    DType::BF16,
-    DType::U8,
 ];
 
 fn order_builtin(ctx: &CaseContext) -> CaseOutcome {

@@ -321,6 +321,17 @@ pub(crate) fn full_message(e: &Error) -> String {
     text
 }
 
+/// The dtypes of builtin operations, for cases that run on whichever the device has.
+pub(crate) const NUMERIC: [DType; 7] = [
+    DType::I32,
+    DType::F32,
+    DType::I64,
+    DType::F64,
+    DType::F16,
+    DType::BF16,
+    DType::U8,
+];
+
 // ---------------------------------------------------------------------------------
 // Device helpers
 // ---------------------------------------------------------------------------------
