@@ -15,33 +15,23 @@ impl State {
     pub(super) fn poll_taken(&mut self, shared: &Shared, taken: &mut [Option<Error>]) -> usize {
         let mut released = 0;
         self.poll_streams(shared, taken);
-        // Kept in place (no new list per poll).
+        // Each stream's timings complete in the order they were enqueued: only those
+        // at the front can have completed since the last poll.
         let mut measurements = std::mem::take(&mut self.measurements);
-        measurements.retain(|m| match m.end.query() {
-            Ok(true) => {
-                let Ok(t) = m.end.elapsed_since(&m.start) else {
-                    return false;
-                };
-                let t = t.as_secs_f64();
-                match &m.what {
-                    Timed::Task {
-                        codelet,
-                        arch,
-                        footprint,
-                    } => self.models.record(codelet, arch, *footprint, t),
-                    Timed::Copy { device, bytes } if t > 0.0 => {
-                        let measured = *bytes as f64 / t;
-                        let bw = &mut self.devices[*device].bandwidth;
-                        // A running average that follows changes within a few copies.
-                        *bw = Some(bw.map_or(measured, |b| 0.75 * b + 0.25 * measured));
+        for queue in &mut measurements {
+            while let Some(m) = queue.front() {
+                match m.end.query() {
+                    Ok(true) => {
+                        if let Ok(t) = m.end.elapsed_since(&m.start) {
+                            self.learn(&m.what, t.as_secs_f64());
+                        }
                     }
-                    Timed::Copy { .. } => {}
+                    Ok(false) => break,
+                    Err(_) => {}
                 }
-                false
+                queue.pop_front();
             }
-            Ok(false) => true,
-            Err(_) => false,
-        });
+        }
         self.measurements = measurements;
         // Forget tasks every device has passed, oldest first (failed ones stay:
         // dependants must learn of the failure).
@@ -68,6 +58,24 @@ impl State {
         }
         let _ = shared;
         released
+    }
+
+    /// Learns from one completed timing: `t` seconds of `what`.
+    fn learn(&mut self, what: &Timed, t: f64) {
+        match what {
+            Timed::Task {
+                codelet,
+                arch,
+                footprint,
+            } => self.models.record(codelet, arch, *footprint, t),
+            Timed::Copy { device, bytes } if t > 0.0 => {
+                let measured = *bytes as f64 / t;
+                let bw = &mut self.devices[*device].bandwidth;
+                // A running average that follows changes within a few copies.
+                *bw = Some(bw.map_or(measured, |b| 0.75 * b + 0.25 * measured));
+            }
+            Timed::Copy { .. } => {}
+        }
     }
 
     /// The id that task `id` is recorded under: its own, or — for an item of a replayed
@@ -403,8 +411,12 @@ impl State {
             .is_some_and(|p| p.origins.get(d).is_some_and(Option::is_some));
         let timed = profiled
             || shared.devices[d].capabilities().event_timing && {
+                // While the model learns, until enough timings are under way: when
+                // submission runs far ahead of execution, the samples arrive late.
                 let samples = self.models.samples_at(&task.codelet, arch, footprint);
-                samples < CALIBRATION_SAMPLES || id.is_multiple_of(SAMPLE_EVERY)
+                let under_way = self.measurements[s].len() as u64;
+                (samples < CALIBRATION_SAMPLES && under_way < CALIBRATION_SAMPLES)
+                    || id.is_multiple_of(SAMPLE_EVERY)
             };
         let start = if timed {
             Some(self.streams[s].stream.record_event()?)
@@ -480,7 +492,7 @@ impl State {
                     end: end.clone(),
                 });
             }
-            self.measurements.push(Measurement {
+            self.measurements[s].push_back(Measurement {
                 what: Timed::Task {
                     codelet: task.codelet.name().to_string(),
                     arch: arch.clone(),

@@ -199,7 +199,8 @@ struct State {
     next_task: u64,
     devices: Vec<DeviceState>,
     models: PerfModels,
-    measurements: Vec<Measurement>,
+    /// Timings under way, per stream, in the order they were enqueued there.
+    measurements: Vec<VecDeque<Measurement>>,
     /// Copies from homes so far.
     copies: u64,
     clock: u64,
@@ -413,7 +414,7 @@ impl Scheduler {
                         })
                         .collect(),
                     models: PerfModels::new(dir),
-                    measurements: Vec::new(),
+                    measurements: (0..2 * n).map(|_| VecDeque::new()).collect(),
                     copies: 0,
                     clock: 0,
                     errors: Vec::new(),

@@ -225,7 +225,7 @@ impl State {
                         "internal error: no event after a copy",
                     ));
                 };
-                self.measurements.push(Measurement {
+                self.measurements[s].push_back(Measurement {
                     what: Timed::Copy {
                         device: d,
                         bytes: handle.len,
