@@ -8,49 +8,45 @@ use crate::backend::EventImpl;
 use crate::device::Device;
 use crate::error::{Error, Result};
 
-struct EventInner {
-    device: Device,
-    imp: Arc<dyn EventImpl>,
-}
-
 /// A point on a stream's timeline, from [`crate::Stream::record_event`]. It completes
 /// when all work enqueued before it has finished. Cheap to clone; thread-safe; any
 /// stream of any backend may wait on it.
 #[derive(Clone)]
 pub struct Event {
-    inner: Arc<EventInner>,
+    // Held inline rather than behind one more `Arc`: recording an event allocates only
+    // what the backend allocates.
+    device: Device,
+    imp: Arc<dyn EventImpl>,
 }
 
 impl Event {
     pub(crate) fn new(device: Device, imp: Arc<dyn EventImpl>) -> Self {
-        Event {
-            inner: Arc::new(EventInner { device, imp }),
-        }
+        Event { device, imp }
     }
 
     /// The device whose stream recorded it.
     pub fn device(&self) -> &Device {
-        &self.inner.device
+        &self.device
     }
 
     /// The backend implementation.
     pub fn implementation(&self) -> &Arc<dyn EventImpl> {
-        &self.inner.imp
+        &self.imp
     }
 
     /// `Ok(true)` once complete; the error of the work before it if that failed.
     pub fn query(&self) -> Result<bool> {
-        self.inner.imp.query()
+        self.imp.query()
     }
 
     /// Blocks until complete; returns the error of the work before it if that failed.
     pub fn wait(&self) -> Result<()> {
-        self.inner.imp.wait(None)
+        self.imp.wait(None)
     }
 
     /// Like [`Event::wait`], giving up with [`Error::Timeout`] after `timeout`.
     pub fn wait_timeout(&self, timeout: Duration) -> Result<()> {
-        self.inner.imp.wait(Some(timeout))
+        self.imp.wait(Some(timeout))
     }
 
     /// Device time from `earlier` to this event. Waits for both. Both must come from
@@ -71,7 +67,7 @@ impl Event {
         }
         earlier.wait()?;
         self.wait()?;
-        self.inner.imp.elapsed_since(&**earlier.implementation())
+        self.imp.elapsed_since(&**earlier.implementation())
     }
 }
 

@@ -180,12 +180,20 @@ impl HandleState {
             .iter()
             .take_while(|e| completed(e.point))
             .count();
-        self.journal.drain(..done);
-        let replicas = self
-            .replicas
-            .iter()
-            .map(|r| r.as_ref().map(|r| (r.valid, r.ready, r.generation)))
-            .collect();
+        // The new entry reuses the list of a forgotten one (no allocation per write
+        // once the journal turns over).
+        let mut replicas = self
+            .journal
+            .drain(..done)
+            .last()
+            .map(|e| e.replicas)
+            .unwrap_or_default();
+        replicas.clear();
+        replicas.extend(
+            self.replicas
+                .iter()
+                .map(|r| r.as_ref().map(|r| (r.valid, r.ready, r.generation))),
+        );
         self.journal.push(Entry {
             point,
             change,

@@ -1,33 +1,45 @@
 //! [`HostEvent`]: a numbered point on a host stream's timeline.
 
 use std::any::Any;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
-use xpu_hal::backend::EventImpl;
+use xpu_hal::backend::{EventImpl, EventOutcome};
 use xpu_hal::{Error, Result};
 
-use crate::queue::{Mark, Timeline};
+use crate::queue::Timeline;
 
 /// A point on a host stream: complete once the stream's worker has passed job `seq`.
-#[derive(Clone)]
+/// The queue holds the same object and completes it there, so recording an event
+/// allocates once.
 pub struct HostEvent {
     timeline: Arc<Timeline>,
     seq: u64,
-    mark: Arc<Mark>,
+    /// When execution reached it.
+    time: OnceLock<Instant>,
+    /// The outcome of the work before it.
+    outcome: EventOutcome,
 }
 
 impl HostEvent {
-    pub(crate) fn new(timeline: Arc<Timeline>, seq: u64, mark: Arc<Mark>) -> Self {
+    pub(crate) fn new(timeline: Arc<Timeline>, seq: u64) -> Self {
         HostEvent {
             timeline,
             seq,
-            mark,
+            time: OnceLock::new(),
+            outcome: EventOutcome::default(),
         }
     }
 
+    /// Execution has reached it: records the time and the stream's state.
+    pub(crate) fn reached(&self) {
+        let _ = self.time.set(Instant::now());
+        self.outcome
+            .complete(self.timeline.peek_error().as_ref(), &self.timeline.device);
+    }
+
     fn outcome(&self) -> Result<()> {
-        self.mark.outcome.get(crate::NAME)
+        self.outcome.get(crate::NAME)
     }
 }
 
@@ -70,7 +82,7 @@ impl EventImpl for HostEvent {
                     "internal error: an event of another backend reached the host backend",
                 )
             })?;
-        match (earlier.mark.time.get(), self.mark.time.get()) {
+        match (earlier.time.get(), self.time.get()) {
             (Some(a), Some(b)) => Ok(b.saturating_duration_since(*a)),
             _ => Err(Error::invalid(
                 "elapsed time needs both events complete; wait for them first",

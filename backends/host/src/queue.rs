@@ -39,12 +39,13 @@
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, TryLockError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::{Backoff, CachePadded};
-use xpu_hal::backend::EventOutcome;
 use xpu_hal::{Error, Result};
+
+use crate::event::HostEvent;
 
 /// How long the worker polls for more work before it sleeps, and a waiter polls for
 /// completion before it sleeps.
@@ -55,32 +56,14 @@ pub(crate) enum Job {
     /// Work that returns its own result.
     Work(Box<dyn FnOnce() -> Result<()> + Send>),
     /// An event's point on the timeline.
-    Mark(Arc<Mark>),
+    Mark(Arc<HostEvent>),
 }
 
-/// What an event records when execution reaches it.
-#[derive(Default)]
-pub(crate) struct Mark {
-    /// When execution reached it.
-    pub(crate) time: OnceLock<Instant>,
-    /// The outcome of the work before it.
-    pub(crate) outcome: EventOutcome,
-}
-
-/// A queued job, and the event mark to complete right after it (set when an event is
+/// A queued job, and the event to complete right after it (set when an event is
 /// recorded while the job is still queued: the event needs no job of its own).
 struct Entry {
     job: Job,
-    mark: Option<Arc<Mark>>,
-}
-
-impl Mark {
-    /// Execution has reached the mark: records the time and the stream's state.
-    fn reached(&self, timeline: &Timeline) {
-        let _ = self.time.set(Instant::now());
-        self.outcome
-            .complete(timeline.peek_error().as_ref(), &timeline.device);
-    }
+    mark: Option<Arc<HostEvent>>,
 }
 
 /// The job queue proper, guarded by one mutex.
@@ -190,7 +173,10 @@ impl Timeline {
     }
 
     fn push(&self, job: Job) -> Result<u64> {
-        let mut jobs = lock(&self.jobs);
+        self.push_locked(&mut lock(&self.jobs), job)
+    }
+
+    fn push_locked(&self, jobs: &mut Jobs, job: Job) -> Result<u64> {
         if jobs.closed {
             return Err(Error::DeviceLost {
                 device: self.device.clone(),
@@ -207,25 +193,26 @@ impl Timeline {
         Ok(jobs.submitted)
     }
 
-    /// An event at the current end of the queue: its number and the mark completed when
-    /// execution passes it. While the last job is still queued the mark rides on it (an
-    /// event right after another shares its mark); otherwise a mark job is queued.
-    fn record(&self) -> Result<(u64, Arc<Mark>)> {
+    /// An event at the current end of the queue, completed when execution passes it.
+    /// While the last job is still queued the event rides on it (an event right after
+    /// another is the same event); otherwise a mark job is queued.
+    fn record(self: &Arc<Self>) -> Result<Arc<HostEvent>> {
         let mut jobs = lock(&self.jobs);
         let submitted = jobs.submitted;
         if !jobs.closed {
             if let Some(last) = jobs.queue.back_mut() {
-                let mark = match &last.job {
+                return Ok(match &last.job {
                     Job::Mark(m) => m.clone(),
-                    Job::Work(_) => last.mark.get_or_insert_with(Arc::default).clone(),
-                };
-                return Ok((submitted, mark));
+                    Job::Work(_) => last
+                        .mark
+                        .get_or_insert_with(|| Arc::new(HostEvent::new(self.clone(), submitted)))
+                        .clone(),
+                });
             }
         }
-        drop(jobs);
-        let mark = Arc::new(Mark::default());
-        let seq = self.push(Job::Mark(mark.clone()))?;
-        Ok((seq, mark))
+        let event = Arc::new(HostEvent::new(self.clone(), submitted + 1));
+        self.push_locked(&mut jobs, Job::Mark(event.clone()))?;
+        Ok(event)
     }
 
     fn pop(&self) -> Option<Entry> {
@@ -243,7 +230,7 @@ impl Timeline {
             let Some(entry) = self.pop() else { break };
             run(entry.job, self);
             if let Some(mark) = entry.mark {
-                mark.reached(self);
+                mark.reached();
             }
             // Counted before the executor lock is released, so that a thread holding
             // the lock with an empty queue knows every submitted job is complete.
@@ -405,8 +392,8 @@ impl Queue {
         self.timeline.push(job)
     }
 
-    /// An event's point at the current end of the queue (see `Timeline::record`).
-    pub(crate) fn record(&self) -> Result<(u64, Arc<Mark>)> {
+    /// An event at the current end of the queue (see `Timeline::record`).
+    pub(crate) fn record(&self) -> Result<Arc<HostEvent>> {
         self.timeline.record()
     }
 }
@@ -433,7 +420,7 @@ fn worker(timeline: &Timeline) {
 /// captured are dropped before this returns, so completion implies release.
 fn run(job: Job, timeline: &Timeline) {
     match job {
-        Job::Mark(mark) => mark.reached(timeline),
+        Job::Mark(mark) => mark.reached(),
         Job::Work(work) => {
             if timeline.has_error.load(Ordering::Acquire) {
                 // Skipped: an earlier job failed and the error has not been reported.

@@ -36,9 +36,8 @@ impl HostStream {
     }
 
     /// Records an event and returns it as the concrete host type.
-    pub fn record(&self) -> Result<HostEvent> {
-        let (seq, mark) = self.queue.record()?;
-        Ok(HostEvent::new(self.queue.timeline().clone(), seq, mark))
+    pub fn record(&self) -> Result<Arc<HostEvent>> {
+        self.queue.record()
     }
 
     fn wait_until(&self, what: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
@@ -64,28 +63,25 @@ fn host_kernel(kernel: &Arc<dyn KernelImpl>) -> Result<&HostKernel> {
 /// Calls `kernel` with `args` (on the stream's worker, in order); the arguments' memory
 /// is looked up here, off the submitting thread.
 fn run_kernel(kernel: &HostKernel, dims: LaunchDims, args: &[RawKernelArg]) -> Result<()> {
-    let mut regions = Vec::with_capacity(args.len());
+    let mut host_args = Vec::with_capacity(args.len());
     for arg in args {
-        regions.push(match arg {
+        host_args.push(match arg {
+            RawKernelArg::Scalar(s) => HostArg::Scalar(*s),
             RawKernelArg::Buffer(Some(slice), access) => {
-                (Some(Region::from_raw(slice)?), Some(*access), None)
+                let region = Region::from_raw(slice)?;
+                if access.writes() {
+                    // SAFETY: `args` holds the memory for the whole call, so the bytes
+                    // outlive the kernel; the HAL guarantees a writable buffer overlaps
+                    // no other argument, so this is the only reference to them.
+                    HostArg::Write(unsafe { region.bytes_mut() })
+                } else {
+                    // SAFETY: as above; read-only arguments may share bytes with each
+                    // other, which shared slices allow.
+                    HostArg::Read(unsafe { region.bytes() })
+                }
             }
-            RawKernelArg::Buffer(None, access) => (None, Some(*access), None),
-            RawKernelArg::Scalar(s) => (None, None, Some(*s)),
-        });
-    }
-    let mut host_args = Vec::with_capacity(regions.len());
-    for (region, access, scalar) in &regions {
-        host_args.push(match (region, access, scalar) {
-            (_, None, Some(s)) => HostArg::Scalar(*s),
-            // SAFETY: the HAL guarantees a writable buffer overlaps no other argument, so
-            // this is the only reference to these bytes; read-only arguments may share
-            // bytes with each other, which shared slices allow.
-            (Some(r), Some(a), _) if a.writes() => HostArg::Write(unsafe { r.bytes_mut() }),
-            // SAFETY: as above.
-            (Some(r), Some(_), _) => HostArg::Read(unsafe { r.bytes() }),
-            (None, Some(a), _) if a.writes() => HostArg::Write(&mut []),
-            _ => HostArg::Read(&[]),
+            RawKernelArg::Buffer(None, access) if access.writes() => HostArg::Write(&mut []),
+            RawKernelArg::Buffer(None, _) => HostArg::Read(&[]),
         });
     }
     let mut ctx = HostKernelContext {
@@ -177,20 +173,17 @@ impl StreamImpl for HostStream {
     }
 
     fn record_event(&self) -> Result<Arc<dyn EventImpl>> {
-        Ok(Arc::new(self.record()?))
+        Ok(self.record()?)
     }
 
     fn wait_event(&self, event: &Arc<dyn EventImpl>) -> Result<()> {
-        let event = event
-            .as_any()
-            .downcast_ref::<HostEvent>()
-            .ok_or_else(|| {
-                Error::backend_message(
-                    "host",
-                    "internal error: an event of another backend reached the host backend",
-                )
-            })?
-            .clone();
+        if event.as_any().downcast_ref::<HostEvent>().is_none() {
+            return Err(Error::backend_message(
+                "host",
+                "internal error: an event of another backend reached the host backend",
+            ));
+        }
+        let event = event.clone();
         self.wait_until(move || event.wait(None))
     }
 

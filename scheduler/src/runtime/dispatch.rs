@@ -150,6 +150,12 @@ impl State {
     /// a dependency that failed without running, where its own dependencies end.
     pub(super) fn dep_points(&self, deps: &BTreeSet<u64>) -> Vec<Point> {
         let mut points = Vec::with_capacity(deps.len());
+        self.dep_points_into(deps, &mut points);
+        points
+    }
+
+    /// [`State::dep_points`], appended to `points`.
+    pub(super) fn dep_points_into(&self, deps: &BTreeSet<u64>, points: &mut Vec<Point>) {
         // Tasks that failed without running lead on to their own dependencies (rare:
         // the set of those seen is made only then).
         let mut todo = Vec::new();
@@ -160,7 +166,7 @@ impl State {
             }
         }
         if todo.is_empty() {
-            return points;
+            return;
         }
         let mut seen: rustc_hash::FxHashSet<u64> = deps.iter().copied().collect();
         while let Some(t) = todo.pop() {
@@ -172,7 +178,6 @@ impl State {
                 todo.extend(rec.through.iter().copied());
             }
         }
-        points
     }
 
     /// When the last of the handles the task reads is expected to be written (seconds
@@ -379,7 +384,7 @@ impl State {
         }
         // Data: a replica of every handle on the device, valid for those it reads.
         let mut memories = Vec::with_capacity(accesses.len());
-        let mut inputs = Vec::new();
+        let mut inputs = Vec::with_capacity(accesses.len() + deps.len());
         for (h, m) in accesses {
             if m.reads() {
                 if let Some(why) = self.handles.get(&h.id).and_then(|hs| hs.value_lost(id)) {
@@ -397,12 +402,12 @@ impl State {
             }
             memories.push(memory);
         }
-        // Dependencies on other streams.
-        let dep_points = self.dep_points(deps);
-        for &p in &dep_points {
+        // Dependencies on other streams (the task record keeps them with the fetches).
+        let fetched = inputs.len();
+        self.dep_points_into(deps, &mut inputs);
+        for &p in &inputs[fetched..] {
             wait_for(&mut self.streams, s, p)?;
         }
-        inputs.extend(dep_points);
         // Timing, while the model learns (and now and then after).
         let arch = &shared.archs[d];
         let profiled = self
@@ -550,6 +555,9 @@ impl State {
     }
 }
 
+/// Kernel arguments a launch passes from the stack (more go through a list).
+const FEW_ARGS: usize = 8;
+
 /// Adds implementation `implementation` of `task` (labelled `label`, with its merged
 /// `accesses`) on `device` to `stream`, over `memories` (one per access).
 fn enqueue<A: std::borrow::Borrow<Allocation>>(
@@ -587,15 +595,23 @@ fn enqueue<A: std::borrow::Borrow<Allocation>>(
                 many = accesses.iter().map(|(h, _)| h.len).collect();
                 &many
             };
-            let mut args: Vec<KernelArg<'_>> =
-                Vec::with_capacity(memories.len() + task.scalars.len());
-            args.extend(
-                memories
-                    .iter()
-                    .map(|a| KernelArg::Buffer(a.borrow().whole())),
-            );
-            args.extend(task.scalars.iter().map(|v| KernelArg::Scalar(*v)));
-            stream.launch(&kernel, dims(sizes), &args)
+            // The arguments on the stack too, for the usual few.
+            let all = memories
+                .iter()
+                .map(|a| KernelArg::Buffer(a.borrow().whole()))
+                .chain(task.scalars.iter().map(|v| KernelArg::Scalar(*v)));
+            let n = memories.len() + task.scalars.len();
+            if n <= FEW_ARGS {
+                let mut few: [KernelArg<'_>; FEW_ARGS] =
+                    std::array::from_fn(|_| KernelArg::Scalar(xpu_hal::Scalar::U8(0)));
+                for (slot, arg) in few.iter_mut().zip(all) {
+                    *slot = arg;
+                }
+                stream.launch(&kernel, dims(sizes), &few[..n])
+            } else {
+                let args: Vec<KernelArg<'_>> = all.collect();
+                stream.launch(&kernel, dims(sizes), &args)
+            }
         }
         None => Err(Error::invalid(format!(
             "{label}: implementation {implementation} of `{}` does not exist",

@@ -201,6 +201,9 @@ struct State {
     models: PerfModels,
     /// Timings under way, per stream, in the order they were enqueued there.
     measurements: Vec<VecDeque<Measurement>>,
+    /// What the policy sees of each candidate device of the task being placed (kept
+    /// between tasks so that placing one allocates nothing).
+    infos: Vec<Candidate>,
     /// Copies from homes so far.
     copies: u64,
     clock: u64,
@@ -415,6 +418,7 @@ impl Scheduler {
                         .collect(),
                     models: PerfModels::new(dir),
                     measurements: (0..2 * n).map(|_| VecDeque::new()).collect(),
+                    infos: Vec::with_capacity(n),
                     copies: 0,
                     clock: 0,
                     errors: Vec::new(),
@@ -531,23 +535,31 @@ impl Scheduler {
 
     /// Submits `task` (see the crate docs). Returns at once: the task runs when what it
     /// depends on has run.
-    pub fn submit(&self, task: Task) -> Result<TaskId> {
+    pub fn submit(&self, mut task: Task) -> Result<TaskId> {
         let mut st = self.lock();
         if st.poll(&self.shared) > 0 {
             self.shared.work.notify_all();
         }
         let label = task.label();
-        // Arguments: known handles, each once (merging modes).
-        let mut accesses: Vec<(Handle, AccessMode)> = Vec::with_capacity(task.accesses.len());
-        for (h, m) in &task.accesses {
-            if !st.handles.contains_key(&h.id) {
-                return Err(Error::invalid(format!(
-                    "{label}: {h} is not registered with this scheduler (unregistered, or from another one)"
-                )));
-            }
-            match accesses.iter_mut().find(|(a, _)| a.id == h.id) {
-                Some((_, mode)) => *mode = mode.merge(*m),
-                None => accesses.push((*h, *m)),
+        // Arguments: known handles, each once (merging modes), in the task's own list.
+        let mut accesses = std::mem::take(&mut task.accesses);
+        if let Some((h, _)) = accesses
+            .iter()
+            .find(|(h, _)| !st.handles.contains_key(&h.id))
+        {
+            return Err(Error::invalid(format!(
+                "{label}: {h} is not registered with this scheduler (unregistered, or from another one)"
+            )));
+        }
+        let mut k = 0;
+        while k < accesses.len() {
+            let (h, m) = accesses[k];
+            match accesses[..k].iter().position(|(a, _)| a.id == h.id) {
+                Some(first) => {
+                    accesses[first].1 = accesses[first].1.merge(m);
+                    accesses.remove(k);
+                }
+                None => k += 1,
             }
         }
         for t in &task.after {
@@ -644,20 +656,22 @@ impl Scheduler {
         let chosen = if candidates.len() == 1 {
             candidates[0]
         } else {
-            let infos: Vec<Candidate> = candidates
-                .iter()
-                .map(|&(d, _)| {
-                    st.candidate(
-                        &self.shared,
-                        &pending.task.codelet,
-                        d,
-                        &pending.accesses,
-                        footprint,
-                        now,
-                    )
-                })
-                .collect();
-            candidates[self.shared.policy.choose(&infos)]
+            // Gathered in a list kept for the purpose (no allocation per task).
+            let mut infos = std::mem::take(&mut st.infos);
+            infos.clear();
+            for &(d, _) in candidates {
+                infos.push(st.candidate(
+                    &self.shared,
+                    &pending.task.codelet,
+                    d,
+                    &pending.accesses,
+                    footprint,
+                    now,
+                ));
+            }
+            let k = self.shared.policy.choose(&infos);
+            st.infos = infos;
+            candidates[k]
         };
         st.start(&self.shared, id, &pending, &pending.deps, chosen, now)
             .map(|()| TaskId(id))
