@@ -185,7 +185,7 @@ impl HandleState {
         let mut replicas = self
             .journal
             .drain(..done)
-            .last()
+            .next_back()
             .map(|e| e.replicas)
             .unwrap_or_default();
         replicas.clear();
