@@ -254,7 +254,7 @@ impl State {
                 point: points[0],
                 extra: points[1..].to_vec(),
                 failed: None,
-                inputs: Vec::new(),
+                inputs: Points::new(),
                 through: Vec::new(),
                 redo: None,
                 collective: accesses.to_vec(),

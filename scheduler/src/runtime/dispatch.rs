@@ -155,7 +155,7 @@ impl State {
     }
 
     /// [`State::dep_points`], appended to `points`.
-    pub(super) fn dep_points_into(&self, deps: &BTreeSet<u64>, points: &mut Vec<Point>) {
+    pub(super) fn dep_points_into(&self, deps: &BTreeSet<u64>, points: &mut impl Extend<Point>) {
         // Tasks that failed without running lead on to their own dependencies (rare:
         // the set of those seen is made only then).
         let mut todo = Vec::new();
@@ -227,7 +227,7 @@ impl State {
                 through: deps.iter().copied().collect(),
                 extra: Vec::new(),
                 failed: Some(message),
-                inputs: Vec::new(),
+                inputs: Points::new(),
                 redo: None,
                 collective: Vec::new(),
             },
@@ -383,8 +383,8 @@ impl State {
             ));
         }
         // Data: a replica of every handle on the device, valid for those it reads.
-        let mut memories = Vec::with_capacity(accesses.len());
-        let mut inputs = Vec::with_capacity(accesses.len() + deps.len());
+        let mut memories: SmallVec<[Allocation; 4]> = SmallVec::new();
+        let mut inputs = Points::new();
         for (h, m) in accesses {
             if m.reads() {
                 if let Some(why) = self.handles.get(&h.id).and_then(|hs| hs.value_lost(id)) {

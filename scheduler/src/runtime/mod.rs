@@ -22,6 +22,7 @@ pub use record::Graph;
 use std::collections::{BTreeSet, VecDeque};
 
 use rustc_hash::FxHashMap as HashMap;
+use smallvec::SmallVec;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -127,6 +128,9 @@ pub struct SchedStats {
     pub evictions: u64,
 }
 
+/// Points on streams; the usual few inline.
+type Points = SmallVec<[Point; 4]>;
+
 /// A task's record while it may still be pending.
 struct TaskRecord {
     label: Arc<str>,
@@ -136,7 +140,7 @@ struct TaskRecord {
     failed: Option<String>,
     /// The points it waited for: the copies and writes that made its inputs, and its
     /// dependencies' ends.
-    inputs: Vec<Point>,
+    inputs: Points,
     /// For a task that failed without running: its dependencies, which the tasks after
     /// it wait for in its place.
     through: Vec<u64>,
@@ -242,7 +246,7 @@ struct Pending {
     accesses: Vec<(Handle, AccessMode)>,
     deps: BTreeSet<u64>,
     /// Devices that can run it, with the implementation each runs.
-    candidates: Vec<(usize, usize)>,
+    candidates: SmallVec<[(usize, usize); 4]>,
     footprint: u64,
     /// Dependencies not dispatched yet.
     remaining: usize,
@@ -571,7 +575,7 @@ impl Scheduler {
         }
         // Where it can run.
         let mut reasons = Vec::new();
-        let mut candidates: Vec<(usize, usize)> = Vec::new();
+        let mut candidates: SmallVec<[(usize, usize); 4]> = SmallVec::new();
         for (d, device) in self.shared.devices.iter().enumerate() {
             if let Some(p) = &task.pinned {
                 if p != device {
