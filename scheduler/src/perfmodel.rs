@@ -272,12 +272,18 @@ impl PerfModels {
             .predict(n)
     }
 
-    /// Samples of `codelet` on `arch`, over all footprints.
-    pub(crate) fn samples_for(&mut self, codelet: &Codelet, arch: &str) -> u64 {
-        self.model_of(codelet.id(), codelet.name())
-            .archs
-            .get(arch)
-            .map_or(0, ArchModel::samples)
+    /// [`PerfModels::predict_for`] and the samples of `codelet` on `arch` over all
+    /// footprints, in one lookup.
+    pub(crate) fn estimate_for(
+        &mut self,
+        codelet: &Codelet,
+        arch: &str,
+        n: u64,
+    ) -> (Option<f64>, u64) {
+        match self.model_of(codelet.id(), codelet.name()).archs.get(arch) {
+            Some(a) => (a.predict(n), a.samples()),
+            None => (None, 0),
+        }
     }
 
     /// Samples of `codelet` on `arch` at footprint `n`.

@@ -122,8 +122,7 @@ impl State {
         now: f64,
     ) -> Candidate {
         let arch = &shared.archs[d];
-        let exec = self.models.predict_for(codelet, arch, footprint);
-        let samples = self.models.samples_for(codelet, arch);
+        let (exec, samples) = self.models.estimate_for(codelet, arch, footprint);
         let bandwidth = self.devices[d].bandwidth.unwrap_or(DEFAULT_BANDWIDTH);
         let transfer: f64 = accesses
             .iter()
