@@ -64,7 +64,7 @@ pub fn bench(c: &mut Criterion) {
     });
     let mut local = [0f32; (BYTES / 4) as usize];
     group.bench_function("fill_64B/inline", |b| {
-        b.iter(|| xpu_host::ops::fill(black_box(&mut local[..]), black_box(1.0f32)))
+        b.iter(|| xpu_hal::reference::fill(black_box(&mut local[..]), black_box(1.0f32)))
     });
     group.finish();
 }

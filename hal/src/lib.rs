@@ -96,6 +96,12 @@
 //! panics; a panic inside a backend worker thread is caught there and becomes an
 //! `Aborted` error at the next call that reports the stream's work.
 //!
+//! ## Reference arithmetic
+//!
+//! [`reference`] holds what each builtin computes, element by element, on plain slices:
+//! the host backend runs its builtins with it, and code that must compute exactly what a
+//! device computes uses it through the HAL, not through a backend.
+//!
 //! ## Finding devices
 //!
 //! A [`Registry`] holds [`backend::Backend`]s. Enumeration is cheap and cached; a backend
@@ -121,6 +127,7 @@ mod kept;
 mod kernel;
 mod memory;
 mod progress;
+pub mod reference;
 mod registry;
 mod stream;
 mod units;

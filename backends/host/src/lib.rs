@@ -32,8 +32,8 @@
 //! - [`HostEvent`] — a numbered point on a stream's timeline; it completes when the
 //!   worker passes it, recording a timestamp and the outcome of the work before it.
 //!   Waits on events of any backend are done by the waiting stream's worker.
-//! - [`ops`] — the builtin operations on plain slices, written as monomorphic loops that
-//!   the compiler vectorises; they define the arithmetic every backend must match.
+//! - `ops` — runs the builtin operations on device memory with the HAL's reference
+//!   arithmetic ([`xpu_hal::reference`]), which defines what every backend must match.
 //!
 //! ## Errors
 //!
@@ -46,7 +46,7 @@ mod device;
 mod event;
 mod kernel;
 mod memory;
-pub mod ops;
+mod ops;
 mod queue;
 mod stream;
 

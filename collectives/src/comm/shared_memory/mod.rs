@@ -16,7 +16,7 @@
 //! algorithm can move — in one pass, with no staging and no scratch device memory. Parts
 //! start on cache-line boundaries, so no two ranks write one line, and a message smaller
 //! than a line is one rank's alone. Reductions run tile by tile through a small scratch
-//! that stays in L1, with the host backend's reference arithmetic ([`xpu_host::ops`]),
+//! that stays in L1, with the HAL's reference arithmetic ([`xpu_hal::reference`]),
 //! so results equal the enqueued path's bit for bit.
 //!
 //! The planner refuses (and the operation is enqueued instead) when buffers of different
@@ -28,9 +28,9 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use xpu_hal::reference::{self as ops, Element};
+use xpu_hal::with_dtype;
 use xpu_hal::{BinaryOp, DType, Error, HostView, Result, Scalar};
-use xpu_host::ops::{self, Element};
-use xpu_host::with_dtype;
 
 use super::algorithms::RankBuffers;
 use super::op::{avg_factor, Collective, OpDesc, ReduceOp};

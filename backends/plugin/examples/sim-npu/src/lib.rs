@@ -45,7 +45,7 @@
 //! - [`SimEvent`] — completed by the worker with a timestamp and the outcome of the
 //!   work before it.
 //! - `ops` — the builtin operations, computed with the host backend's functions
-//!   (`xpu_host::ops`) so that results agree bit for bit with the reference.
+//!   (`xpu_hal::reference`) so that results agree bit for bit with the reference.
 //! - [`bytecode`] — `simnpu-bytecode`, the native kernel format: straight-line `f32`
 //!   programs, one invocation per element, with a builder ([`bytecode::Module`]) and
 //!   [`bytecode::axpy`] as the example.

@@ -1,5 +1,5 @@
 //! Builtin operations on arena memory, with the host backend's functions
-//! (`xpu_host::ops`) as the arithmetic, so that the simulated NPU computes bit for bit
+//! (`xpu_hal::reference`) as the arithmetic, so that the simulated NPU computes bit for bit
 //! what the reference computes.
 //!
 //! Operands that are the same range are handled as the host backend does: `binary`
@@ -8,8 +8,8 @@
 //! and an in-place cast reads its source first.
 
 use half::{bf16, f16};
+use xpu_hal::reference::{self as ops, Element};
 use xpu_hal::BinaryOp as HalOp;
-use xpu_host::ops::{self, Element};
 use xpu_plugin_sdk::{BinaryOp, BufferRange, Builtin, DType, Error, Result, Scalar};
 
 use crate::arena::Buffer;
@@ -17,7 +17,7 @@ use crate::arena::Buffer;
 /// Runs `$body` with `$T` bound to the Rust type of an SDK dtype.
 macro_rules! with_type {
     ($dtype:expr, $T:ident => $body:expr) => {
-        xpu_host::with_dtype!(DType, $dtype, $T => $body)
+        xpu_hal::with_dtype!(DType, $dtype, $T => $body)
     };
 }
 

@@ -11,7 +11,7 @@ use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
 use common::*;
-use xpu_host::ops;
+use xpu_hal::reference as ops;
 use xpu_plugin_sdk::abi::*;
 use xpu_plugin_sdk::{DType, ErrorCode, Scalar};
 use xpu_sim_npu::bytecode::{self, BinOp, Instr, Module};
@@ -105,7 +105,7 @@ fn copies_land_at_their_offsets_only() {
 /// Runs `$body` with `$T` bound to the Rust type of an SDK dtype.
 macro_rules! with_type {
     ($dtype:expr, $T:ident => $body:expr) => {
-        xpu_host::with_dtype!(DType, $dtype, $T => $body)
+        xpu_hal::with_dtype!(DType, $dtype, $T => $body)
     };
 }
 

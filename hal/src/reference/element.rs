@@ -1,8 +1,8 @@
 //! The [`Element`] trait: per-dtype arithmetic with the HAL's rules (integers wrap,
 //! `f16`/`bf16` computed in `f32`, `min`/`max` ignore NaN, casts as Rust's `as`).
 
+use crate::Scalar;
 use half::{bf16, f16};
-use xpu_hal::Scalar;
 
 /// A value widened without loss (except `i64` beyond 2^53 when it becomes a float), the
 /// common currency of casts.
@@ -151,7 +151,7 @@ macro_rules! half_element {
             #[inline(always)]
             fn narrow(w: Wide) -> Self {
                 match w {
-                    Wide::Int(v) => $from_f64(xpu_hal::dtype::f64_round_to_odd_from_i64(v)),
+                    Wide::Int(v) => $from_f64(crate::dtype::f64_round_to_odd_from_i64(v)),
                     Wide::Float(v) => $from_f64(v),
                 }
             }
@@ -159,5 +159,5 @@ macro_rules! half_element {
     };
 }
 
-half_element!(f16, F16, xpu_hal::dtype::f16_from_f64);
-half_element!(bf16, BF16, xpu_hal::dtype::bf16_from_f64);
+half_element!(f16, F16, crate::dtype::f16_from_f64);
+half_element!(bf16, BF16, crate::dtype::bf16_from_f64);
