@@ -100,6 +100,18 @@ pub trait DeviceImpl: Send + Sync {
     /// Creates a stream.
     fn create_stream(&self) -> Result<Box<dyn StreamImpl>>;
 
+    /// The backend's vendor collective library over `devices` (all of this backend,
+    /// this device among them or not), rank `r` on `devices[r]`: `None` when the backend
+    /// has none (the default), else the group or why it could not be made. See
+    /// [`crate::group`].
+    fn collective_group(
+        &self,
+        devices: &[crate::Device],
+    ) -> Option<Result<Box<dyn crate::group::CollectiveGroup>>> {
+        let _ = devices;
+        None
+    }
+
     /// Loads a kernel.
     ///
     /// Guaranteed by the HAL: the source's format is in `capabilities.kernel_formats`.

@@ -96,6 +96,12 @@
 //! panics; a panic inside a backend worker thread is caught there and becomes an
 //! `Aborted` error at the next call that reports the stream's work.
 //!
+//! ## Vendor collective libraries
+//!
+//! [`group`] lets a backend offer its vendor collective library (NCCL for CUDA) over a
+//! set of its devices, so that the collectives layer uses it without importing the
+//! backend.
+//!
 //! ## Reference arithmetic
 //!
 //! [`reference`] holds what each builtin computes, element by element, on plain slices:
@@ -121,6 +127,7 @@ mod device;
 pub mod dtype;
 mod error;
 mod event;
+pub mod group;
 mod id;
 mod info;
 mod kept;

@@ -468,6 +468,17 @@ impl DeviceImpl for CudaDevice {
         Ok(Box::new(CudaStream::new(self.shared.clone())?))
     }
 
+    /// NCCL over `devices` (see `nccl::NcclGroup::new` for what it refuses).
+    fn collective_group(
+        &self,
+        devices: &[xpu_hal::Device],
+    ) -> Option<Result<Box<dyn xpu_hal::group::CollectiveGroup>>> {
+        Some(
+            crate::nccl::NcclGroup::new(devices)
+                .map(|g| Box::new(g) as Box<dyn xpu_hal::group::CollectiveGroup>),
+        )
+    }
+
     fn load_kernel(&self, desc: &KernelDesc) -> Result<Arc<dyn KernelImpl>> {
         Ok(Arc::new(crate::kernel::CudaKernel::load(
             &self.shared,

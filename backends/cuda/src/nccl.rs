@@ -21,7 +21,8 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUstream;
 use libloading::Library;
-use xpu_hal::{BufferSlice, DType, Device, Error, Result, Stream};
+use xpu_hal::group::{CollectiveGroup, GroupOp, GroupPart, GroupReduce};
+use xpu_hal::{BufferSlice, DType, Device, Error, Result};
 
 use crate::libs::{self, Found, NotFound, Opened, Places};
 use crate::stream::{buffer_of, CudaStream, Held};
@@ -215,84 +216,6 @@ impl Nccl {
     }
 }
 
-/// A reduction NCCL computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NcclReduce {
-    /// `ncclSum`.
-    Sum,
-    /// `ncclProd`.
-    Prod,
-    /// `ncclMin`.
-    Min,
-    /// `ncclMax`.
-    Max,
-    /// `ncclAvg`.
-    Avg,
-}
-
-/// One collective, described the same for every rank. Counts are elements of `dtype`;
-/// byte lengths are for operations that only move bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NcclOp {
-    /// `ncclAllReduce` of `count` elements.
-    AllReduce {
-        /// Elements per rank.
-        count: usize,
-        /// Their type.
-        dtype: DType,
-        /// The reduction.
-        op: NcclReduce,
-    },
-    /// `ncclReduce` of `count` elements to `root`.
-    Reduce {
-        /// Elements per rank.
-        count: usize,
-        /// Their type.
-        dtype: DType,
-        /// The reduction.
-        op: NcclReduce,
-        /// The rank that receives the result.
-        root: usize,
-    },
-    /// `ncclBroadcast` of `bytes` from `root`.
-    Broadcast {
-        /// Bytes broadcast.
-        bytes: usize,
-        /// The rank whose data it is.
-        root: usize,
-    },
-    /// `ncclAllGather` of `bytes` per rank.
-    AllGather {
-        /// Bytes each rank contributes.
-        bytes: usize,
-    },
-    /// `ncclReduceScatter` of `count` elements per rank.
-    ReduceScatter {
-        /// Elements each rank receives.
-        count: usize,
-        /// Their type.
-        dtype: DType,
-        /// The reduction.
-        op: NcclReduce,
-    },
-    /// Blocks of `bytes` between every pair, as grouped sends and receives.
-    AllToAll {
-        /// Bytes per block.
-        bytes: usize,
-    },
-}
-
-/// One rank's part of an operation: its stream and buffers (`None` where the rank has
-/// none, as non-roots of a reduce).
-pub struct NcclPart<'a> {
-    /// The rank's stream, on its device.
-    pub stream: &'a Stream,
-    /// The send buffer.
-    pub send: Option<BufferSlice<'a>>,
-    /// The receive buffer.
-    pub recv: Option<BufferSlice<'a>>,
-}
-
 /// NCCL communicators over CUDA devices of this process, rank `r` on `devices[r]`.
 pub struct NcclGroup {
     nccl: Arc<Nccl>,
@@ -330,13 +253,13 @@ fn dtype(d: DType) -> c_int {
     }
 }
 
-fn reduce(op: NcclReduce) -> c_int {
+fn reduce(op: GroupReduce) -> c_int {
     match op {
-        NcclReduce::Sum => NCCL_SUM,
-        NcclReduce::Prod => NCCL_PROD,
-        NcclReduce::Min => NCCL_MIN,
-        NcclReduce::Max => NCCL_MAX,
-        NcclReduce::Avg => NCCL_AVG,
+        GroupReduce::Sum => NCCL_SUM,
+        GroupReduce::Prod => NCCL_PROD,
+        GroupReduce::Min => NCCL_MIN,
+        GroupReduce::Max => NCCL_MAX,
+        GroupReduce::Avg => NCCL_AVG,
     }
 }
 
@@ -396,16 +319,18 @@ impl NcclGroup {
             devices: devices.to_vec(),
         })
     }
+}
 
+impl CollectiveGroup for NcclGroup {
     /// The number of ranks.
-    pub fn size(&self) -> usize {
+    fn size(&self) -> usize {
         self.comms.len()
     }
 
     /// Enqueues `op` for every rank, `parts[r]` being rank `r`'s stream and buffers.
     /// Each rank's stream then counts the work as its own: its next checkpoint covers
     /// it, and the buffers are held until it has run.
-    pub fn run(&self, op: NcclOp, parts: &[NcclPart<'_>]) -> Result<()> {
+    fn run(&self, op: GroupOp, parts: &[GroupPart<'_>]) -> Result<()> {
         if parts.len() != self.comms.len() {
             return Err(Error::invalid(format!(
                 "{} parts for an NCCL group of {} ranks; give one per rank",
@@ -473,8 +398,10 @@ impl NcclGroup {
         }
         issued.and(ended).and(accounted)
     }
+}
 
-    fn issue(&self, op: NcclOp, native: &[Native<'_>]) -> Result<()> {
+impl NcclGroup {
+    fn issue(&self, op: GroupOp, native: &[Native<'_>]) -> Result<()> {
         let n = self.comms.len();
         let api = &self.nccl.api;
         let rank_int = |r: usize| {
@@ -489,7 +416,7 @@ impl NcclGroup {
             // by the caller's validation), held until the work has run; the stream is
             // rank r's native stream, and the communicator belongs to this group.
             let (what, result) = match op {
-                NcclOp::AllReduce {
+                GroupOp::AllReduce {
                     count,
                     dtype: t,
                     op,
@@ -500,7 +427,7 @@ impl NcclGroup {
                     };
                     ("ncclAllReduce", r)
                 }
-                NcclOp::Reduce {
+                GroupOp::Reduce {
                     count,
                     dtype: t,
                     op,
@@ -513,7 +440,7 @@ impl NcclGroup {
                     };
                     ("ncclReduce", r)
                 }
-                NcclOp::Broadcast { bytes, root } => {
+                GroupOp::Broadcast { bytes, root } => {
                     let from = if send.is_null() { recv } else { send };
                     let root = rank_int(root)?;
                     // SAFETY: see above.
@@ -522,13 +449,13 @@ impl NcclGroup {
                     };
                     ("ncclBroadcast", r)
                 }
-                NcclOp::AllGather { bytes } => {
+                GroupOp::AllGather { bytes } => {
                     // SAFETY: see above.
                     let r =
                         unsafe { (api.all_gather)(send, recv, bytes, NCCL_UINT8, comm, stream) };
                     ("ncclAllGather", r)
                 }
-                NcclOp::ReduceScatter {
+                GroupOp::ReduceScatter {
                     count,
                     dtype: t,
                     op,
@@ -539,7 +466,7 @@ impl NcclGroup {
                     };
                     ("ncclReduceScatter", r)
                 }
-                NcclOp::AllToAll { bytes } => {
+                GroupOp::AllToAll { bytes } => {
                     for q in 0..n {
                         let peer = rank_int(q)?;
                         let out = (send as *const u8).wrapping_add(q * bytes) as *const c_void;
@@ -592,7 +519,7 @@ mod tests {
         assert_eq!(unique.len(), types.len(), "distinct NCCL types");
         assert_eq!(dtype(DType::F32), 7);
         assert_eq!(dtype(DType::BF16), 9);
-        assert_eq!(reduce(NcclReduce::Avg), 4);
-        assert_eq!(reduce(NcclReduce::Min), 3);
+        assert_eq!(reduce(GroupReduce::Avg), 4);
+        assert_eq!(reduce(GroupReduce::Min), 3);
     }
 }

@@ -207,7 +207,8 @@ fn foreign_waits_block_neither_the_caller_nor_other_streams_host_steps() {
 
 #[test]
 fn nccl_groups_refuse_other_devices_and_run_on_gpus() {
-    use xpu_cuda::nccl::{NcclGroup, NcclOp, NcclPart, NcclReduce};
+    use xpu_cuda::nccl::NcclGroup;
+    use xpu_hal::group::{CollectiveGroup, GroupOp, GroupPart, GroupReduce};
     // Without a GPU: a group of host devices is refused with the reason, not a panic.
     let mut r = Registry::new();
     r.register(Arc::new(HostBackend::new(HostConfig {
@@ -236,17 +237,17 @@ fn nccl_groups_refuse_other_devices_and_run_on_gpus() {
     let send = cuda.allocate(values.len() as u64).unwrap();
     let recv = cuda.allocate(values.len() as u64).unwrap();
     stream.write(&send, &values).unwrap();
-    let part = NcclPart {
+    let part = GroupPart {
         stream: &stream,
         send: Some(send.whole()),
         recv: Some(recv.whole()),
     };
     group
         .run(
-            NcclOp::AllReduce {
+            GroupOp::AllReduce {
                 count: 1024,
                 dtype: xpu_hal::DType::F32,
-                op: NcclReduce::Avg,
+                op: GroupReduce::Avg,
             },
             &[part],
         )
@@ -309,7 +310,8 @@ fn the_device_says_which_nvrtc_and_nccl_it_uses_and_how_it_waits() {
 
 #[test]
 fn nccl_work_is_seen_by_synchronize_and_holds_its_buffers() {
-    use xpu_cuda::nccl::{NcclGroup, NcclOp, NcclPart, NcclReduce};
+    use xpu_cuda::nccl::NcclGroup;
+    use xpu_hal::group::{CollectiveGroup, GroupOp, GroupPart, GroupReduce};
     let Some((cuda, _)) = devices() else { return };
     if let Err(reason) = xpu_cuda::nccl::available() {
         eprintln!("skipped: {reason}");
@@ -329,17 +331,17 @@ fn nccl_work_is_seen_by_synchronize_and_holds_its_buffers() {
         stream.write(&send, &values).unwrap();
         stream.fill(&recv, Scalar::U8(0)).unwrap();
         stream.synchronize().unwrap();
-        let part = NcclPart {
+        let part = GroupPart {
             stream: &stream,
             send: Some(send.whole()),
             recv: Some(recv.whole()),
         };
         group
             .run(
-                NcclOp::AllReduce {
+                GroupOp::AllReduce {
                     count,
                     dtype: xpu_hal::DType::F32,
-                    op: NcclReduce::Sum,
+                    op: GroupReduce::Sum,
                 },
                 &[part],
             )

@@ -201,7 +201,7 @@ struct Shared {
     /// The slots of small operations, when every device runs host functions.
     slots: Option<Slots>,
     /// NCCL communicators, when every rank is a distinct CUDA device and NCCL loads.
-    nccl: Option<xpu_cuda::nccl::NcclGroup>,
+    nccl: Option<Box<dyn xpu_hal::group::CollectiveGroup>>,
     /// Per rank: the latest operation it refused on the small path's terms, and why.
     refusals: Vec<Mutex<Option<(u64, Error)>>>,
     /// Per rank: whether it may stage its buffers through host memory for shared-memory
@@ -302,14 +302,16 @@ impl Communicator {
                     .fold(0.0, f64::max),
             );
         }
-        // All-CUDA communicators delegate to NCCL where it is installed.
-        let nccl = if n > 1 && devices.iter().all(|d| d.backend() == "cuda") {
-            match xpu_cuda::nccl::NcclGroup::new(&devices) {
-                Ok(g) => Some(g),
-                Err(e) => {
+        // Communicators whose devices' backend offers a vendor library (all-CUDA ones:
+        // NCCL, where it is installed) delegate to it.
+        let nccl = if n > 1 {
+            match xpu_hal::group::collective_group(&devices) {
+                Some(Ok(g)) => Some(g),
+                Some(Err(e)) => {
                     tracing::debug!(error = %e, "NCCL is not used; the xpu algorithms run");
                     None
                 }
+                None => None,
             }
         } else {
             None

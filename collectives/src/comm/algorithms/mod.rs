@@ -146,7 +146,7 @@ pub(crate) struct Run<'a> {
     /// The topology's groups of well-connected ranks, for hierarchical algorithms.
     pub groups: &'a [Vec<usize>],
     /// The communicator's NCCL group, when it has one.
-    pub nccl: Option<&'a xpu_cuda::nccl::NcclGroup>,
+    pub nccl: Option<&'a dyn xpu_hal::group::CollectiveGroup>,
 }
 
 /// Shared-memory execution runs in the ranks' threads (`shared_memory/`), never here.

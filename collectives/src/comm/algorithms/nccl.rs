@@ -1,20 +1,20 @@
 //! NCCL as an algorithm: the last rank to arrive hands the whole operation to the
-//! communicator's [`NcclGroup`], which enqueues every rank's part on its stream in one
+//! communicator's NCCL group (a [`xpu_hal::group::CollectiveGroup`] the CUDA backend offers), which enqueues every rank's part on its stream in one
 //! NCCL group call. The rendezvous before it keeps xpu's desync detection and timeouts.
 
-use xpu_cuda::nccl::{NcclOp, NcclPart, NcclReduce};
+use xpu_hal::group::{GroupOp, GroupPart, GroupReduce};
 use xpu_hal::{Error, Result};
 
 use super::{Collective, Run};
 use crate::comm::op::ReduceOp;
 
-fn reduce(op: ReduceOp) -> NcclReduce {
+fn reduce(op: ReduceOp) -> GroupReduce {
     match op {
-        ReduceOp::Sum => NcclReduce::Sum,
-        ReduceOp::Prod => NcclReduce::Prod,
-        ReduceOp::Min => NcclReduce::Min,
-        ReduceOp::Max => NcclReduce::Max,
-        ReduceOp::Avg => NcclReduce::Avg,
+        ReduceOp::Sum => GroupReduce::Sum,
+        ReduceOp::Prod => GroupReduce::Prod,
+        ReduceOp::Min => GroupReduce::Min,
+        ReduceOp::Max => GroupReduce::Max,
+        ReduceOp::Avg => GroupReduce::Avg,
     }
 }
 
@@ -30,28 +30,28 @@ impl Run<'_> {
         let bytes = usize::try_from(self.bytes)
             .map_err(|_| Error::invalid("the operation does not fit this platform's sizes"))?;
         let count = bytes / self.elem() as usize;
-        let op = self.op.map(reduce).unwrap_or(NcclReduce::Sum);
+        let op = self.op.map(reduce).unwrap_or(GroupReduce::Sum);
         let root = self.root;
         let call = match self.kind {
-            Collective::AllReduce => NcclOp::AllReduce {
+            Collective::AllReduce => GroupOp::AllReduce {
                 count,
                 dtype: self.dtype()?,
                 op,
             },
-            Collective::Reduce => NcclOp::Reduce {
+            Collective::Reduce => GroupOp::Reduce {
                 count,
                 dtype: self.dtype()?,
                 op,
                 root,
             },
-            Collective::ReduceScatter => NcclOp::ReduceScatter {
+            Collective::ReduceScatter => GroupOp::ReduceScatter {
                 count,
                 dtype: self.dtype()?,
                 op,
             },
-            Collective::Broadcast => NcclOp::Broadcast { bytes, root },
-            Collective::AllGather => NcclOp::AllGather { bytes },
-            Collective::AllToAll => NcclOp::AllToAll { bytes },
+            Collective::Broadcast => GroupOp::Broadcast { bytes, root },
+            Collective::AllGather => GroupOp::AllGather { bytes },
+            Collective::AllToAll => GroupOp::AllToAll { bytes },
             Collective::Barrier | Collective::SendRecv => {
                 return Err(Error::backend_message(
                     "collectives",
@@ -59,11 +59,11 @@ impl Run<'_> {
                 ))
             }
         };
-        let parts: Vec<NcclPart<'_>> = self
+        let parts: Vec<GroupPart<'_>> = self
             .ranks
             .iter()
             .zip(self.buffers)
-            .map(|(io, b)| NcclPart {
+            .map(|(io, b)| GroupPart {
                 stream: &io.stream,
                 send: b.send.as_ref().map(|s| s.buf()),
                 recv: b.recv.as_ref().map(|r| r.buf()),
