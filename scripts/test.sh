@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests need where missing (scripts/deps.sh --test),
-# then runs every test: the workspace's unit and integration tests, then the core and
-# collectives conformance profiles through the `xpu` command over every device — host,
+# then runs every test: the workspace's unit and integration tests, then the core,
+# collectives and training conformance profiles through the `xpu` command over every device — host,
 # Vulkan, and the two example plugins built here as a vendor would build them — with
 # JSON and JUnit reports in target/conformance/.
 set -euo pipefail
@@ -31,4 +31,9 @@ cargo run --locked --quiet -p xpu -- conformance --plugin "$plugins" --devices '
 cargo run --locked --quiet -p xpu -- conformance --profile collectives --plugin "$plugins" \
   --devices '*' --json target/conformance/collectives.json \
   --junit target/conformance/collectives.xml || status=$?
+# The training profile: every standard operation each device lists, against the
+# reference (an operation a device does not list is a skip naming it).
+cargo run --locked --quiet -p xpu -- conformance --profile training --plugin "$plugins" \
+  --devices '*' --json target/conformance/training.json \
+  --junit target/conformance/training.xml || status=$?
 exit "$status"

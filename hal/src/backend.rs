@@ -249,6 +249,23 @@ pub trait StreamImpl: Send + Sync {
     /// Enqueues a builtin operation.
     fn builtin(&self, op: BuiltinOp) -> Result<()>;
 
+    /// Enqueues a standard operation ([`crate::ops`]). An error found while it runs
+    /// (an index out of range) is the stream's, reported like any failed work.
+    ///
+    /// Guaranteed by the HAL: the device lists the operation for its dtype in
+    /// `capabilities.ops`; [`crate::ops::check`] passed (shapes, dtypes, parameters,
+    /// written tensors address each element once); every tensor is on this device, in
+    /// bounds, non-empty, its `memory` spanning exactly what its layout addresses; a
+    /// written tensor overlaps no other operand except an input it may be identical to
+    /// ([`crate::ops::OpKind::in_place_pairs`]: same memory, offset and layout). The
+    /// default refuses (a device that provides operations lists them and overrides this).
+    fn run_op(&self, op: crate::ops::Op<crate::ops::RawTensor>) -> Result<()> {
+        Err(crate::Error::unsupported(format!(
+            "this device does not provide the standard operation {}",
+            op.kind()
+        )))
+    }
+
     /// Enqueues a kernel launch.
     ///
     /// Guaranteed: `kernel` came from this device's `load_kernel`; `args` match the

@@ -70,12 +70,22 @@ pub struct Capabilities {
     /// with the host and maps it coherently. Collectives then let the ranks' threads move
     /// the bytes themselves.
     pub host_addressable: bool,
+    /// The standard operations ([`crate::ops`]) the device provides, with their dtypes;
+    /// [`crate::Stream::run_op`] refuses the others as `Unsupported`.
+    pub ops: Vec<crate::ops::OpSupport>,
 }
 
 impl Capabilities {
     /// Whether builtin operations on `dtype` are supported.
     pub fn supports_dtype(&self, dtype: DType) -> bool {
         self.dtypes.contains(&dtype)
+    }
+
+    /// Whether the standard operation `kind` runs on `dtype` (of its main operand).
+    pub fn supports_op(&self, kind: crate::ops::OpKind, dtype: DType) -> bool {
+        self.ops
+            .iter()
+            .any(|s| s.kind == kind && s.dtypes.contains(&dtype))
     }
 
     /// Whether kernels of `format` can be loaded.

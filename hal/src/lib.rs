@@ -133,6 +133,7 @@ mod info;
 mod kept;
 mod kernel;
 mod memory;
+pub mod ops;
 mod progress;
 pub mod reference;
 mod registry;

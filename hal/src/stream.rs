@@ -193,6 +193,19 @@ impl Stream {
         }
     }
 
+    /// Enqueues a standard operation ([`crate::ops`]) on tensors of this stream's
+    /// device: `Unsupported` when the device does not list it for the dtype of its main
+    /// operand, `InvalidArgument` naming the operand for wrong shapes, dtypes, strides,
+    /// parameters, bounds or overlaps. An operation with an empty tensor does nothing.
+    /// Errors found while it runs (an index out of range) are the stream's, reported by
+    /// the next synchronize.
+    pub fn run_op(&self, op: &crate::ops::Op<crate::ops::Tensor<'_>>) -> Result<()> {
+        match crate::ops::resolve::resolve(self.device(), op)? {
+            Some(raw) => self.imp().run_op(raw),
+            None => Ok(()),
+        }
+    }
+
     /// `dst[i] = a[i] op b[i]`. `dst` may be the very range of `a` or `b` (in place);
     /// partial overlaps are refused.
     pub fn binary<'a, 'b, 'c>(

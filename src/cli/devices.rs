@@ -35,6 +35,8 @@ struct CapabilitiesJson {
     virtual_memory_granularity: Option<u64>,
     /// Whether the CPU reads and writes the device's memory directly.
     host_addressable: bool,
+    /// The standard operations the device provides, each with its dtypes.
+    ops: std::collections::BTreeMap<&'static str, Vec<&'static str>>,
 }
 
 #[derive(Serialize)]
@@ -75,6 +77,11 @@ fn device_json(d: &Device) -> DeviceJson {
             kernel_arg_alignment: caps.kernel_arg_alignment,
             virtual_memory_granularity: caps.virtual_memory_granularity,
             host_addressable: caps.host_addressable,
+            ops: caps
+                .ops
+                .iter()
+                .map(|o| (o.kind.name(), o.dtypes.iter().map(|t| t.name()).collect()))
+                .collect(),
         },
     }
 }
@@ -123,7 +130,7 @@ pub fn run(registry: &Registry, selector: &DeviceSelector, json: bool) -> Result
 }
 
 fn print_table(devices: &[Device]) {
-    let rows: Vec<[String; 7]> = devices
+    let rows: Vec<[String; 8]> = devices
         .iter()
         .map(|d| {
             let caps = d.capabilities();
@@ -144,11 +151,12 @@ fn print_table(devices: &[Device]) {
                     .join(","),
                 caps.virtual_memory_granularity
                     .map_or_else(|| "-".to_string(), format_bytes),
+                format!("{}/{}", caps.ops.len(), xpu::ops::OpKind::ALL.len()),
             ]
         })
         .collect();
     let header = [
-        "DEVICE", "KIND", "NAME", "MEMORY", "DTYPES", "KERNELS", "GROWABLE",
+        "DEVICE", "KIND", "NAME", "MEMORY", "DTYPES", "KERNELS", "GROWABLE", "OPS",
     ];
     let mut widths = header.map(str::len);
     for row in &rows {

@@ -21,7 +21,8 @@ pub enum Profile {
     /// backend and with devices of every other backend: every operation and algorithm,
     /// and the failure paths (timeouts, desyncs, abort).
     Collectives,
-    /// What a training loop needs end to end (reserved; no cases yet).
+    /// The standard operations a training step is made of ([`xpu_hal::ops`]), each the
+    /// device lists checked against the reference on every dtype it claims.
     Training,
 }
 

@@ -253,5 +253,7 @@ fn profiles_parse_and_select() {
     assert!(xpu_conformance::cases(Profile::Core)
         .iter()
         .all(|c| !c.name.starts_with("collectives.")));
-    assert!(xpu_conformance::cases(Profile::Training).is_empty());
+    let training = xpu_conformance::cases(Profile::Training);
+    assert_eq!(training.len(), xpu_hal::ops::OpKind::ALL.len() + 1);
+    assert!(training.iter().all(|c| c.name.starts_with("training.")));
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use xpu_conformance::{all_cases, run_cases, Expectations, Profile, RunOptions, Status};
 use xpu_hal::backend::{Backend, BuiltinOp, DeviceImpl, DeviceSummary, EventImpl, StreamImpl};
+use xpu_hal::ops::{Op, RawTensor, ReduceOp};
 use xpu_hal::{
     BinaryOp, Device, DeviceInfo, DeviceSelector, Event, HostSlice, KernelDesc, KernelImpl,
     LaunchDims, MemoryInfo, RawAllocation, RawKernelArg, RawSlice, Registry, Result,
@@ -38,6 +39,13 @@ enum Fault {
     NoDtypes,
     /// Capabilities lack f64 (not a fault: a device without double precision).
     NoF64,
+    /// Standard operations report success and do nothing.
+    OpsDoNothing,
+    /// Standard operations run with a parameter or a variant slightly wrong (GELU for
+    /// ReLU, min for max, another seed, offset, eps, step or scale).
+    OpsSlightlyWrong,
+    /// Capabilities list no standard operation (not a fault: a device without them).
+    NoOps,
 }
 
 struct FaultyBackend {
@@ -75,6 +83,9 @@ impl DeviceImpl for FaultyDevice {
         }
         if self.fault == Fault::NoDtypes {
             info.capabilities.dtypes.clear();
+        }
+        if self.fault == Fault::NoOps {
+            info.capabilities.ops.clear();
         }
         if self.fault == Fault::NoF64 {
             info.capabilities
@@ -207,6 +218,14 @@ impl StreamImpl for FaultyStream {
         self.inner.launch(kernel, desc, dims, args)
     }
 
+    fn run_op(&self, op: Op<RawTensor>) -> Result<()> {
+        match self.fault {
+            Fault::OpsDoNothing => Ok(()),
+            Fault::OpsSlightlyWrong => self.inner.run_op(slightly_wrong(op)),
+            _ => self.inner.run_op(op),
+        }
+    }
+
     fn record_event(&self) -> Result<Arc<dyn EventImpl>> {
         Ok(Arc::new(FaultyEvent {
             inner: self.inner.record_event()?,
@@ -247,6 +266,125 @@ impl StreamImpl for FaultyStream {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+fn slightly_wrong(op: Op<RawTensor>) -> Op<RawTensor> {
+    match op {
+        Op::Relu { x, y } => Op::Gelu { x, y },
+        Op::Gelu { x, y } => Op::Relu { x, y },
+        Op::ReluBackward { x, dy, dx } => Op::GeluBackward { x, dy, dx },
+        Op::GeluBackward { x, dy, dx } => Op::ReluBackward { x, dy, dx },
+        Op::Matmul {
+            a,
+            b,
+            c,
+            trans_a,
+            trans_b,
+            alpha,
+            beta,
+        } => Op::Matmul {
+            a,
+            b,
+            c,
+            trans_a,
+            trans_b,
+            alpha: alpha * 1.01,
+            beta,
+        },
+        Op::Reduce { x, y, op, axis } => Op::Reduce {
+            x,
+            y,
+            op: match op {
+                ReduceOp::Max => ReduceOp::Min,
+                ReduceOp::Min => ReduceOp::Max,
+                ReduceOp::Sum => ReduceOp::Mean,
+                ReduceOp::Mean => ReduceOp::Sum,
+            },
+            axis,
+        },
+        Op::Random {
+            y,
+            dist,
+            seed,
+            offset,
+        } => Op::Random {
+            y,
+            dist,
+            seed,
+            offset: offset.wrapping_add(1),
+        },
+        Op::Dropout {
+            x,
+            y,
+            p,
+            seed,
+            offset,
+        } => Op::Dropout {
+            x,
+            y,
+            p,
+            seed: seed ^ 1,
+            offset,
+        },
+        Op::LayerNorm {
+            x,
+            gamma,
+            beta,
+            y,
+            mean,
+            rstd,
+            eps,
+        } => Op::LayerNorm {
+            x,
+            gamma,
+            beta,
+            y,
+            mean,
+            rstd,
+            eps: eps + 0.05,
+        },
+        Op::AdamW {
+            param,
+            grad,
+            m,
+            v,
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            step,
+        } => Op::AdamW {
+            param,
+            grad,
+            m,
+            v,
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            step: step + 1,
+        },
+        Op::SgdMomentum {
+            param,
+            grad,
+            velocity,
+            lr,
+            momentum,
+            weight_decay,
+            nesterov,
+        } => Op::SgdMomentum {
+            param,
+            grad,
+            velocity,
+            lr,
+            momentum,
+            weight_decay,
+            nesterov: !nesterov,
+        },
+        other => other,
     }
 }
 
@@ -469,4 +607,95 @@ fn collectives_skip_reductions_a_device_cannot_do_and_still_move_data() {
     let devices = faulty_devices(Fault::NoF64).unwrap();
     let results = collectives_results(&devices, &["collectives.reduce_self"]);
     assert_eq!(results[0].1, Status::Pass, "{}", results[0].2);
+}
+
+/// Runs the training cases named in `only` on the first of `devices`.
+fn training_results(devices: &[Device], only: &[&str]) -> Vec<(String, Status, String)> {
+    let mut options = RunOptions::new(Profile::Training);
+    options.expectations = Expectations::none();
+    let cases: Vec<_> = all_cases()
+        .into_iter()
+        .filter(|c| c.profile == Profile::Training && (only.is_empty() || only.contains(&c.name)))
+        .collect();
+    run_cases(&cases, &devices[..1], &options, |_| {})
+        .results
+        .into_iter()
+        .map(|r| (r.case, r.status, r.reason.unwrap_or_default()))
+        .collect()
+}
+
+const TRAINING_OPS: &[&str] = &[
+    "training.matmul",
+    "training.bias_add",
+    "training.relu",
+    "training.relu_backward",
+    "training.gelu",
+    "training.gelu_backward",
+    "training.softmax",
+    "training.softmax_backward",
+    "training.cross_entropy",
+    "training.cross_entropy_backward",
+    "training.layer_norm",
+    "training.layer_norm_backward",
+    "training.gather",
+    "training.scatter_add",
+    "training.reduce",
+    "training.sgd_momentum",
+    "training.adamw",
+    "training.random",
+    "training.dropout",
+];
+
+#[test]
+fn operations_that_claim_success_and_do_nothing_fail_every_training_case() {
+    let results = training_results(&faulty_devices(Fault::OpsDoNothing).unwrap(), TRAINING_OPS);
+    assert_eq!(results.len(), TRAINING_OPS.len());
+    for (case, status, reason) in &results {
+        assert_eq!(*status, Status::Fail, "{case} did not fail: {reason}");
+    }
+    // The wrapper without a fault passes them all (so the failures are the fault's).
+    let plain = training_results(&faulty_devices(Fault::None).unwrap(), &[]);
+    assert!(plain.len() > TRAINING_OPS.len());
+    for (case, status, reason) in plain {
+        assert_eq!(status, Status::Pass, "{case}: {reason}");
+    }
+}
+
+#[test]
+fn slightly_wrong_operations_are_caught() {
+    let wrong = [
+        "training.matmul",
+        "training.relu",
+        "training.relu_backward",
+        "training.gelu",
+        "training.gelu_backward",
+        "training.reduce",
+        "training.random",
+        "training.dropout",
+        "training.layer_norm",
+        "training.adamw",
+        "training.sgd_momentum",
+    ];
+    let results = training_results(&faulty_devices(Fault::OpsSlightlyWrong).unwrap(), &wrong);
+    assert_eq!(results.len(), wrong.len());
+    for (case, status, reason) in results {
+        assert_eq!(
+            status,
+            Status::Fail,
+            "{case} did not catch the fault: {reason}"
+        );
+    }
+}
+
+#[test]
+fn operations_a_device_does_not_list_are_skipped_by_name() {
+    let results = training_results(&faulty_devices(Fault::NoOps).unwrap(), TRAINING_OPS);
+    assert_eq!(results.len(), TRAINING_OPS.len());
+    for (case, status, reason) in results {
+        assert_eq!(status, Status::Skip, "{case}: {reason}");
+        assert!(
+            reason.contains("does not list the standard operation"),
+            "{case}: {reason}"
+        );
+    }
 }

@@ -331,6 +331,7 @@ impl CudaDevice {
                 kernel_arg_alignment: 1,
                 virtual_memory_granularity: vmm_granularity,
                 host_addressable: false,
+                ops: Vec::new(),
             },
             extra: vec![
                 format!("compute_capability={major}.{minor}"),

@@ -12,6 +12,7 @@ use xpu_hal::{
 
 use crate::kernel::HostKernel;
 use crate::memory::{page_size, Accounting, HostAllocation};
+use crate::std_ops::{self, OpThreads};
 use crate::stream::HostStream;
 
 /// A virtual device on the CPU.
@@ -20,6 +21,7 @@ pub struct HostDevice {
     accounting: Arc<Accounting>,
     streams_created: AtomicU64,
     cpu: CpuFacts,
+    threads: Arc<OpThreads>,
 }
 
 /// What the host says about its processor, for the device's name and vendor.
@@ -47,7 +49,7 @@ impl CpuFacts {
 }
 
 impl HostDevice {
-    pub(crate) fn new(index: u32, capacity: u64) -> Self {
+    pub(crate) fn new(index: u32, capacity: u64, threads: usize) -> Self {
         HostDevice {
             index,
             accounting: Arc::new(Accounting {
@@ -57,6 +59,7 @@ impl HostDevice {
             }),
             streams_created: AtomicU64::new(0),
             cpu: CpuFacts::read(),
+            threads: OpThreads::new(threads),
         }
     }
 
@@ -66,6 +69,7 @@ impl HostDevice {
         HostStream::new(
             self.accounting.device.clone(),
             format!("xpu-host{}-s{n}", self.index),
+            self.threads.clone(),
         )
     }
 
@@ -124,11 +128,9 @@ impl DeviceImpl for HostDevice {
                 kernel_arg_alignment: 1,
                 virtual_memory_granularity: page_size(),
                 host_addressable: true,
+                ops: std_ops::supported(),
             },
-            extra: vec![format!(
-                "threads={}",
-                std::thread::available_parallelism().map_or(1, |n| n.get())
-            )],
+            extra: vec![format!("threads={}", self.threads.threads())],
         }
     }
 

@@ -48,6 +48,7 @@ mod kernel;
 mod memory;
 mod ops;
 mod queue;
+mod std_ops;
 mod stream;
 
 use std::sync::Arc;
@@ -95,7 +96,8 @@ impl HostBackend {
                 self.config.devices
             )));
         }
-        Ok(HostDevice::new(index, self.config.capacity))
+        let threads = std_ops::threads_from_env(self.config.devices)?;
+        Ok(HostDevice::new(index, self.config.capacity, threads))
     }
 }
 

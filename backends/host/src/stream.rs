@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use xpu_hal::backend::{BatchOp, BuiltinOp, EventImpl, StreamImpl};
+use xpu_hal::ops::{Op, RawTensor};
 use xpu_hal::{
     Error, Event, HostArg, HostKernelContext, HostSlice, KeptBatch, KernelDesc, KernelImpl,
     LaunchDims, RawAllocation, RawKernelArg, RawSlice, Result,
@@ -14,6 +15,7 @@ use crate::kernel::HostKernel;
 use crate::memory::Region;
 use crate::ops;
 use crate::queue::{Job, Queue};
+use crate::std_ops::{self, OpThreads};
 
 /// An in-order queue of work on a virtual host device, run by its own worker thread.
 ///
@@ -22,12 +24,14 @@ use crate::queue::{Job, Queue};
 /// dispatch add); they assume the HAL's guarantees listed on [`StreamImpl`].
 pub struct HostStream {
     queue: Queue,
+    threads: Arc<OpThreads>,
 }
 
 impl HostStream {
-    pub(crate) fn new(device: String, name: String) -> Result<Self> {
+    pub(crate) fn new(device: String, name: String, threads: Arc<OpThreads>) -> Result<Self> {
         Ok(HostStream {
             queue: Queue::start(device, name)?,
+            threads,
         })
     }
 
@@ -142,6 +146,11 @@ impl StreamImpl for HostStream {
 
     fn builtin(&self, op: BuiltinOp) -> Result<()> {
         self.work(move || ops::execute(&op))
+    }
+
+    fn run_op(&self, op: Op<RawTensor>) -> Result<()> {
+        let threads = self.threads.clone();
+        self.work(move || std_ops::execute(&op, &threads))
     }
 
     fn launch(

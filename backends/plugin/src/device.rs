@@ -173,6 +173,7 @@ fn properties(shared: &DeviceShared) -> Result<(DeviceInfo, Option<String>)> {
             kernel_arg_alignment: p.kernel_arg_alignment.max(1),
             virtual_memory_granularity: None,
             host_addressable: false,
+            ops: Vec::new(),
         },
         extra: Vec::new(),
     };

@@ -313,6 +313,7 @@ impl VulkanDevice {
                 kernel_arg_alignment: p.limits.min_storage_buffer_offset_alignment.max(1),
                 virtual_memory_granularity: None,
                 host_addressable,
+                ops: Vec::new(),
             },
             extra: vec![
                 format!("subgroup_size={}", physical.subgroup_size),

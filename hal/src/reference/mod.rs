@@ -12,6 +12,7 @@
 //! monomorphic `zip` the compiler vectorises.
 
 mod element;
+pub mod ops;
 
 pub use element::{Element, Wide};
 

@@ -13,6 +13,7 @@
 //! | `kernel` | launches with buffer and scalar arguments (host function or WGSL), argument alignment, refused launches, unsupported formats, failing and panicking kernels |
 //! | `event`  | cross-stream and cross-device waits, queries, timeouts, timing, errors |
 //! | `pool`   | the caching allocator on the device: reuse with data intact, cross-stream fences, empty_cache, expandable growth |
+//! | `training` | (profile `training`) every standard operation the device lists against the reference on every dtype it claims: odd, large, strided and offset shapes, specials; refusals and stream errors for bad indices |
 //! | `collectives` | (profile `collectives`) communicators over the device alone, with a device of its backend, and with one of every other backend: every operation, algorithm, dtype and reduction, in place and out of place; timeouts, desyncs and abort |
 
 use crate::case::{Case, Profile};
@@ -29,6 +30,7 @@ mod memory;
 mod ops;
 mod pool;
 mod stream;
+mod training;
 pub(crate) mod util;
 
 const MODULES: &[&[Case]] = &[
@@ -44,6 +46,7 @@ const MODULES: &[&[Case]] = &[
     event::CASES,
     pool::CASES,
     collectives::CASES,
+    training::CASES,
 ];
 
 /// Every built-in case of every profile, in a stable order.
