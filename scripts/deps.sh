@@ -6,6 +6,8 @@
 #   scripts/deps.sh --test   also what the full test run uses: the Vulkan loader, Mesa's
 #                            lavapipe driver and the Khronos validation layer, so that the
 #                            Vulkan backend runs without a GPU
+#   scripts/deps.sh --bench  also the references the benchmarks compare with: OpenBLAS
+#                            (`xpu bench ops`) and StarPU (`benches/starpu/compare.sh`)
 #
 # Uses apt-get directly as root and through sudo otherwise.
 set -euo pipefail
@@ -13,8 +15,10 @@ set -euo pipefail
 packages=(build-essential pkg-config libhwloc-dev libudev-dev)
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(libvulkan1 mesa-vulkan-drivers vulkan-validationlayers)
+elif [[ "${1:-}" == "--bench" ]]; then
+  packages+=(libvulkan1 mesa-vulkan-drivers libopenblas0 libstarpu-dev)
 elif [[ -n "${1:-}" ]]; then
-  echo "usage: scripts/deps.sh [--test]" >&2
+  echo "usage: scripts/deps.sh [--test | --bench]" >&2
   exit 2
 fi
 

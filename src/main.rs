@@ -25,6 +25,28 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Per-operation precision: every standard operation the devices share with the
+    /// reference device, on identical inputs, with max absolute and relative error,
+    /// cosine similarity and the shares of elements beyond 0.1% and 0.5% relative error;
+    /// exits 1 when any is out of tolerance. With `--dumps A B`, the same for two tensor
+    /// dumps.
+    Compare {
+        /// The reference device (default: host:0).
+        #[arg(long, default_value = "host:0")]
+        reference: String,
+        /// Devices to compare with it (default: XPU_DEVICES, else every device).
+        #[arg(long)]
+        devices: Option<String>,
+        /// Operations to compare, comma-separated (default: all the devices share).
+        #[arg(long)]
+        ops: Option<String>,
+        /// Compare two tensor dumps (reference first) instead of devices.
+        #[arg(long, num_args = 2, value_names = ["REFERENCE", "OTHER"])]
+        dumps: Vec<PathBuf>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// List devices and backends.
     Devices {
         /// Devices to list, e.g. `host:0,1;vulkan:*` (default: XPU_DEVICES, else every
@@ -223,6 +245,32 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// One standard operation (matmul, softmax, layer norm …) on each selected device:
+    /// time and GFLOP/s or GB/s, beside OpenBLAS (host matmul, the device's threads) or
+    /// host memcpy of the same bytes, measured in the same run.
+    Ops {
+        /// The operation (`matmul`, `bias_add`, `relu`, `gelu`, `softmax`,
+        /// `cross_entropy`, `layer_norm`, `gather`, `reduce`, `adamw`, … and their
+        /// `_backward` forms).
+        #[arg(long, default_value = "matmul")]
+        op: String,
+        /// The shape: `MxNxK` for matmul, `RxN` for row operations, `VxDxN` for gather
+        /// and scatter-add, any dims for elementwise operations.
+        #[arg(long, default_value = "1024x1024x1024")]
+        shape: String,
+        /// The dtype: float, half, bfloat16 or double (or f32, f16, bf16, f64).
+        #[arg(short = 'd', long = "dtype", default_value = "float")]
+        dtype: String,
+        /// Devices to run on (default: host:0).
+        #[arg(long)]
+        devices: Option<String>,
+        /// Interleaved measurement rounds (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Task Bench's dependency patterns as task graphs on the scheduler: wall time, per-task
     /// overhead, efficiency and METG(50%); `benches/starpu/compare.sh` runs StarPU beside it.
     Scheduler(cli::sched_bench::SchedBenchArgs),
@@ -350,6 +398,31 @@ fn run(cli: Cli) -> Result<bool> {
             };
             cli::collectives::run(registry.devices(&sel)?, &options)
         }
+        Some(Command::Compare {
+            reference,
+            devices,
+            ops,
+            dumps,
+            json,
+        }) => {
+            let options = cli::compare::Options {
+                ops: cli::compare::parse_ops(ops.as_deref().unwrap_or(""))?,
+                dumps,
+                json,
+            };
+            if !options.dumps.is_empty() {
+                return cli::compare::run_dumps(&options);
+            }
+            let reference = registry
+                .devices(&DeviceSelector::parse(&reference)?)?
+                .into_iter()
+                .next()
+                .ok_or_else(|| {
+                    xpu::Error::invalid(format!("--reference {reference} selects no device"))
+                })?;
+            let devices = registry.devices(&selector(devices, "*")?)?;
+            cli::compare::run(&reference, &devices, &options)
+        }
         Some(Command::Sched(command)) => cli::sched::run(&command),
         Some(Command::Bench(BenchCommand::Scheduler(args))) => {
             let devices = registry.devices(&selector(args.devices.clone(), "host:*")?)?;
@@ -358,6 +431,27 @@ fn run(cli: Cli) -> Result<bool> {
         Some(Command::Bench(BenchCommand::Placement(args))) => {
             let devices = registry.devices(&selector(args.devices.clone(), "host:0,1")?)?;
             cli::sched_bench::placement::run(devices, &args)
+        }
+        Some(Command::Bench(BenchCommand::Ops {
+            op,
+            shape,
+            dtype,
+            devices,
+            rounds,
+            json,
+        })) => {
+            let devices = registry.devices(&selector(devices, "host:0")?)?;
+            cli::bench_ops::run(
+                &devices,
+                &cli::bench_ops::Options {
+                    op: op.parse()?,
+                    shape: cli::bench_ops::parse_shape(&shape)?,
+                    dtype: cli::bench_ops::parse_dtype(&dtype)?,
+                    rounds,
+                    json,
+                },
+            )?;
+            Ok(true)
         }
         Some(Command::Bench(BenchCommand::Hal { rounds, json })) => {
             cli::bench::hal(json, rounds)?;

@@ -11,6 +11,7 @@ use xpu_hal::{Device, DeviceId, Error, Result};
 use xpu_host::{HostBackend, HostConfig, HostDevice};
 
 pub mod cuda_raw;
+pub mod openblas;
 pub mod vulkan_raw;
 
 /// Memory each benchmark device may hold.

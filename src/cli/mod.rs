@@ -1,7 +1,9 @@
 //! The `xpu` command's subcommands and their shared helpers.
 
 pub mod bench;
+pub mod bench_ops;
 pub mod collectives;
+pub mod compare;
 pub mod conformance;
 pub mod devices;
 pub mod memory;

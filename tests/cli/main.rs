@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+mod ops;
 mod placement;
 mod sched;
 mod sched_bench;

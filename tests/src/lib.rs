@@ -105,6 +105,7 @@ mod case;
 mod cases;
 mod expectations;
 pub mod harness;
+pub mod precision;
 mod reference;
 mod report;
 mod required;

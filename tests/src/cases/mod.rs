@@ -30,7 +30,7 @@ mod memory;
 mod ops;
 mod pool;
 mod stream;
-mod training;
+pub(crate) mod training;
 pub(crate) mod util;
 
 const MODULES: &[&[Case]] = &[

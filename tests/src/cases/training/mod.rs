@@ -79,149 +79,223 @@ pub(crate) fn listed(ctx: &CaseContext, kind: OpKind) -> Result<Vec<DType>, Case
     }
 }
 
-/// Runs `trials(dtype)` for every dtype the device lists for `kind`.
-fn each_dtype(
-    ctx: &CaseContext,
-    kind: OpKind,
-    tolerance: Tolerance,
-    trials: impl Fn(DType, &mut Gen) -> Result<Vec<(String, Op<Spec>)>, CaseError>,
-) -> CaseOutcome {
+/// The trials of one operation on one dtype: (what, operation) pairs.
+pub(crate) type Trials = Result<Vec<(String, Op<Spec>)>, CaseError>;
+
+/// Makes the trials of one operation for a dtype.
+pub(crate) type TrialsFn = fn(DType, &mut Gen) -> Trials;
+
+/// The trials of each operation, in the order of [`OpKind::ALL`].
+pub(crate) fn trials_of(kind: OpKind) -> TrialsFn {
+    match kind {
+        OpKind::Matmul => matmul_trials,
+        OpKind::BiasAdd => bias_add_trials,
+        OpKind::Relu => relu_trials,
+        OpKind::ReluBackward => relu_backward_trials,
+        OpKind::Gelu => gelu_trials,
+        OpKind::GeluBackward => gelu_backward_trials,
+        OpKind::Softmax => softmax_trials,
+        OpKind::SoftmaxBackward => softmax_backward_trials,
+        OpKind::CrossEntropy => cross_entropy_trials,
+        OpKind::CrossEntropyBackward => cross_entropy_backward_trials,
+        OpKind::LayerNorm => layer_norm_trials,
+        OpKind::LayerNormBackward => layer_norm_backward_trials,
+        OpKind::Gather => gather_trials,
+        OpKind::ScatterAdd => scatter_add_trials,
+        OpKind::Reduce => reduce_trials,
+        OpKind::SgdMomentum => sgd_momentum_trials,
+        OpKind::AdamW => adamw_trials,
+        OpKind::Random => random_trials,
+        OpKind::Dropout => dropout_trials,
+    }
+}
+
+/// How exactly `kind` on `dtype` must match the reference: copies and selections bit
+/// for bit, arithmetic within the dtype's tolerance.
+pub(crate) fn tolerance_of(kind: OpKind, dtype: DType) -> Tolerance {
+    match kind {
+        OpKind::Relu | OpKind::ReluBackward | OpKind::Gather => Tolerance::Exact,
+        OpKind::Random if !dtype.is_float() => Tolerance::Exact,
+        _ => Tolerance::Dtype,
+    }
+}
+
+/// A fresh generator for the trials of `kind` on `dtype` (the same inputs every time).
+pub(crate) fn generator(kind: OpKind, dtype: DType) -> Gen {
+    Gen::new(kind.id() as u64 * 977 + dtype as u64)
+}
+
+/// Runs the trials of `kind` for every dtype the device lists for it.
+fn each_dtype(ctx: &CaseContext, kind: OpKind) -> CaseOutcome {
     let stream: Stream = ctx.device.create_stream()?;
     for dtype in listed(ctx, kind)? {
-        let mut gen = Gen::new(kind.id() as u64 * 977 + dtype as u64);
-        for (what, op) in trials(dtype, &mut gen)? {
-            run_trial(ctx, &stream, &op, tolerance, &format!("{dtype}, {what}"))?;
+        let mut gen = generator(kind, dtype);
+        for (what, op) in trials_of(kind)(dtype, &mut gen)? {
+            run_trial(
+                &stream,
+                &op,
+                tolerance_of(kind, dtype),
+                &format!("{dtype}, {what}"),
+            )?;
         }
     }
     Ok(())
 }
 
-fn matmul(ctx: &CaseContext) -> CaseOutcome {
-    each_dtype(ctx, OpKind::Matmul, Tolerance::Dtype, |dt, g| {
-        let mut out = Vec::new();
-        let mut add = |what: String,
-                       g: &mut Gen,
-                       (la, lb, lc): (Layout, Layout, Layout),
-                       ta: bool,
-                       tb: bool,
-                       beta: f32,
-                       specials: bool| {
-            let mut av = g.values(la.elements(), signed(2.0));
-            if specials {
-                with_specials(&mut av, dt, true);
-            }
-            out.push((
-                what,
-                Op::Matmul {
-                    a: g.input(la, &av),
-                    b: {
-                        let bv = g.values(lb.elements(), signed(2.0));
-                        g.input(lb, &bv)
-                    },
-                    c: if beta == 0.0 {
-                        g.output(lc)
-                    } else {
-                        let cv = g.values(lc.elements(), signed(1.0));
-                        g.input(lc, &cv)
-                    },
-                    trans_a: ta,
-                    trans_b: tb,
-                    alpha: 0.75,
-                    beta,
-                },
-            ));
-        };
-        let dims = |ta: bool, tb: bool, m: u64, n: u64, k: u64| {
-            let a = if ta { [k, m] } else { [m, k] };
-            let b = if tb { [n, k] } else { [k, n] };
-            Ok::<_, CaseError>((
-                contiguous(dt, &a)?,
-                contiguous(dt, &b)?,
-                contiguous(dt, &[m, n])?,
-            ))
-        };
-        for (m, n, k) in [(1, 1, 1), (7, 13, 5), (1, 9, 33), (17, 1, 4)] {
-            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-                add(
-                    format!("{m}×{n}×{k} trans_a={ta} trans_b={tb}"),
-                    g,
-                    dims(ta, tb, m, n, k)?,
-                    ta,
-                    tb,
-                    0.0,
-                    false,
-                );
-            }
+macro_rules! case_fns {
+    ($($name:ident = $kind:ident;)*) => {
+        $(fn $name(ctx: &CaseContext) -> CaseOutcome {
+            each_dtype(ctx, OpKind::$kind)
+        })*
+    };
+}
+
+case_fns! {
+    matmul = Matmul;
+    bias_add = BiasAdd;
+    relu = Relu;
+    relu_backward = ReluBackward;
+    gelu = Gelu;
+    gelu_backward = GeluBackward;
+    softmax = Softmax;
+    softmax_backward = SoftmaxBackward;
+    cross_entropy = CrossEntropy;
+    cross_entropy_backward = CrossEntropyBackward;
+    layer_norm = LayerNorm;
+    layer_norm_backward = LayerNormBackward;
+    gather = Gather;
+    scatter_add = ScatterAdd;
+    reduce = Reduce;
+    sgd_momentum = SgdMomentum;
+    adamw = AdamW;
+    random = Random;
+    dropout = Dropout;
+}
+
+fn matmul_trials(dt: DType, g: &mut Gen) -> Trials {
+    let mut out = Vec::new();
+    let mut add = |what: String,
+                   g: &mut Gen,
+                   (la, lb, lc): (Layout, Layout, Layout),
+                   ta: bool,
+                   tb: bool,
+                   beta: f32,
+                   specials: bool| {
+        let mut av = g.values(la.elements(), signed(2.0));
+        if specials {
+            with_specials(&mut av, dt, true);
         }
-        add(
-            "9×11×6, beta 1".into(),
-            g,
-            dims(false, false, 9, 11, 6)?,
-            false,
-            false,
-            1.0,
-            false,
-        );
-        add(
-            "padded leading dimensions 12×10×7".into(),
-            g,
-            (
-                padded_rows(dt, 12, 7, 3)?,
-                padded_rows(dt, 7, 10, 5)?,
-                padded_rows(dt, 12, 10, 2)?,
-            ),
-            false,
-            false,
-            0.5,
-            false,
-        );
-        let batched_b = Layout::strided(dt, &[3, 6, 5], &[0, 5, 1]).map_err(CaseError::from)?;
-        add(
-            "batch of 3, b broadcast (stride 0)".into(),
-            g,
-            (
-                contiguous(dt, &[3, 4, 6])?,
-                batched_b,
-                contiguous(dt, &[3, 4, 5])?,
-            ),
-            false,
-            false,
-            0.0,
-            false,
-        );
-        add(
-            "batch of 2 transposed".into(),
-            g,
-            (
-                contiguous(dt, &[2, 6, 4])?,
-                contiguous(dt, &[2, 5, 6])?,
-                contiguous(dt, &[2, 4, 5])?,
-            ),
-            true,
-            true,
-            1.0,
-            false,
-        );
-        add(
-            "NaN, ±inf, −0, subnormal in a".into(),
-            g,
-            dims(false, false, 8, 8, 8)?,
-            false,
-            false,
-            0.0,
-            true,
-        );
-        add(
-            "large 96×80×112".into(),
-            g,
-            dims(false, false, 96, 80, 112)?,
-            false,
-            false,
-            0.0,
-            false,
-        );
-        Ok(out)
-    })
+        out.push((
+            what,
+            Op::Matmul {
+                a: g.input(la, &av),
+                b: {
+                    let bv = g.values(lb.elements(), signed(2.0));
+                    g.input(lb, &bv)
+                },
+                c: if beta == 0.0 {
+                    g.output(lc)
+                } else {
+                    let cv = g.values(lc.elements(), signed(1.0));
+                    g.input(lc, &cv)
+                },
+                trans_a: ta,
+                trans_b: tb,
+                alpha: 0.75,
+                beta,
+            },
+        ));
+    };
+    let dims = |ta: bool, tb: bool, m: u64, n: u64, k: u64| {
+        let a = if ta { [k, m] } else { [m, k] };
+        let b = if tb { [n, k] } else { [k, n] };
+        Ok::<_, CaseError>((
+            contiguous(dt, &a)?,
+            contiguous(dt, &b)?,
+            contiguous(dt, &[m, n])?,
+        ))
+    };
+    for (m, n, k) in [(1, 1, 1), (7, 13, 5), (1, 9, 33), (17, 1, 4)] {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            add(
+                format!("{m}×{n}×{k} trans_a={ta} trans_b={tb}"),
+                g,
+                dims(ta, tb, m, n, k)?,
+                ta,
+                tb,
+                0.0,
+                false,
+            );
+        }
+    }
+    add(
+        "9×11×6, beta 1".into(),
+        g,
+        dims(false, false, 9, 11, 6)?,
+        false,
+        false,
+        1.0,
+        false,
+    );
+    add(
+        "padded leading dimensions 12×10×7".into(),
+        g,
+        (
+            padded_rows(dt, 12, 7, 3)?,
+            padded_rows(dt, 7, 10, 5)?,
+            padded_rows(dt, 12, 10, 2)?,
+        ),
+        false,
+        false,
+        0.5,
+        false,
+    );
+    let batched_b = Layout::strided(dt, &[3, 6, 5], &[0, 5, 1]).map_err(CaseError::from)?;
+    add(
+        "batch of 3, b broadcast (stride 0)".into(),
+        g,
+        (
+            contiguous(dt, &[3, 4, 6])?,
+            batched_b,
+            contiguous(dt, &[3, 4, 5])?,
+        ),
+        false,
+        false,
+        0.0,
+        false,
+    );
+    add(
+        "batch of 2 transposed".into(),
+        g,
+        (
+            contiguous(dt, &[2, 6, 4])?,
+            contiguous(dt, &[2, 5, 6])?,
+            contiguous(dt, &[2, 4, 5])?,
+        ),
+        true,
+        true,
+        1.0,
+        false,
+    );
+    add(
+        "NaN, ±inf, −0, subnormal in a".into(),
+        g,
+        dims(false, false, 8, 8, 8)?,
+        false,
+        false,
+        0.0,
+        true,
+    );
+    add(
+        "large 96×80×112".into(),
+        g,
+        dims(false, false, 96, 80, 112)?,
+        false,
+        false,
+        0.0,
+        false,
+    );
+    Ok(out)
 }
 
 /// Builds a unary elementwise operation from its input and the output's layout.
@@ -272,45 +346,37 @@ fn elementwise(
     Ok(out)
 }
 
-fn relu(ctx: &CaseContext) -> CaseOutcome {
-    each_dtype(ctx, OpKind::Relu, Tolerance::Exact, |dt, g| {
-        elementwise(dt, g, true, &|g, x, ly| Ok(Op::Relu { x, y: g.output(ly) }))
+fn relu_trials(dt: DType, g: &mut Gen) -> Trials {
+    elementwise(dt, g, true, &|g, x, ly| Ok(Op::Relu { x, y: g.output(ly) }))
+}
+
+fn gelu_trials(dt: DType, g: &mut Gen) -> Trials {
+    elementwise(dt, g, false, &|g, x, ly| {
+        Ok(Op::Gelu { x, y: g.output(ly) })
     })
 }
 
-fn gelu(ctx: &CaseContext) -> CaseOutcome {
-    each_dtype(ctx, OpKind::Gelu, Tolerance::Dtype, |dt, g| {
-        elementwise(dt, g, false, &|g, x, ly| {
-            Ok(Op::Gelu { x, y: g.output(ly) })
+fn relu_backward_trials(dt: DType, g: &mut Gen) -> Trials {
+    elementwise(dt, g, true, &|g, x, ly| {
+        let dyv = g.values(ly.elements(), signed(1.0));
+        let lx = x.layout;
+        let dy = g.input(contiguous(dt, lx.dims())?, &dyv);
+        Ok(Op::ReluBackward {
+            x,
+            dy,
+            dx: g.output(ly),
         })
     })
 }
 
-fn relu_backward(ctx: &CaseContext) -> CaseOutcome {
-    each_dtype(ctx, OpKind::ReluBackward, Tolerance::Exact, |dt, g| {
-        elementwise(dt, g, true, &|g, x, ly| {
-            let dyv = g.values(ly.elements(), signed(1.0));
-            let lx = x.layout;
-            let dy = g.input(contiguous(dt, lx.dims())?, &dyv);
-            Ok(Op::ReluBackward {
-                x,
-                dy,
-                dx: g.output(ly),
-            })
-        })
-    })
-}
-
-fn gelu_backward(ctx: &CaseContext) -> CaseOutcome {
-    each_dtype(ctx, OpKind::GeluBackward, Tolerance::Dtype, |dt, g| {
-        elementwise(dt, g, false, &|g, x, ly| {
-            let dyv = g.values(ly.elements(), signed(1.0));
-            let dy = g.input(contiguous(dt, x.layout.dims())?, &dyv);
-            Ok(Op::GeluBackward {
-                x,
-                dy,
-                dx: g.output(ly),
-            })
+fn gelu_backward_trials(dt: DType, g: &mut Gen) -> Trials {
+    elementwise(dt, g, false, &|g, x, ly| {
+        let dyv = g.values(ly.elements(), signed(1.0));
+        let dy = g.input(contiguous(dt, x.layout.dims())?, &dyv);
+        Ok(Op::GeluBackward {
+            x,
+            dy,
+            dx: g.output(ly),
         })
     })
 }
@@ -332,234 +398,213 @@ fn row_shapes(dt: DType) -> Result<Vec<(String, Layout, Layout)>, CaseError> {
     ])
 }
 
-fn bias_add(ctx: &CaseContext) -> CaseOutcome {
-    each_dtype(ctx, OpKind::BiasAdd, Tolerance::Dtype, |dt, g| {
-        let mut out = Vec::new();
-        for (what, lx, ly) in row_shapes(dt)? {
-            let n = lx.dims()[1];
-            let xv = g.values(lx.elements(), signed(3.0));
-            let bv = g.values(n, signed(1.0));
-            out.push((
-                what,
-                Op::BiasAdd {
-                    x: g.input(lx, &xv),
-                    bias: g.input(contiguous(dt, &[n])?, &bv),
-                    y: g.output(ly),
-                },
-            ));
-        }
-        let l = contiguous(dt, &[4, 16])?;
-        let mut xv = g.values(64, signed(3.0));
-        with_specials(&mut xv, dt, true);
-        let bv = g.values(16, signed(1.0));
+fn bias_add_trials(dt: DType, g: &mut Gen) -> Trials {
+    let mut out = Vec::new();
+    for (what, lx, ly) in row_shapes(dt)? {
+        let n = lx.dims()[1];
+        let xv = g.values(lx.elements(), signed(3.0));
+        let bv = g.values(n, signed(1.0));
         out.push((
-            "specials".into(),
+            what,
             Op::BiasAdd {
-                x: g.input(l, &xv),
-                bias: g.input(contiguous(dt, &[16])?, &bv),
-                y: g.output(l),
+                x: g.input(lx, &xv),
+                bias: g.input(contiguous(dt, &[n])?, &bv),
+                y: g.output(ly),
             },
         ));
-        Ok(out)
-    })
-}
-
-fn softmax(ctx: &CaseContext) -> CaseOutcome {
-    each_dtype(ctx, OpKind::Softmax, Tolerance::Dtype, |dt, g| {
-        let mut out = Vec::new();
-        for (what, lx, ly) in row_shapes(dt)? {
-            let xv = g.values(lx.elements(), signed(8.0));
-            out.push((
-                what,
-                Op::Softmax {
-                    x: g.input(lx, &xv),
-                    y: g.output(ly),
-                },
-            ));
-        }
-        let l = contiguous(dt, &[8, 8])?;
-        let mut xv = g.values(64, signed(8.0));
-        // Row 0: NaN; row 1: +inf; row 2: −inf among numbers; row 3: all −inf but one.
-        xv[3] = f64::NAN;
-        xv[8 + 2] = f64::INFINITY;
-        xv[16 + 5] = f64::NEG_INFINITY;
-        for v in &mut xv[24..31] {
-            *v = f64::NEG_INFINITY;
-        }
-        out.push((
-            "NaN and infinities in rows".into(),
-            Op::Softmax {
-                x: g.input(l, &xv),
-                y: g.output(l),
-            },
-        ));
-        Ok(out)
-    })
-}
-
-fn softmax_backward(ctx: &CaseContext) -> CaseOutcome {
-    each_dtype(ctx, OpKind::SoftmaxBackward, Tolerance::Dtype, |dt, g| {
-        let mut out = Vec::new();
-        for (what, lx, ly) in row_shapes(dt)? {
-            let n = lx.dims()[1] as usize;
-            let mut yv = g.values(lx.elements(), positive(1.0));
-            for row in yv.chunks_mut(n) {
-                let s: f64 = row.iter().sum();
-                row.iter_mut().for_each(|v| *v /= s);
-            }
-            let dyv = g.values(lx.elements(), signed(2.0));
-            out.push((
-                what,
-                Op::SoftmaxBackward {
-                    y: g.input(lx, &yv),
-                    dy: g.input(contiguous(dt, lx.dims())?, &dyv),
-                    dx: g.output(ly),
-                },
-            ));
-        }
-        Ok(out)
-    })
-}
-
-fn cross_entropy(ctx: &CaseContext) -> CaseOutcome {
-    each_dtype(ctx, OpKind::CrossEntropy, Tolerance::Dtype, |dt, g| {
-        let mut out = Vec::new();
-        for (what, lx, _) in row_shapes(dt)? {
-            let (rows, n) = (lx.dims()[0], lx.dims()[1]);
-            let xv = g.values(lx.elements(), signed(6.0));
-            let lab = labels(g, rows, n);
-            out.push((
-                what,
-                Op::CrossEntropy {
-                    logits: g.input(lx, &xv),
-                    labels: g.input(contiguous(DType::I32, &[rows])?, &lab),
-                    loss: g.output(gapped(dt, &[rows])?),
-                },
-            ));
-        }
-        Ok(out)
-    })
-}
-
-fn cross_entropy_backward(ctx: &CaseContext) -> CaseOutcome {
-    each_dtype(
-        ctx,
-        OpKind::CrossEntropyBackward,
-        Tolerance::Dtype,
-        |dt, g| {
-            let mut out = Vec::new();
-            for (what, lx, ly) in row_shapes(dt)? {
-                let (rows, n) = (lx.dims()[0], lx.dims()[1]);
-                let xv = g.values(lx.elements(), signed(6.0));
-                let lab = labels(g, rows, n);
-                let dl = g.values(rows, signed(1.0));
-                out.push((
-                    what,
-                    Op::CrossEntropyBackward {
-                        logits: g.input(lx, &xv),
-                        labels: g.input(contiguous(DType::I32, &[rows])?, &lab),
-                        dloss: g.input(contiguous(dt, &[rows])?, &dl),
-                        dlogits: g.output(ly),
-                    },
-                ));
-            }
-            Ok(out)
+    }
+    let l = contiguous(dt, &[4, 16])?;
+    let mut xv = g.values(64, signed(3.0));
+    with_specials(&mut xv, dt, true);
+    let bv = g.values(16, signed(1.0));
+    out.push((
+        "specials".into(),
+        Op::BiasAdd {
+            x: g.input(l, &xv),
+            bias: g.input(contiguous(dt, &[16])?, &bv),
+            y: g.output(l),
         },
-    )
+    ));
+    Ok(out)
 }
 
-fn layer_norm(ctx: &CaseContext) -> CaseOutcome {
-    each_dtype(ctx, OpKind::LayerNorm, Tolerance::Dtype, |dt, g| {
-        let stats = if dt == DType::F64 {
-            DType::F64
-        } else {
-            DType::F32
-        };
-        let mut out = Vec::new();
-        let mut shapes = row_shapes(dt)?;
-        let l = contiguous(dt, &[4, 16])?;
-        shapes.push(("specials".into(), l, l));
-        for (what, lx, ly) in shapes {
-            let (rows, n) = (lx.dims()[0], lx.dims()[1]);
-            let mut xv = g.values(lx.elements(), signed(4.0));
-            if what == "specials" {
-                with_specials(&mut xv, dt, false);
-            }
-            let gv = g.values(n, signed(2.0));
-            let bv = g.values(n, signed(1.0));
-            out.push((
-                what,
-                Op::LayerNorm {
-                    x: g.input(lx, &xv),
-                    gamma: g.input(contiguous(dt, &[n])?, &gv),
-                    beta: g.input(contiguous(dt, &[n])?, &bv),
-                    y: g.output(ly),
-                    mean: g.output(contiguous(stats, &[rows])?),
-                    rstd: g.output(gapped(stats, &[rows])?),
-                    eps: 1e-5,
-                },
-            ));
-        }
-        Ok(out)
-    })
+fn softmax_trials(dt: DType, g: &mut Gen) -> Trials {
+    let mut out = Vec::new();
+    for (what, lx, ly) in row_shapes(dt)? {
+        let xv = g.values(lx.elements(), signed(8.0));
+        out.push((
+            what,
+            Op::Softmax {
+                x: g.input(lx, &xv),
+                y: g.output(ly),
+            },
+        ));
+    }
+    let l = contiguous(dt, &[8, 8])?;
+    let mut xv = g.values(64, signed(8.0));
+    // Row 0: NaN; row 1: +inf; row 2: −inf among numbers; row 3: all −inf but one.
+    xv[3] = f64::NAN;
+    xv[8 + 2] = f64::INFINITY;
+    xv[16 + 5] = f64::NEG_INFINITY;
+    for v in &mut xv[24..31] {
+        *v = f64::NEG_INFINITY;
+    }
+    out.push((
+        "NaN and infinities in rows".into(),
+        Op::Softmax {
+            x: g.input(l, &xv),
+            y: g.output(l),
+        },
+    ));
+    Ok(out)
 }
 
-fn layer_norm_backward(ctx: &CaseContext) -> CaseOutcome {
-    each_dtype(ctx, OpKind::LayerNormBackward, Tolerance::Dtype, |dt, g| {
-        let stats = if dt == DType::F64 {
-            DType::F64
-        } else {
-            DType::F32
-        };
-        let mut out = Vec::new();
-        for (what, lx, ly) in row_shapes(dt)? {
-            let (rows, n) = (lx.dims()[0], lx.dims()[1]);
-            let xv = g.values(lx.elements(), signed(4.0));
-            let gv = g.values(n, signed(2.0));
-            let mv = g.values(rows, signed(0.5));
-            let rv = g.values(rows, positive(2.0));
-            let dyv = g.values(lx.elements(), signed(1.0));
-            out.push((
-                what,
-                Op::LayerNormBackward {
-                    x: g.input(lx, &xv),
-                    gamma: g.input(contiguous(dt, &[n])?, &gv),
-                    mean: g.input(contiguous(stats, &[rows])?, &mv),
-                    rstd: g.input(contiguous(stats, &[rows])?, &rv),
-                    dy: g.input(contiguous(dt, lx.dims())?, &dyv),
-                    dx: g.output(ly),
-                    dgamma: g.output(contiguous(dt, &[n])?),
-                    dbeta: g.output(gapped(dt, &[n])?),
-                },
-            ));
+fn softmax_backward_trials(dt: DType, g: &mut Gen) -> Trials {
+    let mut out = Vec::new();
+    for (what, lx, ly) in row_shapes(dt)? {
+        let n = lx.dims()[1] as usize;
+        let mut yv = g.values(lx.elements(), positive(1.0));
+        for row in yv.chunks_mut(n) {
+            let s: f64 = row.iter().sum();
+            row.iter_mut().for_each(|v| *v /= s);
         }
-        Ok(out)
-    })
+        let dyv = g.values(lx.elements(), signed(2.0));
+        out.push((
+            what,
+            Op::SoftmaxBackward {
+                y: g.input(lx, &yv),
+                dy: g.input(contiguous(dt, lx.dims())?, &dyv),
+                dx: g.output(ly),
+            },
+        ));
+    }
+    Ok(out)
 }
 
-fn gather(ctx: &CaseContext) -> CaseOutcome {
-    each_dtype(ctx, OpKind::Gather, Tolerance::Exact, |dt, g| {
-        let mut out = Vec::new();
-        for (rows, dim, n) in [
-            (1u64, 1u64, 1u64),
-            (50, 16, 37),
-            (7, 1, 20),
-            (1000, 64, 300),
-        ] {
-            let table = padded_or_contiguous(dt, rows, dim, g.below(2) == 1)?;
-            let bytes = g.bytes(table.elements() as usize * dt.size());
-            let idx: Vec<f64> = (0..n).map(|_| g.below(rows) as f64).collect();
-            out.push((
-                format!("table {rows}×{dim}, {n} indices"),
-                Op::Gather {
-                    table: g.input_bytes(table, &bytes),
-                    indices: g.input(contiguous(DType::I32, &[n])?, &idx),
-                    out: g.output(contiguous(dt, &[n, dim])?),
-                },
-            ));
+fn cross_entropy_trials(dt: DType, g: &mut Gen) -> Trials {
+    let mut out = Vec::new();
+    for (what, lx, _) in row_shapes(dt)? {
+        let (rows, n) = (lx.dims()[0], lx.dims()[1]);
+        let xv = g.values(lx.elements(), signed(6.0));
+        let lab = labels(g, rows, n);
+        out.push((
+            what,
+            Op::CrossEntropy {
+                logits: g.input(lx, &xv),
+                labels: g.input(contiguous(DType::I32, &[rows])?, &lab),
+                loss: g.output(gapped(dt, &[rows])?),
+            },
+        ));
+    }
+    Ok(out)
+}
+
+fn cross_entropy_backward_trials(dt: DType, g: &mut Gen) -> Trials {
+    let mut out = Vec::new();
+    for (what, lx, ly) in row_shapes(dt)? {
+        let (rows, n) = (lx.dims()[0], lx.dims()[1]);
+        let xv = g.values(lx.elements(), signed(6.0));
+        let lab = labels(g, rows, n);
+        let dl = g.values(rows, signed(1.0));
+        out.push((
+            what,
+            Op::CrossEntropyBackward {
+                logits: g.input(lx, &xv),
+                labels: g.input(contiguous(DType::I32, &[rows])?, &lab),
+                dloss: g.input(contiguous(dt, &[rows])?, &dl),
+                dlogits: g.output(ly),
+            },
+        ));
+    }
+    Ok(out)
+}
+
+fn layer_norm_trials(dt: DType, g: &mut Gen) -> Trials {
+    let stats = if dt == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let mut out = Vec::new();
+    let mut shapes = row_shapes(dt)?;
+    let l = contiguous(dt, &[4, 16])?;
+    shapes.push(("specials".into(), l, l));
+    for (what, lx, ly) in shapes {
+        let (rows, n) = (lx.dims()[0], lx.dims()[1]);
+        let mut xv = g.values(lx.elements(), signed(4.0));
+        if what == "specials" {
+            with_specials(&mut xv, dt, false);
         }
-        Ok(out)
-    })
+        let gv = g.values(n, signed(2.0));
+        let bv = g.values(n, signed(1.0));
+        out.push((
+            what,
+            Op::LayerNorm {
+                x: g.input(lx, &xv),
+                gamma: g.input(contiguous(dt, &[n])?, &gv),
+                beta: g.input(contiguous(dt, &[n])?, &bv),
+                y: g.output(ly),
+                mean: g.output(contiguous(stats, &[rows])?),
+                rstd: g.output(gapped(stats, &[rows])?),
+                eps: 1e-5,
+            },
+        ));
+    }
+    Ok(out)
+}
+
+fn layer_norm_backward_trials(dt: DType, g: &mut Gen) -> Trials {
+    let stats = if dt == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let mut out = Vec::new();
+    for (what, lx, ly) in row_shapes(dt)? {
+        let (rows, n) = (lx.dims()[0], lx.dims()[1]);
+        let xv = g.values(lx.elements(), signed(4.0));
+        let gv = g.values(n, signed(2.0));
+        let mv = g.values(rows, signed(0.5));
+        let rv = g.values(rows, positive(2.0));
+        let dyv = g.values(lx.elements(), signed(1.0));
+        out.push((
+            what,
+            Op::LayerNormBackward {
+                x: g.input(lx, &xv),
+                gamma: g.input(contiguous(dt, &[n])?, &gv),
+                mean: g.input(contiguous(stats, &[rows])?, &mv),
+                rstd: g.input(contiguous(stats, &[rows])?, &rv),
+                dy: g.input(contiguous(dt, lx.dims())?, &dyv),
+                dx: g.output(ly),
+                dgamma: g.output(contiguous(dt, &[n])?),
+                dbeta: g.output(gapped(dt, &[n])?),
+            },
+        ));
+    }
+    Ok(out)
+}
+
+fn gather_trials(dt: DType, g: &mut Gen) -> Trials {
+    let mut out = Vec::new();
+    for (rows, dim, n) in [
+        (1u64, 1u64, 1u64),
+        (50, 16, 37),
+        (7, 1, 20),
+        (1000, 64, 300),
+    ] {
+        let table = padded_or_contiguous(dt, rows, dim, g.below(2) == 1)?;
+        let bytes = g.bytes(table.elements() as usize * dt.size());
+        let idx: Vec<f64> = (0..n).map(|_| g.below(rows) as f64).collect();
+        out.push((
+            format!("table {rows}×{dim}, {n} indices"),
+            Op::Gather {
+                table: g.input_bytes(table, &bytes),
+                indices: g.input(contiguous(DType::I32, &[n])?, &idx),
+                out: g.output(contiguous(dt, &[n, dim])?),
+            },
+        ));
+    }
+    Ok(out)
 }
 
 fn padded_or_contiguous(dt: DType, rows: u64, dim: u64, padded: bool) -> Result<Layout, CaseError> {
@@ -570,201 +615,175 @@ fn padded_or_contiguous(dt: DType, rows: u64, dim: u64, padded: bool) -> Result<
     }
 }
 
-fn scatter_add(ctx: &CaseContext) -> CaseOutcome {
-    each_dtype(ctx, OpKind::ScatterAdd, Tolerance::Dtype, |dt, g| {
-        let mut out = Vec::new();
-        for (rows, dim, n) in [(1u64, 1u64, 1u64), (10, 16, 37), (7, 1, 20), (500, 32, 300)] {
-            let table = padded_or_contiguous(dt, rows, dim, n % 2 == 1)?;
-            let tv = g.values(table.elements(), signed(1.0));
-            let sv = g.values(n * dim, signed(1.0));
-            let idx: Vec<f64> = (0..n).map(|_| g.below(rows) as f64).collect();
-            out.push((
-                format!("table {rows}×{dim}, {n} rows added"),
-                Op::ScatterAdd {
-                    src: g.input(contiguous(dt, &[n, dim])?, &sv),
-                    indices: g.input(contiguous(DType::I32, &[n])?, &idx),
-                    table: g.input(table, &tv),
-                },
-            ));
-        }
-        Ok(out)
-    })
+fn scatter_add_trials(dt: DType, g: &mut Gen) -> Trials {
+    let mut out = Vec::new();
+    for (rows, dim, n) in [(1u64, 1u64, 1u64), (10, 16, 37), (7, 1, 20), (500, 32, 300)] {
+        let table = padded_or_contiguous(dt, rows, dim, n % 2 == 1)?;
+        let tv = g.values(table.elements(), signed(1.0));
+        let sv = g.values(n * dim, signed(1.0));
+        let idx: Vec<f64> = (0..n).map(|_| g.below(rows) as f64).collect();
+        out.push((
+            format!("table {rows}×{dim}, {n} rows added"),
+            Op::ScatterAdd {
+                src: g.input(contiguous(dt, &[n, dim])?, &sv),
+                indices: g.input(contiguous(DType::I32, &[n])?, &idx),
+                table: g.input(table, &tv),
+            },
+        ));
+    }
+    Ok(out)
 }
 
-fn reduce(ctx: &CaseContext) -> CaseOutcome {
-    each_dtype(ctx, OpKind::Reduce, Tolerance::Dtype, |dt, g| {
-        let mut out = Vec::new();
-        let shapes: Vec<Layout> = vec![
-            contiguous(dt, &[1])?,
-            contiguous(dt, &[5, 7, 9])?,
-            contiguous(dt, &[9, 5])?.transposed(0, 1)?,
-            contiguous(dt, &[300, 257])?,
-            contiguous(dt, &[2, 3, 4, 5])?,
-        ];
-        for (s, lx) in shapes.into_iter().enumerate() {
-            for axis in 0..lx.rank() {
-                let op =
-                    [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min][(s + axis) % 4];
-                let mut dims = lx.dims().to_vec();
-                dims[axis] = 1;
-                let mut xv = g.values(lx.elements(), signed(3.0));
-                if s == 1 {
-                    with_specials(&mut xv, dt, true);
-                }
-                out.push((
-                    format!("{} of {lx} along {axis}", op.name()),
-                    Op::Reduce {
-                        x: g.input(lx, &xv),
-                        y: g.output(contiguous(dt, &dims)?),
-                        op,
-                        axis: axis as u32,
-                    },
-                ));
+fn reduce_trials(dt: DType, g: &mut Gen) -> Trials {
+    let mut out = Vec::new();
+    let shapes: Vec<Layout> = vec![
+        contiguous(dt, &[1])?,
+        contiguous(dt, &[5, 7, 9])?,
+        contiguous(dt, &[9, 5])?.transposed(0, 1)?,
+        contiguous(dt, &[300, 257])?,
+        contiguous(dt, &[2, 3, 4, 5])?,
+    ];
+    for (s, lx) in shapes.into_iter().enumerate() {
+        for axis in 0..lx.rank() {
+            let op = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min][(s + axis) % 4];
+            let mut dims = lx.dims().to_vec();
+            dims[axis] = 1;
+            let mut xv = g.values(lx.elements(), signed(3.0));
+            if s == 1 {
+                with_specials(&mut xv, dt, true);
             }
-        }
-        Ok(out)
-    })
-}
-
-fn sgd_momentum(ctx: &CaseContext) -> CaseOutcome {
-    each_dtype(ctx, OpKind::SgdMomentum, Tolerance::Dtype, |dt, g| {
-        let mut out = Vec::new();
-        for (n, nesterov, wd) in [
-            (1u64, false, 0.0f32),
-            (1001, true, 0.01),
-            (65537, false, 1e-4),
-        ] {
-            let l = contiguous(dt, &[n])?;
-            let (p, gr, v) = (
-                g.values(n, signed(1.0)),
-                g.values(n, signed(0.1)),
-                g.values(n, signed(0.1)),
-            );
             out.push((
-                format!("{n} parameters, nesterov {nesterov}"),
-                Op::SgdMomentum {
-                    param: g.input(l, &p),
-                    grad: g.input(gapped(dt, &[n])?, &gr),
-                    velocity: g.input(l, &v),
-                    lr: 0.05,
-                    momentum: 0.9,
-                    weight_decay: wd,
-                    nesterov,
+                format!("{} of {lx} along {axis}", op.name()),
+                Op::Reduce {
+                    x: g.input(lx, &xv),
+                    y: g.output(contiguous(dt, &dims)?),
+                    op,
+                    axis: axis as u32,
                 },
             ));
         }
-        Ok(out)
-    })
+    }
+    Ok(out)
 }
 
-fn adamw(ctx: &CaseContext) -> CaseOutcome {
-    each_dtype(ctx, OpKind::AdamW, Tolerance::Dtype, |dt, g| {
-        let mut out = Vec::new();
-        for (n, step) in [(1u64, 1u32), (1001, 7), (65537, 1000)] {
-            let l = contiguous(dt, &[n])?;
-            let (p, gr, m) = (
-                g.values(n, signed(1.0)),
-                g.values(n, signed(0.1)),
-                g.values(n, signed(0.01)),
-            );
-            let v = if step == 1 {
-                vec![0.0; n as usize]
+fn sgd_momentum_trials(dt: DType, g: &mut Gen) -> Trials {
+    let mut out = Vec::new();
+    for (n, nesterov, wd) in [
+        (1u64, false, 0.0f32),
+        (1001, true, 0.01),
+        (65537, false, 1e-4),
+    ] {
+        let l = contiguous(dt, &[n])?;
+        let (p, gr, v) = (
+            g.values(n, signed(1.0)),
+            g.values(n, signed(0.1)),
+            g.values(n, signed(0.1)),
+        );
+        out.push((
+            format!("{n} parameters, nesterov {nesterov}"),
+            Op::SgdMomentum {
+                param: g.input(l, &p),
+                grad: g.input(gapped(dt, &[n])?, &gr),
+                velocity: g.input(l, &v),
+                lr: 0.05,
+                momentum: 0.9,
+                weight_decay: wd,
+                nesterov,
+            },
+        ));
+    }
+    Ok(out)
+}
+
+fn adamw_trials(dt: DType, g: &mut Gen) -> Trials {
+    let mut out = Vec::new();
+    for (n, step) in [(1u64, 1u32), (1001, 7), (65537, 1000)] {
+        let l = contiguous(dt, &[n])?;
+        let (p, gr, m) = (
+            g.values(n, signed(1.0)),
+            g.values(n, signed(0.1)),
+            g.values(n, signed(0.01)),
+        );
+        let v = if step == 1 {
+            vec![0.0; n as usize]
+        } else {
+            g.values(n, positive(0.01))
+        };
+        out.push((
+            format!("{n} parameters, step {step}"),
+            Op::AdamW {
+                param: g.input(l, &p),
+                grad: g.input(l, &gr),
+                m: g.input(gapped(dt, &[n])?, &m),
+                v: g.input(l, &v),
+                lr: 1e-3,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.01,
+                step,
+            },
+        ));
+    }
+    Ok(out)
+}
+
+fn random_trials(dt: DType, g: &mut Gen) -> Trials {
+    let dists = if dt == DType::I32 {
+        vec![Distribution::Bits]
+    } else {
+        vec![
+            Distribution::Uniform {
+                low: -1.5,
+                high: 2.5,
+            },
+            Distribution::Normal {
+                mean: 0.5,
+                std: 2.0,
+            },
+        ]
+    };
+    let mut out = Vec::new();
+    for dist in dists {
+        for (n, seed, offset) in [
+            (1u64, 0u64, 0u64),
+            (1001, 42, 7),
+            (65537, u64::MAX, u64::MAX - 3),
+        ] {
+            let y = if n == 1001 {
+                gapped(dt, &[n])?
             } else {
-                g.values(n, positive(0.01))
+                contiguous(dt, &[n])?
             };
             out.push((
-                format!("{n} parameters, step {step}"),
-                Op::AdamW {
-                    param: g.input(l, &p),
-                    grad: g.input(l, &gr),
-                    m: g.input(gapped(dt, &[n])?, &m),
-                    v: g.input(l, &v),
-                    lr: 1e-3,
-                    beta1: 0.9,
-                    beta2: 0.999,
-                    eps: 1e-8,
-                    weight_decay: 0.01,
-                    step,
-                },
-            ));
-        }
-        Ok(out)
-    })
-}
-
-fn random(ctx: &CaseContext) -> CaseOutcome {
-    let kind = OpKind::Random;
-    let dtypes = listed(ctx, kind)?;
-    let stream = ctx.device.create_stream()?;
-    let mut g = Gen::new(41);
-    for dt in dtypes {
-        let cases: Vec<(Distribution, Tolerance)> = if dt == DType::I32 {
-            vec![(Distribution::Bits, Tolerance::Exact)]
-        } else {
-            vec![
-                (
-                    Distribution::Uniform {
-                        low: -1.5,
-                        high: 2.5,
-                    },
-                    Tolerance::Dtype,
-                ),
-                (
-                    Distribution::Normal {
-                        mean: 0.5,
-                        std: 2.0,
-                    },
-                    Tolerance::Dtype,
-                ),
-            ]
-        };
-        for (dist, tolerance) in cases {
-            for (n, seed, offset) in [
-                (1u64, 0u64, 0u64),
-                (1001, 42, 7),
-                (65537, u64::MAX, u64::MAX - 3),
-            ] {
-                let y = if n == 1001 {
-                    gapped(dt, &[n])?
-                } else {
-                    contiguous(dt, &[n])?
-                };
-                let op = Op::Random {
+                format!("{dist:?}, {n} elements, seed {seed}, offset {offset}"),
+                Op::Random {
                     y: g.output(y),
                     dist,
                     seed,
                     offset,
-                };
-                run_trial(
-                    ctx,
-                    &stream,
-                    &op,
-                    tolerance,
-                    &format!("{dt}, {dist:?}, {n} elements, seed {seed}, offset {offset}"),
-                )?;
-            }
-        }
-    }
-    Ok(())
-}
-
-fn dropout(ctx: &CaseContext) -> CaseOutcome {
-    each_dtype(ctx, OpKind::Dropout, Tolerance::Dtype, |dt, g| {
-        let mut out = Vec::new();
-        for (n, p) in [(1u64, 0.5f32), (1001, 0.1), (65537, 0.5), (64, 0.0)] {
-            let l = contiguous(dt, &[n])?;
-            let xv = g.values(n, signed(2.0));
-            out.push((
-                format!("{n} elements, p {p}"),
-                Op::Dropout {
-                    x: g.input(l, &xv),
-                    y: g.output(if n == 1001 { gapped(dt, &[n])? } else { l }),
-                    p,
-                    seed: 1234 + n,
-                    offset: n,
                 },
             ));
         }
-        Ok(out)
-    })
+    }
+    Ok(out)
+}
+
+fn dropout_trials(dt: DType, g: &mut Gen) -> Trials {
+    let mut out = Vec::new();
+    for (n, p) in [(1u64, 0.5f32), (1001, 0.1), (65537, 0.5), (64, 0.0)] {
+        let l = contiguous(dt, &[n])?;
+        let xv = g.values(n, signed(2.0));
+        out.push((
+            format!("{n} elements, p {p}"),
+            Op::Dropout {
+                x: g.input(l, &xv),
+                y: g.output(if n == 1001 { gapped(dt, &[n])? } else { l }),
+                p,
+                seed: 1234 + n,
+                offset: n,
+            },
+        ));
+    }
+    Ok(out)
 }

@@ -11,10 +11,11 @@
 
 use xpu_hal::ops::{HasLayout, Layout, Op, Tensor};
 use xpu_hal::reference::ops::{from_f64, pack, run, to_f64, unpack, Buffers};
-use xpu_hal::{DType, Stream};
+use xpu_hal::{Allocation, Stream};
 
-use crate::case::{CaseContext, CaseError, CaseOutcome};
-use crate::cases::util::{pattern, upload};
+use crate::case::{CaseError, CaseOutcome};
+use crate::cases::util::pattern;
+use crate::precision::{relative_tolerance, within_tolerance};
 
 /// Guard bytes after each operand.
 const GUARD: u64 = 48;
@@ -82,21 +83,46 @@ pub(crate) enum Tolerance {
     Dtype,
 }
 
-/// The relative tolerance for `dtype` (see [`Tolerance`]).
-pub(crate) fn relative_tolerance(dtype: DType) -> f64 {
-    match dtype {
-        DType::F64 => 1e-9,
-        DType::F32 => 1e-4,
-        DType::F16 => 2e-3,
-        DType::BF16 => 1.6e-2,
-        _ => 0.0,
+/// Puts each operand in an allocation of its own on `stream`'s device (background,
+/// the operand's span at its offset, guard bytes); returns the allocations and the
+/// bytes each started with.
+fn place(stream: &Stream, op: &Op<Spec>) -> xpu_hal::Result<(Vec<Allocation>, Vec<Vec<u8>>)> {
+    let mut allocations = Vec::new();
+    let mut initial = Vec::new();
+    for (i, o) in op.operands().iter().enumerate() {
+        let s = o.tensor;
+        let total = s.offset + s.span.len() as u64 + GUARD;
+        let mut bytes = pattern(0xB0 + i as u64, total as usize);
+        bytes[s.offset as usize..s.offset as usize + s.span.len()].copy_from_slice(&s.span);
+        let a = stream.device().allocate(total)?;
+        stream.write(&a, &bytes)?;
+        allocations.push(a);
+        initial.push(bytes);
+    }
+    Ok((allocations, initial))
+}
+
+/// `op` on the tensors [`place`] made.
+fn on<'a>(op: &Op<Spec>, allocations: &'a [Allocation]) -> Op<Tensor<'a>> {
+    let mut next = 0;
+    let mapped: Result<Op<Tensor<'a>>, std::convert::Infallible> =
+        op.by_ref().try_map(|_, _, s| {
+            next += 1;
+            Ok(Tensor {
+                allocation: &allocations[next - 1],
+                offset: s.offset,
+                layout: s.layout,
+            })
+        });
+    match mapped {
+        Ok(op) => op,
+        Err(never) => match never {},
     }
 }
 
 /// Runs `op` on `stream` and on the reference, and compares. `what` names the trial in
 /// a failure (shape, dtype, layout).
 pub(crate) fn run_trial(
-    ctx: &CaseContext,
     stream: &Stream,
     op: &Op<Spec>,
     tolerance: Tolerance,
@@ -104,27 +130,8 @@ pub(crate) fn run_trial(
 ) -> CaseOutcome {
     let kind = op.kind();
     let operands = op.operands();
-    // Device memory: background, the span, guards.
-    let mut allocations = Vec::new();
-    let mut initial = Vec::new();
-    for (i, o) in operands.iter().enumerate() {
-        let s = o.tensor;
-        let total = s.offset + s.span.len() as u64 + GUARD;
-        let mut bytes = pattern(0xB0 + i as u64, total as usize);
-        bytes[s.offset as usize..s.offset as usize + s.span.len()].copy_from_slice(&s.span);
-        allocations.push(upload(&ctx.device, stream, &bytes)?);
-        initial.push(bytes);
-    }
-    let mut next = 0;
-    let tensors = op.by_ref().try_map(|_, _, s| {
-        let t = Tensor {
-            allocation: &allocations[next],
-            offset: s.offset,
-            layout: s.layout,
-        };
-        next += 1;
-        Ok::<_, CaseError>(t)
-    })?;
+    let (allocations, initial) = place(stream, op)?;
+    let tensors = on(op, &allocations);
     stream
         .run_op(&tensors)
         .map_err(|e| CaseError::fail(format!("{kind} ({what}) was refused: {e}")))?;
@@ -190,6 +197,27 @@ pub(crate) fn run_trial(
     Ok(())
 }
 
+/// Runs `op` on `stream` (its device's memory laid out as [`run_trial`] does) and
+/// returns each written operand's name, layout and elements (packed, row-major).
+pub(crate) fn device_outputs(
+    stream: &Stream,
+    op: &Op<Spec>,
+) -> xpu_hal::Result<Vec<(&'static str, Layout, Vec<u8>)>> {
+    let operands = op.operands();
+    let (allocations, _) = place(stream, op)?;
+    let tensors = on(op, &allocations);
+    stream.run_op(&tensors)?;
+    stream.synchronize()?;
+    let mut out = Vec::new();
+    for (o, t) in operands.iter().zip(tensors.operands()) {
+        if o.access.writes() {
+            let bytes = stream.read(t.tensor.span())?;
+            out.push((o.name, t.tensor.layout, pack(&bytes, &t.tensor.layout)));
+        }
+    }
+    Ok(out)
+}
+
 /// Compares packed elements; the message names the first element out of tolerance.
 pub(crate) fn compare(
     got: &[u8],
@@ -222,30 +250,35 @@ pub(crate) fn compare(
     let g = to_f64(got, dtype);
     let w = to_f64(want, dtype);
     let tol = relative_tolerance(dtype);
+    if within_tolerance(&g, &w, tol) {
+        return Ok(());
+    }
     let scale = w
         .iter()
         .filter(|v| v.is_finite())
         .fold(0.0f64, |m, v| m.max(v.abs()));
-    let mut bad = 0usize;
-    let mut first = None;
-    for (i, (&g, &w)) in g.iter().zip(&w).enumerate() {
-        let ok = if w.is_nan() {
-            g.is_nan()
-        } else if w.is_infinite() {
-            g == w
-        } else {
-            g.is_finite() && (g - w).abs() <= tol * (w.abs() + scale)
-        };
-        if !ok {
-            bad += 1;
-            first.get_or_insert((i, g, w));
-        }
-    }
-    match first {
-        None => Ok(()),
-        Some((i, g, w)) => Err(format!(
-            "{bad} of {} {dtype} elements are out of tolerance; element {i} should be {w}, found {g} (allowed: |got − want| ≤ {tol:e}·(|want| + {scale}))",
-            layout.elements()
-        )),
-    }
+    let bad: Vec<usize> = g
+        .iter()
+        .zip(&w)
+        .enumerate()
+        .filter(|(_, (&g, &w))| {
+            let ok = if w.is_nan() {
+                g.is_nan()
+            } else if w.is_infinite() {
+                g == w
+            } else {
+                g.is_finite() && (g - w).abs() <= tol * (w.abs() + scale)
+            };
+            !ok
+        })
+        .map(|(i, _)| i)
+        .collect();
+    let i = bad.first().copied().unwrap_or(0);
+    Err(format!(
+        "{} of {} {dtype} elements are out of tolerance; element {i} should be {}, found {} (allowed: |got − want| ≤ {tol:e}·(|want| + {scale}))",
+        bad.len().max(1),
+        layout.elements(),
+        w.get(i).copied().unwrap_or(f64::NAN),
+        g.get(i).copied().unwrap_or(f64::NAN),
+    ))
 }
