@@ -149,7 +149,7 @@ fn a_library_without_the_entry_point() {
 #[test]
 fn an_entry_point_returning_null() {
     let e = refused(&support::bad("NULL_TABLE"));
-    assert_eq!(e.cause(), &LoadErrorKind::Refused { host: (1, 0) });
+    assert_eq!(e.cause(), &LoadErrorKind::Refused { host: (1, 1) });
     assert!(e.to_string().contains("returned NULL"), "{e}");
 }
 
@@ -160,12 +160,12 @@ fn a_newer_major_version() {
         e.cause(),
         &LoadErrorKind::IncompatibleMajor {
             plugin: (2, 7),
-            host: (1, 0)
+            host: (1, 1)
         }
     );
     let text = e.to_string();
     assert!(
-        text.contains("ABI 2.7") && text.contains("ABI 1.0"),
+        text.contains("ABI 2.7") && text.contains("ABI 1.1"),
         "{text}"
     );
     assert!(text.contains("newer"), "{text}");
@@ -176,7 +176,7 @@ fn an_older_major_version() {
     let e = refused(&support::bad("OLDER_MAJOR"));
     let text = e.to_string();
     assert!(
-        text.contains("ABI 0.7") && text.contains("ABI 1.0"),
+        text.contains("ABI 0.7") && text.contains("ABI 1.1"),
         "{text}"
     );
     assert!(text.contains("older") && text.contains("rebuild"), "{text}");

@@ -1209,7 +1209,7 @@ typedef struct minimal_api {
   xpu_plugin_api base;
 } minimal_api;
 #define MINIMAL_API_SIZE XPU_PLUGIN_API_MIN_SIZE
-#define MINIMAL_API_MINOR XPU_PLUGIN_ABI_MINOR
+#define MINIMAL_API_MINOR 0
 #define MINIMAL_API_TAIL
 #endif
 
@@ -1249,6 +1249,8 @@ static const minimal_api api = {
         minimal_kernel_load,
         minimal_kernel_destroy,
         minimal_kernel_launch,
+        NULL, /* device_ops (ABI 1.1) */
+        NULL, /* op_enqueue (ABI 1.1) */
     } MINIMAL_API_TAIL};
 
 XPU_PLUGIN_EXPORT const xpu_plugin_api* xpu_plugin_get_api(const xpu_host_info* host) {
