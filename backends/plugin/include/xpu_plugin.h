@@ -26,7 +26,8 @@
  *       field beyond it is treated as zero / NULL. The writer of an output field writes
  *       it only if it lies within struct_size. Nobody ever requires struct_size to
  *       *equal* their own size, only to reach the struct's MIN_SIZE macro, its size
- *       in ABI 1.0.
+ *       in the version that introduced it (1.0 for most; 1.1 for the structs of the
+ *       standard operations).
  *     - A function pointer in xpu_plugin_api that is NULL or beyond its struct_size is
  *       absent. Functions marked REQUIRED must be present.
  *   Optional features live in extensions: a chain of structs, each starting with
@@ -81,7 +82,7 @@ extern "C" {
 #endif
 
 #define XPU_PLUGIN_ABI_MAJOR 1
-#define XPU_PLUGIN_ABI_MINOR 0
+#define XPU_PLUGIN_ABI_MINOR 1
 
 /* The symbol every plugin exports (type xpu_plugin_get_api_fn). */
 #define XPU_PLUGIN_ENTRY_SYMBOL "xpu_plugin_get_api"
@@ -455,6 +456,201 @@ typedef struct xpu_capabilities_extension {
   xpu_error* (*capabilities)(xpu_capabilities_args* args);
 } xpu_capabilities_extension;
 
+/* ---------------------------------------------- standard operations (1.1) --- */
+/*
+ * The standard operations of training (matrix multiply, activations, softmax,
+ * cross-entropy, layer norm, embeddings, reductions, optimizer updates, random numbers).
+ * Their meaning is the HAL's: `xpu_hal::ops::Op` documents each one (its tensors, in the
+ * order below, and its parameters) and the shared rules (computation in at least f32,
+ * f64 for f64; one rounding per result; sums in f32 or wider in any order). The
+ * conformance profile `training` compares a device with the f64 reference
+ * (`xpu_hal::reference::ops`) on every operation and dtype it lists.
+ *
+ * A device lists what it provides with device_ops; the host sends only those, only on
+ * the listed dtypes (the dtype of the first tensor), with op_enqueue. Both are optional
+ * (NULL: the device provides no standard operation); a host reads them only from a
+ * plugin whose abi_minor is at least 1.
+ *
+ * What the host guarantees (it has run `xpu_hal::ops::check`): the tensor count and
+ * order are the operation's; shapes, dtypes and parameters are valid; every tensor has
+ * at least one element, lies in a buffer of the stream's device, and its range spans
+ * exactly the bytes its layout addresses (range.offset is element 0, range.length is
+ * the span, element-aligned); a written tensor addresses each element once and
+ * overlaps no other tensor, except an input it may be identical to where the operation
+ * allows in-place use (bias_add, relu, gelu, dropout: y may be x; relu_backward,
+ * gelu_backward: dx may be dy) — then both descriptors are equal.
+ *
+ * What a plugin must do: run the operation asynchronously in stream order, like any
+ * work; return enqueue-time refusals at once (UNSUPPORTED for an operation or dtype it
+ * does not provide, INVALID_ARGUMENT for a descriptor it cannot use). Check every index
+ * (gather, scatter_add) and label (cross_entropy, cross_entropy_backward) before
+ * writing anything: one out of range fails the work like any failed work (reported by
+ * the next stream_synchronize / stream_query and by later events, code
+ * INVALID_ARGUMENT) with a message naming its position and value — "index at position
+ * 2 is 8, outside [0, 8)", "label of row 1 is 4, outside [0, 4)" — and nothing is
+ * written.
+ *
+ * Tensors, in order (r = read, w = written, rw = both), and parameters:
+ *   MATMUL                  a r, b r, c rw            matmul: c = alpha·op(a)·op(b) + beta·c
+ *   BIAS_ADD                x r, bias r, y w
+ *   RELU                    x r, y w
+ *   RELU_BACKWARD           x r, dy r, dx w
+ *   GELU                    x r, y w                  (tanh approximation)
+ *   GELU_BACKWARD           x r, dy r, dx w
+ *   SOFTMAX                 x r, y w                  (rows: the last dimension)
+ *   SOFTMAX_BACKWARD        y r, dy r, dx w
+ *   CROSS_ENTROPY           logits r, labels r (i32), loss w
+ *   CROSS_ENTROPY_BACKWARD  logits r, labels r (i32), dloss r, dlogits w
+ *   LAYER_NORM              x r, gamma r, beta r, y w, mean w, rstd w      layer_norm
+ *   LAYER_NORM_BACKWARD     x r, gamma r, mean r, rstd r, dy r, dx w, dgamma w, dbeta w
+ *   GATHER                  table r, indices r (i32), out w   (any dtype, bit-exact)
+ *   SCATTER_ADD             src r, indices r (i32), table rw
+ *   REDUCE                  x r, y w                  reduce
+ *   SGD_MOMENTUM            param rw, grad r, velocity rw                  sgd_momentum
+ *   ADAMW                   param rw, grad r, m rw, v rw                   adamw
+ *   RANDOM                  y w (i32 for bits)        random
+ *   DROPOUT                 x r, y w                  dropout
+ * Layer norm's mean and rstd are f32 (f64 for f64); every other float tensor has the
+ * operation's dtype.
+ */
+#define XPU_OP_MATMUL 1
+#define XPU_OP_BIAS_ADD 2
+#define XPU_OP_RELU 3
+#define XPU_OP_RELU_BACKWARD 4
+#define XPU_OP_GELU 5
+#define XPU_OP_GELU_BACKWARD 6
+#define XPU_OP_SOFTMAX 7
+#define XPU_OP_SOFTMAX_BACKWARD 8
+#define XPU_OP_CROSS_ENTROPY 9
+#define XPU_OP_CROSS_ENTROPY_BACKWARD 10
+#define XPU_OP_LAYER_NORM 11
+#define XPU_OP_LAYER_NORM_BACKWARD 12
+#define XPU_OP_GATHER 13
+#define XPU_OP_SCATTER_ADD 14
+#define XPU_OP_REDUCE 15
+#define XPU_OP_SGD_MOMENTUM 16
+#define XPU_OP_ADAMW 17
+#define XPU_OP_RANDOM 18
+#define XPU_OP_DROPOUT 19
+
+/* The largest rank of a tensor, and the most tensors an operation has. */
+#define XPU_MAX_RANK 4
+#define XPU_OP_MAX_TENSORS 8
+
+typedef enum xpu_reduce_op {
+  XPU_REDUCE_SUM = 0,
+  XPU_REDUCE_MEAN = 1,
+  XPU_REDUCE_MAX = 2, /* NaN if any is NaN */
+  XPU_REDUCE_MIN = 3  /* NaN if any is NaN */
+} xpu_reduce_op;
+
+typedef enum xpu_random_distribution {
+  XPU_RANDOM_BITS = 0,    /* Philox's raw 32-bit outputs, as i32 */
+  XPU_RANDOM_UNIFORM = 1, /* in [a, b) */
+  XPU_RANDOM_NORMAL = 2   /* mean a, standard deviation b */
+} xpu_random_distribution;
+
+/* A tensor: element [i0, i1, ...] lies sum(ik * strides[k]) elements after element 0,
+ * which is at range.offset. Entries of dims and strides at and beyond `rank` are 0. */
+typedef struct xpu_tensor {
+  size_t struct_size;
+  uint32_t dtype;                 /* xpu_dtype */
+  uint32_t rank;                  /* 1 .. XPU_MAX_RANK */
+  uint64_t dims[XPU_MAX_RANK];    /* shape */
+  uint64_t strides[XPU_MAX_RANK]; /* in elements; 0 broadcasts (inputs only) */
+  xpu_buffer_range range;         /* the bytes spanned: offset = element 0 */
+} xpu_tensor;
+#define XPU_TENSOR_MIN_SIZE XPU_STRUCT_SIZE(xpu_tensor, range)
+
+/* Parameters, by operation (booleans are 0 or 1). */
+typedef struct xpu_op_matmul_params {
+  uint32_t trans_a; /* a is given as [K, M] */
+  uint32_t trans_b; /* b is given as [N, K] */
+  float alpha;
+  float beta; /* 0: c is not read */
+} xpu_op_matmul_params;
+
+typedef struct xpu_op_layer_norm_params {
+  float eps;
+} xpu_op_layer_norm_params;
+
+typedef struct xpu_op_reduce_params {
+  uint32_t op;   /* xpu_reduce_op */
+  uint32_t axis; /* the dimension reduced (kept, of size 1, in y) */
+} xpu_op_reduce_params;
+
+typedef struct xpu_op_sgd_momentum_params {
+  float lr;
+  float momentum;
+  float weight_decay;
+  uint32_t nesterov;
+} xpu_op_sgd_momentum_params;
+
+typedef struct xpu_op_adamw_params {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weight_decay;
+  uint32_t step; /* from 1 */
+} xpu_op_adamw_params;
+
+typedef struct xpu_op_random_params {
+  uint32_t distribution; /* xpu_random_distribution */
+  float a;               /* uniform: low; normal: mean */
+  float b;               /* uniform: high; normal: standard deviation */
+  uint32_t reserved;     /* 0 */
+  uint64_t seed;         /* Philox key */
+  uint64_t offset;       /* first Philox counter */
+} xpu_op_random_params;
+
+typedef struct xpu_op_dropout_params {
+  float p;           /* in [0, 1) */
+  uint32_t reserved; /* 0 */
+  uint64_t seed;
+  uint64_t offset;
+} xpu_op_dropout_params;
+
+/* The member named after the operation holds its parameters; the others have none.
+ * `reserved` fixes the size at 64 bytes, so later operations fit without growing it. */
+typedef union xpu_op_params {
+  xpu_op_matmul_params matmul;
+  xpu_op_layer_norm_params layer_norm;
+  xpu_op_reduce_params reduce;
+  xpu_op_sgd_momentum_params sgd_momentum;
+  xpu_op_adamw_params adamw;
+  xpu_op_random_params random;
+  xpu_op_dropout_params dropout;
+  uint64_t reserved[8];
+} xpu_op_params;
+
+/* One standard operation to enqueue on `stream`. */
+typedef struct xpu_op_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_stream* stream;               /* in */
+  uint32_t op;                      /* in: XPU_OP_* */
+  uint32_t tensor_count;            /* in: the operation's count, at most XPU_OP_MAX_TENSORS */
+  const xpu_tensor* const* tensors; /* in: tensor_count descriptors, valid during the call */
+  xpu_op_params params;             /* in */
+} xpu_op_args;
+#define XPU_OP_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_op_args, params)
+
+/* One operation a device provides: bit (1 << xpu_dtype) per dtype of its first tensor. */
+typedef struct xpu_op_support {
+  uint32_t op;         /* XPU_OP_*; the host ignores numbers it does not know */
+  uint32_t dtype_mask; /* the host ignores dtypes the operation is not defined on */
+} xpu_op_support;
+
+typedef struct xpu_device_ops_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_device* device;        /* in */
+  const xpu_op_support* ops; /* out: `count` entries, valid until the device is closed */
+  uint64_t count;            /* out: at most 1024 are read */
+} xpu_device_ops_args;
+#define XPU_DEVICE_OPS_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_device_ops_args, count)
+
 /* ------------------------------------------------------------ the table --- */
 
 typedef struct xpu_plugin_api {
@@ -505,6 +701,11 @@ typedef struct xpu_plugin_api {
   xpu_error* (*kernel_load)(xpu_kernel_load_args* args);
   xpu_error* (*kernel_destroy)(xpu_kernel_destroy_args* args);
   xpu_error* (*kernel_launch)(xpu_kernel_launch_args* args);
+
+  /* ABI 1.1, optional (NULL when absent): the standard operations. A device provides
+   * them only when both are present; called once per open device, device_ops. */
+  xpu_error* (*device_ops)(xpu_device_ops_args* args);
+  xpu_error* (*op_enqueue)(xpu_op_args* args);
 } xpu_plugin_api;
 #define XPU_PLUGIN_API_MIN_SIZE XPU_STRUCT_SIZE(xpu_plugin_api, kernel_launch)
 

@@ -88,6 +88,7 @@ impl PluginDevice {
         let (mut info, kernel_format) = properties(&shared)?;
         let extra = capabilities(&shared);
         info.extra = extra.clone();
+        info.capabilities.ops = crate::std_ops::supported(&shared);
         Ok(PluginDevice {
             shared,
             info,

@@ -41,8 +41,13 @@
 //!
 //! Optional parts: `event_elapsed` (event timing), native kernels (`kernel_load`,
 //! `kernel_launch` and `kernel_destroy` — all three, or the plugin is treated as having
-//! none) and the capabilities extension (its strings are
-//! [`PluginDevice::extra_capabilities`]).
+//! none), the capabilities extension (its strings are
+//! [`PluginDevice::extra_capabilities`]) and, from ABI 1.1, the standard operations
+//! (`device_ops` and `op_enqueue`, both or none, read only from a plugin whose
+//! `abi_minor` is at least 1): the list becomes the device's `Capabilities::ops`
+//! (unknown operation numbers and dtypes an operation is not defined on are ignored,
+//! at most 1024 entries are read), and `run_op` passes each operation as an
+//! `xpu_op_args` with one `xpu_tensor` per operand, in the HAL's operand order.
 //!
 //! A library that passed the checks is never unloaded, even when the last object of
 //! the plugin is gone: the ABI lets a destroyed stream finish in the background, and
@@ -105,6 +110,7 @@ mod event;
 mod kernel;
 mod load;
 mod memory;
+mod std_ops;
 mod stream;
 
 pub use backend::PluginBackend;

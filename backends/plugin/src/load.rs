@@ -86,6 +86,9 @@ abi_structs!(
     xpu_kernel_destroy_args => kernel,
     xpu_kernel_launch_args => arg_count,
     xpu_capabilities_args => count,
+    xpu_device_ops_args => count,
+    xpu_op_args => params,
+    xpu_tensor => range,
 );
 
 // SAFETY: as above: a size, pointers, integers and optional function pointers.
@@ -96,6 +99,8 @@ unsafe impl Zeroed for xpu_extension_base {}
 unsafe impl Zeroed for xpu_capabilities_extension {}
 // SAFETY: as above.
 unsafe impl Zeroed for xpu_kernel_arg {}
+// SAFETY: as above.
+unsafe impl Zeroed for xpu_op_support {}
 
 /// Copies the first `size` bytes of the plugin's `T` at `src` into a zeroed `T`.
 ///
@@ -147,6 +152,13 @@ pub(crate) struct KernelFns {
     pub(crate) launch: Func<xpu_kernel_launch_args>,
 }
 
+/// The entry points of the standard operations (ABI 1.1): both or none.
+#[derive(Clone, Copy)]
+pub(crate) struct OpFns {
+    pub(crate) list: Func<xpu_device_ops_args>,
+    pub(crate) enqueue: Func<xpu_op_args>,
+}
+
 /// The validated function table: required functions as plain function pointers,
 /// optional ones as `Option`.
 #[derive(Clone, Copy)]
@@ -178,6 +190,8 @@ pub(crate) struct Table {
     pub(crate) event_elapsed: Option<Func<xpu_event_elapsed_args>>,
     pub(crate) kernels: Option<KernelFns>,
     pub(crate) capabilities: Option<Func<xpu_capabilities_args>>,
+    /// Only from a plugin of ABI 1.1 or later that has both functions.
+    pub(crate) ops: Option<OpFns>,
 }
 
 macro_rules! required {
@@ -281,6 +295,10 @@ impl Table {
             event_elapsed: api.event_elapsed,
             kernels,
             capabilities: None,
+            ops: match (api.device_ops, api.op_enqueue) {
+                (Some(list), Some(enqueue)) => Some(OpFns { list, enqueue }),
+                _ => None,
+            },
         })
     }
 }
@@ -402,6 +420,10 @@ impl Plugin {
         // the 1.0 minimum checked above).
         let api = unsafe { read_prefix(api, size) };
         let mut table = Table::from_api(&api)?;
+        if minor < 1 {
+            // Members a 1.0 plugin cannot have meant: whatever lies there is not read.
+            table.ops = None;
+        }
         if api.name.is_null() {
             return Err(LoadErrorKind::InvalidName { name: None });
         }

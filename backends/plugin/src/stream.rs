@@ -8,6 +8,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use xpu_hal::backend::{BuiltinOp, EventImpl, StreamImpl};
+use xpu_hal::ops::{Op, RawTensor};
 use xpu_hal::{
     downcast_raw, Access, BinaryOp, Error, Event, HostSlice, KernelDesc, KernelImpl, LaunchDims,
     RawAllocation, RawKernelArg, RawSlice, Result, Scalar,
@@ -19,6 +20,7 @@ use crate::event::PluginEvent;
 use crate::kernel::PluginKernel;
 use crate::load::{Args, Func, Handle};
 use crate::memory::PluginAllocation;
+use crate::std_ops;
 
 /// Something enqueued work uses, kept only to be dropped once the work is done.
 type Held = Box<dyn Any + Send + Sync>;
@@ -347,6 +349,41 @@ impl StreamImpl for PluginStream {
         let f = self.device().plugin.table.builtin;
         // SAFETY: ranges validated by the HAL, their buffers in `holds`.
         unsafe { self.enqueue(f, &mut a, "builtin", holds) }
+    }
+
+    fn run_op(&self, op: Op<RawTensor>) -> Result<()> {
+        let plugin = &self.device().plugin;
+        let Some(fns) = plugin.table.ops else {
+            return Err(Error::unsupported(format!(
+                "{} does not provide the standard operation {} (its plugin has no op_enqueue)",
+                self.device().id,
+                op.kind()
+            )));
+        };
+        let mut holds = Vec::new();
+        let mut tensors = Vec::with_capacity(XPU_OP_MAX_TENSORS);
+        for operand in op.operands() {
+            let range = self.range(&operand.tensor.memory, &mut holds)?;
+            tensors.push(std_ops::tensor(operand.tensor, range));
+        }
+        let pointers: Vec<*const xpu_tensor> =
+            tensors.iter().map(|t| t as *const xpu_tensor).collect();
+        let mut a = xpu_op_args::new();
+        a.stream = self.shared.handle.0;
+        a.op = op.kind().id();
+        a.tensor_count = pointers.len() as u32;
+        a.tensors = pointers.as_ptr();
+        a.params = std_ops::params(&op);
+        // SAFETY: the HAL checked the operation and its tensors (on this device, in
+        // bounds, each range exactly its layout's span); their buffers are in `holds`;
+        // the descriptors and the pointer array outlive the call, which is all the ABI
+        // asks of them.
+        unsafe { self.enqueue(fns.enqueue, &mut a, "op_enqueue", holds) }.map_err(|e| match e {
+            Error::InvalidArgument { message } => {
+                Error::invalid(format!("{}: {message}", op.kind()))
+            }
+            other => other,
+        })
     }
 
     fn launch(

@@ -11,7 +11,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use xpu_hal::backend::Backend;
+use xpu_hal::backend::{Backend, DeviceImpl};
+use xpu_hal::ops::OpKind;
 use xpu_hal::{DType, Error, KernelFormat};
 use xpu_plugin::{discover_from, LoadError, LoadErrorKind, PluginBackend};
 
@@ -55,7 +56,7 @@ fn the_minimal_plugin_loads_and_describes_its_devices() {
     assert_eq!(backend.name(), "plugin.minimal");
     assert_eq!(backend.plugin_name(), "minimal");
     assert_eq!(backend.version(), "1.0.0");
-    assert_eq!(backend.abi_version(), (1, 0));
+    assert_eq!(backend.abi_version(), (1, 1));
     assert!(backend.has_kernels());
     let devices = backend.enumerate().unwrap();
     assert_eq!(devices.len(), 2);
@@ -93,14 +94,40 @@ fn round_trip(backend: PluginBackend) {
     assert_eq!(s.read(&a).unwrap(), data);
 }
 
+/// The standard operations a plugin's first device lists.
+fn listed_ops(backend: &PluginBackend) -> Vec<(OpKind, Vec<DType>)> {
+    let device = backend.create_plugin_device(0).unwrap();
+    device
+        .info()
+        .capabilities
+        .ops
+        .into_iter()
+        .map(|s| (s.kind, s.dtypes))
+        .collect()
+}
+
 /// A plugin of ABI 1.0 has the smallest table a host accepts: whatever a newer host
-/// appended reads as absent (checked on a simulated 1.1 table in the unit tests). A
-/// plugin claiming 1.3 appends members this 1.0 host must ignore.
+/// appended reads as absent — here the standard operations, whose functions lie in
+/// memory beyond its `struct_size` — and it works as before. A plugin claiming 1.3
+/// appends members this 1.1 host must ignore.
 #[test]
 fn older_and_newer_minor_versions_load() {
-    let old = PluginBackend::load(support::minimal()).unwrap();
+    let old = PluginBackend::load(support::minimal_1_0()).unwrap();
     assert_eq!(old.abi_version(), (1, 0));
+    assert!(listed_ops(&old).is_empty());
     round_trip(old);
+    let current = PluginBackend::load(support::minimal()).unwrap();
+    assert_eq!(current.abi_version(), (1, 1));
+    let f32_only = vec![DType::F32];
+    assert_eq!(
+        listed_ops(&current),
+        vec![
+            (OpKind::BiasAdd, f32_only.clone()),
+            (OpKind::Relu, f32_only.clone()),
+            (OpKind::ReluBackward, f32_only)
+        ]
+    );
+    round_trip(current);
     let new = PluginBackend::load(support::minimal_minor(3)).unwrap();
     assert_eq!(new.abi_version(), (1, 3));
     assert_eq!(new.name(), "plugin.minimal");
@@ -149,7 +176,7 @@ fn a_library_without_the_entry_point() {
 #[test]
 fn an_entry_point_returning_null() {
     let e = refused(&support::bad("NULL_TABLE"));
-    assert_eq!(e.cause(), &LoadErrorKind::Refused { host: (1, 0) });
+    assert_eq!(e.cause(), &LoadErrorKind::Refused { host: (1, 1) });
     assert!(e.to_string().contains("returned NULL"), "{e}");
 }
 
@@ -160,12 +187,12 @@ fn a_newer_major_version() {
         e.cause(),
         &LoadErrorKind::IncompatibleMajor {
             plugin: (2, 7),
-            host: (1, 0)
+            host: (1, 1)
         }
     );
     let text = e.to_string();
     assert!(
-        text.contains("ABI 2.7") && text.contains("ABI 1.0"),
+        text.contains("ABI 2.7") && text.contains("ABI 1.1"),
         "{text}"
     );
     assert!(text.contains("newer"), "{text}");
@@ -176,7 +203,7 @@ fn an_older_major_version() {
     let e = refused(&support::bad("OLDER_MAJOR"));
     let text = e.to_string();
     assert!(
-        text.contains("ABI 0.7") && text.contains("ABI 1.0"),
+        text.contains("ABI 0.7") && text.contains("ABI 1.1"),
         "{text}"
     );
     assert!(text.contains("older") && text.contains("rebuild"), "{text}");

@@ -21,9 +21,13 @@
  *   cc -std=c11 -O2 -fPIC -shared -fvisibility=hidden -pthread \
  *      -I backends/plugin/include minimal.c -o libxpu_minimal.so
  *
- * -DXPU_TEST_MINOR=N (N > 0) makes the plugin claim ABI 1.N and append two members to
+ * Standard operations (ABI 1.1): relu, relu_backward and bias_add on f32, with any
+ * strides (see the standard operations section).
+ *
+ * -DXPU_TEST_MINOR=N (N > 1) makes the plugin claim ABI 1.N and append two members to
  * its function table, as a plugin built against a newer header would; the host must
- * load it and ignore what it does not know.
+ * load it and ignore what it does not know. -DXPU_TEST_ABI_1_0 makes it present the
+ * ABI 1.0 table (and version), as a plugin built before 1.1 would.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -718,12 +722,118 @@ static void run_builtin(const builtin_job* j) {
   }
 }
 
+/* ---------------------------------------------------- standard operations --- */
+/* ABI 1.1. This device provides relu, relu_backward and bias_add on f32, with any
+ * strides. Their meaning is the HAL's (xpu_hal::ops::Op); the host has checked shapes,
+ * dtypes and overlaps, and sends only what device_ops lists. */
+
+static const xpu_op_support device_op_list[] = {
+    {XPU_OP_BIAS_ADD, 1u << XPU_DTYPE_F32},
+    {XPU_OP_RELU, 1u << XPU_DTYPE_F32},
+    {XPU_OP_RELU_BACKWARD, 1u << XPU_DTYPE_F32},
+};
+
+/* A tensor resolved to memory: element [i0, i1, ...] is at data + 4 * sum(ik * strides[k]). */
+typedef struct op_tensor {
+  unsigned char* data;
+  uint32_t rank;
+  uint64_t dims[XPU_MAX_RANK];
+  uint64_t strides[XPU_MAX_RANK];
+} op_tensor;
+
+typedef struct op_job {
+  uint32_t op;
+  op_tensor t[3];
+} op_job;
+
+/* The address of element n (in row-major order) of an f32 tensor. */
+static unsigned char* op_element(const op_tensor* t, uint64_t n) {
+  uint64_t offset = 0;
+  for (uint32_t k = t->rank; k-- > 0;) {
+    offset += (n % t->dims[k]) * t->strides[k];
+    n /= t->dims[k];
+  }
+  return t->data + offset * 4;
+}
+
+static uint64_t op_elements(const op_tensor* t) {
+  uint64_t n = 1;
+  for (uint32_t k = 0; k < t->rank; k++) n *= t->dims[k];
+  return n;
+}
+
+/* Element by element, in row-major order: an output identical to an input (in place)
+ * reads each element before writing it. */
+static void run_op(const op_job* j) {
+  uint64_t count = op_elements(&j->t[0]);
+  switch (j->op) {
+    case XPU_OP_RELU: /* x, y */
+      for (uint64_t n = 0; n < count; n++) {
+        float x = ldf(op_element(&j->t[0], n));
+        stf(op_element(&j->t[1], n), (x > 0.0f || x != x) ? x : 0.0f);
+      }
+      break;
+    case XPU_OP_RELU_BACKWARD: /* x, dy, dx */
+      for (uint64_t n = 0; n < count; n++) {
+        float x = ldf(op_element(&j->t[0], n));
+        float dy = ldf(op_element(&j->t[1], n));
+        stf(op_element(&j->t[2], n), x > 0.0f ? dy : 0.0f);
+      }
+      break;
+    case XPU_OP_BIAS_ADD: { /* x [rows, cols], bias [cols], y [rows, cols] */
+      uint64_t cols = j->t[0].dims[1];
+      for (uint64_t n = 0; n < count; n++) {
+        double x = ldf(op_element(&j->t[0], n));
+        double b = ldf(j->t[1].data + (n % cols) * j->t[1].strides[0] * 4);
+        stf(op_element(&j->t[2], n), (float)(x + b));
+      }
+      break;
+    }
+    default: break;
+  }
+}
+
+static xpu_error* minimal_device_ops(xpu_device_ops_args* args) {
+  REQUIRE_ARGS(args, XPU_DEVICE_OPS_ARGS_MIN_SIZE);
+  REQUIRE(args->device != NULL, "device_ops: the device is NULL");
+  args->ops = device_op_list;
+  args->count = sizeof device_op_list / sizeof device_op_list[0];
+  return NULL;
+}
+
+/* Checks tensor i and resolves it: f32, rank 1..4, and a range of this device that
+ * spans exactly the bytes the layout addresses. */
+static xpu_error* op_tensor_from(const xpu_tensor* t, uint32_t i, const xpu_device* d,
+                                 op_tensor* out) {
+  REQUIRE(t != NULL && t->struct_size >= XPU_TENSOR_MIN_SIZE,
+          "op_enqueue: tensor %u is NULL or smaller than XPU_TENSOR_MIN_SIZE", i);
+  if (t->dtype != XPU_DTYPE_F32)
+    return error_new(XPU_ERROR_UNSUPPORTED, "op_enqueue: tensor %u has dtype %u; only f32 is provided",
+                     i, t->dtype);
+  REQUIRE(t->rank >= 1 && t->rank <= XPU_MAX_RANK, "op_enqueue: tensor %u has rank %u", i, t->rank);
+  uint64_t span = 1;
+  for (uint32_t k = 0; k < t->rank; k++) {
+    REQUIRE(t->dims[k] > 0, "op_enqueue: tensor %u has an empty dimension", i);
+    span += (t->dims[k] - 1) * t->strides[k];
+  }
+  REQUIRE(range_ok(&t->range, d) && t->range.length == span * 4 && t->range.offset % 4 == 0,
+          "op_enqueue: tensor %u's range is not the %llu bytes its layout spans in a buffer of "
+          "this device",
+          i, (unsigned long long)(span * 4));
+  out->data = range_data(&t->range);
+  out->rank = t->rank;
+  memcpy(out->dims, t->dims, sizeof out->dims);
+  memcpy(out->strides, t->strides, sizeof out->strides);
+  return NULL;
+}
+
 /* ---------------------------------------------------------------- streams --- */
 
 typedef enum job_kind {
   JOB_COPY,
   JOB_BUILTIN,
   JOB_LAUNCH,
+  JOB_OP,
   JOB_EVENT,
   JOB_WAIT_EVENT,
   JOB_WAIT_EXTERNAL
@@ -747,6 +857,7 @@ typedef struct job {
     } copy;
     builtin_job builtin;
     launch_job launch;
+    op_job op;
     xpu_event* event;
     xpu_external_event external;
   } u;
@@ -838,6 +949,7 @@ static void run_job(job* j, const failure* before, failure* out) {
     case JOB_COPY: memcpy(j->u.copy.dst, j->u.copy.src, (size_t)j->u.copy.length); break;
     case JOB_BUILTIN: run_builtin(&j->u.builtin); break;
     case JOB_LAUNCH: run_launch(&j->u.launch, out); break;
+    case JOB_OP: run_op(&j->u.op); break;
     default: break;
   }
 }
@@ -1034,6 +1146,36 @@ static xpu_error* minimal_builtin(xpu_builtin_args* args) {
   return stream_push(s, j);
 }
 
+static xpu_error* minimal_op_enqueue(xpu_op_args* args) {
+  REQUIRE_ARGS(args, XPU_OP_ARGS_MIN_SIZE);
+  xpu_stream* s = args->stream;
+  REQUIRE(s != NULL, "op_enqueue: the stream is NULL");
+  uint32_t count;
+  switch (args->op) {
+    case XPU_OP_RELU: count = 2; break;
+    case XPU_OP_RELU_BACKWARD:
+    case XPU_OP_BIAS_ADD: count = 3; break;
+    default:
+      return error_new(XPU_ERROR_UNSUPPORTED,
+                       "op_enqueue: operation %u is not provided (relu, relu_backward and "
+                       "bias_add are)",
+                       args->op);
+  }
+  REQUIRE(args->tensor_count == count && args->tensors != NULL,
+          "op_enqueue: operation %u takes %u tensors, not %u", args->op, count, args->tensor_count);
+  job* j = job_new(JOB_OP);
+  if (j == NULL) return &no_memory_error;
+  j->u.op.op = args->op;
+  for (uint32_t i = 0; i < count; i++) {
+    xpu_error* e = op_tensor_from(args->tensors[i], i, s->device, &j->u.op.t[i]);
+    if (e != NULL) {
+      job_free(j);
+      return e;
+    }
+  }
+  return stream_push(s, j);
+}
+
 static xpu_error* minimal_kernel_launch(xpu_kernel_launch_args* args) {
   REQUIRE_ARGS(args, XPU_KERNEL_LAUNCH_ARGS_MIN_SIZE);
   xpu_stream* s = args->stream;
@@ -1208,9 +1350,19 @@ typedef struct minimal_api {
 typedef struct minimal_api {
   xpu_plugin_api base;
 } minimal_api;
-#define MINIMAL_API_SIZE XPU_PLUGIN_API_MIN_SIZE
+#define MINIMAL_API_SIZE XPU_STRUCT_SIZE(xpu_plugin_api, op_enqueue)
 #define MINIMAL_API_MINOR XPU_PLUGIN_ABI_MINOR
 #define MINIMAL_API_TAIL
+#endif
+
+#if defined(XPU_TEST_ABI_1_0)
+/* What a plugin built against the 1.0 header looks like to a host: the 1.0 table and
+ * version. The functions of 1.1 are still in memory beyond struct_size, where a host
+ * must not look. */
+#undef MINIMAL_API_SIZE
+#undef MINIMAL_API_MINOR
+#define MINIMAL_API_SIZE XPU_PLUGIN_API_MIN_SIZE
+#define MINIMAL_API_MINOR 0
 #endif
 
 static const minimal_api api = {
@@ -1249,6 +1401,8 @@ static const minimal_api api = {
         minimal_kernel_load,
         minimal_kernel_destroy,
         minimal_kernel_launch,
+        minimal_device_ops,
+        minimal_op_enqueue,
     } MINIMAL_API_TAIL};
 
 XPU_PLUGIN_EXPORT const xpu_plugin_api* xpu_plugin_get_api(const xpu_host_info* host) {

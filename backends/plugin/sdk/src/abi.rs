@@ -11,7 +11,7 @@ use std::ffi::{c_char, c_void};
 /// `XPU_PLUGIN_ABI_MAJOR`.
 pub const XPU_PLUGIN_ABI_MAJOR: u32 = 1;
 /// `XPU_PLUGIN_ABI_MINOR`.
-pub const XPU_PLUGIN_ABI_MINOR: u32 = 0;
+pub const XPU_PLUGIN_ABI_MINOR: u32 = 1;
 /// `XPU_PLUGIN_ENTRY_SYMBOL`, NUL-terminated.
 pub const XPU_PLUGIN_ENTRY_SYMBOL: &[u8] = b"xpu_plugin_get_api\0";
 
@@ -502,6 +502,258 @@ pub struct xpu_capabilities_extension {
         Option<unsafe extern "C" fn(args: *mut xpu_capabilities_args) -> *mut xpu_error>,
 }
 
+/// `XPU_OP_*`: the standard operations' numbers (ABI 1.1), equal to the HAL's
+/// `OpKind::id`.
+pub mod op {
+    /// Matrix multiply.
+    pub const MATMUL: u32 = 1;
+    /// Bias add.
+    pub const BIAS_ADD: u32 = 2;
+    /// ReLU.
+    pub const RELU: u32 = 3;
+    /// ReLU's gradient.
+    pub const RELU_BACKWARD: u32 = 4;
+    /// GELU.
+    pub const GELU: u32 = 5;
+    /// GELU's gradient.
+    pub const GELU_BACKWARD: u32 = 6;
+    /// Softmax.
+    pub const SOFTMAX: u32 = 7;
+    /// Softmax's gradient.
+    pub const SOFTMAX_BACKWARD: u32 = 8;
+    /// Cross-entropy.
+    pub const CROSS_ENTROPY: u32 = 9;
+    /// Cross-entropy's gradient.
+    pub const CROSS_ENTROPY_BACKWARD: u32 = 10;
+    /// Layer norm.
+    pub const LAYER_NORM: u32 = 11;
+    /// Layer norm's gradients.
+    pub const LAYER_NORM_BACKWARD: u32 = 12;
+    /// Gather (embedding lookup).
+    pub const GATHER: u32 = 13;
+    /// Scatter-add (embedding gradient).
+    pub const SCATTER_ADD: u32 = 14;
+    /// Reduction along an axis.
+    pub const REDUCE: u32 = 15;
+    /// SGD with momentum.
+    pub const SGD_MOMENTUM: u32 = 16;
+    /// AdamW.
+    pub const ADAMW: u32 = 17;
+    /// Counter-based random numbers.
+    pub const RANDOM: u32 = 18;
+    /// Inverted dropout.
+    pub const DROPOUT: u32 = 19;
+}
+
+/// `XPU_MAX_RANK`.
+pub const XPU_MAX_RANK: usize = 4;
+/// `XPU_OP_MAX_TENSORS`.
+pub const XPU_OP_MAX_TENSORS: usize = 8;
+
+/// `xpu_reduce_op` values.
+pub mod reduce_op {
+    /// Sum.
+    pub const SUM: u32 = 0;
+    /// Mean.
+    pub const MEAN: u32 = 1;
+    /// Maximum.
+    pub const MAX: u32 = 2;
+    /// Minimum.
+    pub const MIN: u32 = 3;
+}
+
+/// `xpu_random_distribution` values.
+pub mod random_distribution {
+    /// Raw bits.
+    pub const BITS: u32 = 0;
+    /// Uniform in `[a, b)`.
+    pub const UNIFORM: u32 = 1;
+    /// Normal, mean `a`, standard deviation `b`.
+    pub const NORMAL: u32 = 2;
+}
+
+/// `xpu_tensor`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct xpu_tensor {
+    /// Size as allocated.
+    pub struct_size: usize,
+    /// `xpu_dtype`.
+    pub dtype: u32,
+    /// 1 to [`XPU_MAX_RANK`].
+    pub rank: u32,
+    /// Shape.
+    pub dims: [u64; XPU_MAX_RANK],
+    /// Strides in elements.
+    pub strides: [u64; XPU_MAX_RANK],
+    /// The bytes spanned; `offset` is element 0.
+    pub range: xpu_buffer_range,
+}
+
+/// `xpu_op_matmul_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct xpu_op_matmul_params {
+    /// `a` is given transposed.
+    pub trans_a: u32,
+    /// `b` is given transposed.
+    pub trans_b: u32,
+    /// Factor of the product.
+    pub alpha: f32,
+    /// Factor of `c`.
+    pub beta: f32,
+}
+
+/// `xpu_op_layer_norm_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct xpu_op_layer_norm_params {
+    /// Added to the variance.
+    pub eps: f32,
+}
+
+/// `xpu_op_reduce_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct xpu_op_reduce_params {
+    /// `xpu_reduce_op`.
+    pub op: u32,
+    /// The dimension reduced.
+    pub axis: u32,
+}
+
+/// `xpu_op_sgd_momentum_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct xpu_op_sgd_momentum_params {
+    /// Learning rate.
+    pub lr: f32,
+    /// Momentum factor.
+    pub momentum: f32,
+    /// L2 penalty.
+    pub weight_decay: f32,
+    /// Nesterov momentum (0 or 1).
+    pub nesterov: u32,
+}
+
+/// `xpu_op_adamw_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct xpu_op_adamw_params {
+    /// Learning rate.
+    pub lr: f32,
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Added to the denominator.
+    pub eps: f32,
+    /// Decoupled weight decay.
+    pub weight_decay: f32,
+    /// Step number, from 1.
+    pub step: u32,
+}
+
+/// `xpu_op_random_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct xpu_op_random_params {
+    /// `xpu_random_distribution`.
+    pub distribution: u32,
+    /// Uniform: low; normal: mean.
+    pub a: f32,
+    /// Uniform: high; normal: standard deviation.
+    pub b: f32,
+    /// 0.
+    pub reserved: u32,
+    /// Philox key.
+    pub seed: u64,
+    /// First Philox counter.
+    pub offset: u64,
+}
+
+/// `xpu_op_dropout_params`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct xpu_op_dropout_params {
+    /// Drop probability.
+    pub p: f32,
+    /// 0.
+    pub reserved: u32,
+    /// Philox key.
+    pub seed: u64,
+    /// First Philox counter.
+    pub offset: u64,
+}
+
+/// `xpu_op_params`: the member named after the operation holds its parameters.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union xpu_op_params {
+    /// Matmul.
+    pub matmul: xpu_op_matmul_params,
+    /// Layer norm.
+    pub layer_norm: xpu_op_layer_norm_params,
+    /// Reduce.
+    pub reduce: xpu_op_reduce_params,
+    /// SGD with momentum.
+    pub sgd_momentum: xpu_op_sgd_momentum_params,
+    /// AdamW.
+    pub adamw: xpu_op_adamw_params,
+    /// Random.
+    pub random: xpu_op_random_params,
+    /// Dropout.
+    pub dropout: xpu_op_dropout_params,
+    /// Fixes the size at 64 bytes.
+    pub reserved: [u64; 8],
+}
+
+impl std::fmt::Debug for xpu_op_params {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // SAFETY: every bit pattern is a valid `[u64; 8]`, which spans the whole union.
+        let raw = unsafe { self.reserved };
+        f.debug_tuple("xpu_op_params").field(&raw).finish()
+    }
+}
+
+args_struct!(
+    /// `xpu_op_args` (ABI 1.1).
+    xpu_op_args {
+        /// in
+        stream: *mut xpu_stream,
+        /// in: `XPU_OP_*`
+        op: u32,
+        /// in
+        tensor_count: u32,
+        /// in: `tensor_count` pointers
+        tensors: *const *const xpu_tensor,
+        /// in
+        params: xpu_op_params,
+    }
+);
+
+/// `xpu_op_support`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct xpu_op_support {
+    /// `XPU_OP_*`.
+    pub op: u32,
+    /// Bit per dtype.
+    pub dtype_mask: u32,
+}
+
+args_struct!(
+    /// `xpu_device_ops_args` (ABI 1.1).
+    xpu_device_ops_args {
+        /// in
+        device: *mut xpu_device,
+        /// out: `count` entries, valid until the device is closed
+        ops: *const xpu_op_support,
+        /// out
+        count: u64,
+    }
+);
+
 /// A plugin function taking `A` and returning an error or null.
 pub type PluginFn<A> = Option<unsafe extern "C" fn(args: *mut A) -> *mut xpu_error>;
 
@@ -577,6 +829,10 @@ pub struct xpu_plugin_api {
     pub kernel_destroy: PluginFn<xpu_kernel_destroy_args>,
     /// Launches a kernel (optional).
     pub kernel_launch: PluginFn<xpu_kernel_launch_args>,
+    /// Lists the standard operations of a device (ABI 1.1, optional).
+    pub device_ops: PluginFn<xpu_device_ops_args>,
+    /// Enqueues a standard operation (ABI 1.1, optional).
+    pub op_enqueue: PluginFn<xpu_op_args>,
 }
 
 // SAFETY: the table holds function pointers and pointers to static strings and

@@ -85,6 +85,9 @@ arg_struct! {
     xpu_kernel_destroy_args, kernel, "XPU_KERNEL_DESTROY_ARGS_MIN_SIZE";
     xpu_kernel_launch_args, arg_count, "XPU_KERNEL_LAUNCH_ARGS_MIN_SIZE";
     xpu_capabilities_args, count, "XPU_CAPABILITIES_ARGS_MIN_SIZE";
+    xpu_device_ops_args, count, "XPU_DEVICE_OPS_ARGS_MIN_SIZE";
+    xpu_op_args, params, "XPU_OP_ARGS_MIN_SIZE";
+    xpu_tensor, range, "XPU_TENSOR_MIN_SIZE";
 }
 
 /// The caller's argument struct: a copy of the fields within its `struct_size` (the
@@ -203,6 +206,7 @@ struct DeviceState<P: Plugin> {
     device: P::Device,
     props: RawProperties,
     capabilities: OnceLock<RawStrings>,
+    ops: OnceLock<Vec<xpu_op_support>>,
 }
 
 /// [`DeviceProperties`] as C values, valid until the device is closed.
@@ -438,6 +442,7 @@ unsafe extern "C" fn device_open<P: Plugin>(args: *mut xpu_device_open_args) -> 
             device,
             props,
             capabilities: OnceLock::new(),
+            ops: OnceLock::new(),
         };
         hand_out!(
             a,
@@ -1205,6 +1210,10 @@ unsafe extern "C" fn kernel_launch<P: Plugin>(args: *mut xpu_kernel_launch_args)
     })
 }
 
+// ------------------------------------------------------------- standard operations --
+
+mod std_ops;
+
 // ------------------------------------------------------------------ table and entry --
 
 /// Whether `name` is a valid plugin name: `[a-z0-9_-]+`. Checked at compile time by
@@ -1248,7 +1257,7 @@ pub const fn api_table<P: Plugin>(
         };
     }
     xpu_plugin_api {
-        struct_size: struct_size!(xpu_plugin_api, kernel_launch),
+        struct_size: struct_size!(xpu_plugin_api, op_enqueue),
         extensions: (capabilities as *const xpu_capabilities_extension).cast(),
         abi_major: XPU_PLUGIN_ABI_MAJOR,
         abi_minor: XPU_PLUGIN_ABI_MINOR,
@@ -1286,6 +1295,8 @@ pub const fn api_table<P: Plugin>(
         kernel_load: if P::KERNELS { f!(kernel_load) } else { None },
         kernel_destroy: if P::KERNELS { f!(kernel_destroy) } else { None },
         kernel_launch: if P::KERNELS { f!(kernel_launch) } else { None },
+        device_ops: Some(std_ops::device_ops::<P> as unsafe extern "C" fn(_) -> _),
+        op_enqueue: Some(std_ops::op_enqueue::<P> as unsafe extern "C" fn(_) -> _),
     }
 }
 

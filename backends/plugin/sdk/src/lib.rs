@@ -29,6 +29,9 @@
 //!   reference-counted, so enqueued work can keep them.
 //! - [`HostSource`], [`HostDestination`], [`ExternalWait`]: what the host lends for
 //!   copies and cross-backend waits.
+//! - [`Op`], [`OpKind`], [`OpSupport`]: the standard operations of ABI 1.1, which a
+//!   device lists with [`Device::ops`] and runs with [`Stream::run_op`] (both optional;
+//!   the defaults provide none).
 //!
 //! ## What the SDK does at the boundary, so that the plugin does not have to
 //!
@@ -224,6 +227,7 @@ mod error;
 pub mod export;
 mod handle;
 mod host;
+mod ops;
 mod plugin;
 mod types;
 
@@ -232,6 +236,7 @@ pub use error::{
 };
 pub use handle::Handle;
 pub use host::{ExternalSignal, ExternalWait, HostDestination, HostSource};
+pub use ops::{Distribution, Op, OpKind, OpParams, OpSupport, ReduceOp, Tensor};
 pub use plugin::{Device, Event, NoKernel, Plugin, Stream};
 pub use types::{
     Access, BinaryOp, BufferRange, Builtin, DType, DeviceKind, DeviceProperties, KernelArg,

@@ -14,6 +14,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::handle::Handle;
 use crate::host::{ExternalWait, HostDestination, HostSource};
+use crate::ops::{Op, OpSupport};
 use crate::types::{
     BufferRange, Builtin, DeviceProperties, KernelArg, KernelCode, LaunchDims, MemoryInfo,
 };
@@ -91,6 +92,14 @@ pub trait Device<P: Plugin>: Send + Sync + 'static {
     /// Creates a stream: an in-order queue of work.
     fn create_stream(&self) -> Result<P::Stream>;
 
+    /// The standard operations the device provides, with their dtypes (ABI 1.1): the
+    /// host sends [`Stream::run_op`] only these. Called once per open device. Kinds
+    /// listed twice are merged; dtypes an operation is not defined on are ignored by
+    /// the host. Default: none.
+    fn ops(&self) -> Result<Vec<OpSupport>> {
+        Ok(Vec::new())
+    }
+
     /// Loads a kernel (only called when [`Plugin::KERNELS`] is true). Default:
     /// `Unsupported`.
     ///
@@ -154,6 +163,22 @@ pub trait Stream<P: Plugin>: Send + Sync + 'static {
     ) -> Result<()> {
         let _ = (kernel, dims, args);
         Err(Error::unsupported("this device cannot launch kernels"))
+    }
+
+    /// Enqueues a standard operation the device lists in [`Device::ops`] (ABI 1.1).
+    /// Default: `Unsupported`.
+    ///
+    /// Guaranteed by the SDK: see [`Op`] and [`crate::Tensor`] (a known kind, its number
+    /// of tensors, every range in bounds and exactly the bytes its layout spans).
+    /// Guaranteed by the host: everything else the header lists (shapes, dtypes,
+    /// parameters, overlaps). The plugin checks indices and labels when the work runs:
+    /// one out of range fails the work, naming its position and value, before anything
+    /// is written.
+    fn run_op(&self, op: Op<P::Buffer>) -> Result<()> {
+        Err(Error::unsupported(format!(
+            "this device does not provide the standard operation {}",
+            op.kind
+        )))
     }
 
     /// Records an event at the current end of the stream.

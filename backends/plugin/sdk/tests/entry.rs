@@ -506,8 +506,10 @@ fn the_entry_accepts_any_minor_of_major_1_and_refuses_the_rest() {
 #[test]
 fn the_table_describes_the_plugin() {
     let api = probe();
-    assert_eq!(api.struct_size, struct_size!(xpu_plugin_api, kernel_launch));
-    assert_eq!((api.abi_major, api.abi_minor), (1, 0));
+    assert_eq!(api.struct_size, struct_size!(xpu_plugin_api, op_enqueue));
+    assert_eq!((api.abi_major, api.abi_minor), (1, 1));
+    // The standard operations' entry points are always there; the defaults provide none.
+    assert!(api.device_ops.is_some() && api.op_enqueue.is_some());
     assert_eq!(cstr(api.name), "probe");
     assert_eq!(cstr(api.version), "1.2.3");
     assert!(api.error_code.is_some() && api.error_message.is_some() && api.error_destroy.is_some());

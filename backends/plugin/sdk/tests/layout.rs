@@ -99,6 +99,32 @@ fn describe() -> Layout {
     });
     layout!(l, xpu_capabilities_args { device => device, capabilities => capabilities, count => count });
     layout!(l, xpu_capabilities_extension { base => base, capabilities => capabilities });
+    layout!(l, xpu_tensor {
+        struct_size => struct_size, dtype => dtype, rank => rank, dims => dims,
+        strides => strides, range => range,
+    });
+    layout!(l, xpu_op_matmul_params { trans_a => trans_a, trans_b => trans_b, alpha => alpha, beta => beta });
+    layout!(l, xpu_op_layer_norm_params { eps => eps });
+    layout!(l, xpu_op_reduce_params { op => op, axis => axis });
+    layout!(l, xpu_op_sgd_momentum_params {
+        lr => lr, momentum => momentum, weight_decay => weight_decay, nesterov => nesterov,
+    });
+    layout!(l, xpu_op_adamw_params {
+        lr => lr, beta1 => beta1, beta2 => beta2, eps => eps, weight_decay => weight_decay,
+        step => step,
+    });
+    layout!(l, xpu_op_random_params {
+        distribution => distribution, a => a, b => b, reserved => reserved, seed => seed,
+        offset => offset,
+    });
+    layout!(l, xpu_op_dropout_params { p => p, reserved => reserved, seed => seed, offset => offset });
+    layout!(l, xpu_op_params {});
+    layout!(l, xpu_op_args {
+        stream => stream, op => op, tensor_count => tensor_count, tensors => tensors,
+        params => params,
+    });
+    layout!(l, xpu_op_support { op => op, dtype_mask => dtype_mask });
+    layout!(l, xpu_device_ops_args { device => device, ops => ops, count => count });
     layout!(l, xpu_plugin_api {
         struct_size => struct_size, extensions => extensions, abi_major => abi_major,
         abi_minor => abi_minor, name => name, version => version, error_code => error_code,
@@ -114,6 +140,7 @@ fn describe() -> Layout {
         event_wait => event_wait, stream_wait_event => stream_wait_event,
         stream_wait_external => stream_wait_external, event_elapsed => event_elapsed,
         kernel_load => kernel_load, kernel_destroy => kernel_destroy, kernel_launch => kernel_launch,
+        device_ops => device_ops, op_enqueue => op_enqueue,
     });
     constant!(l, "XPU_PLUGIN_ABI_MAJOR", XPU_PLUGIN_ABI_MAJOR);
     constant!(l, "XPU_PLUGIN_ABI_MINOR", XPU_PLUGIN_ABI_MINOR);
@@ -158,6 +185,45 @@ fn describe() -> Layout {
         l,
         "XPU_EXTENSION_CAPABILITIES",
         extension_type::CAPABILITIES
+    );
+    constant!(l, "XPU_OP_MATMUL", op::MATMUL);
+    constant!(l, "XPU_OP_BIAS_ADD", op::BIAS_ADD);
+    constant!(l, "XPU_OP_RELU", op::RELU);
+    constant!(l, "XPU_OP_RELU_BACKWARD", op::RELU_BACKWARD);
+    constant!(l, "XPU_OP_GELU", op::GELU);
+    constant!(l, "XPU_OP_GELU_BACKWARD", op::GELU_BACKWARD);
+    constant!(l, "XPU_OP_SOFTMAX", op::SOFTMAX);
+    constant!(l, "XPU_OP_SOFTMAX_BACKWARD", op::SOFTMAX_BACKWARD);
+    constant!(l, "XPU_OP_CROSS_ENTROPY", op::CROSS_ENTROPY);
+    constant!(
+        l,
+        "XPU_OP_CROSS_ENTROPY_BACKWARD",
+        op::CROSS_ENTROPY_BACKWARD
+    );
+    constant!(l, "XPU_OP_LAYER_NORM", op::LAYER_NORM);
+    constant!(l, "XPU_OP_LAYER_NORM_BACKWARD", op::LAYER_NORM_BACKWARD);
+    constant!(l, "XPU_OP_GATHER", op::GATHER);
+    constant!(l, "XPU_OP_SCATTER_ADD", op::SCATTER_ADD);
+    constant!(l, "XPU_OP_REDUCE", op::REDUCE);
+    constant!(l, "XPU_OP_SGD_MOMENTUM", op::SGD_MOMENTUM);
+    constant!(l, "XPU_OP_ADAMW", op::ADAMW);
+    constant!(l, "XPU_OP_RANDOM", op::RANDOM);
+    constant!(l, "XPU_OP_DROPOUT", op::DROPOUT);
+    constant!(l, "XPU_MAX_RANK", XPU_MAX_RANK);
+    constant!(l, "XPU_OP_MAX_TENSORS", XPU_OP_MAX_TENSORS);
+    constant!(l, "XPU_REDUCE_SUM", reduce_op::SUM);
+    constant!(l, "XPU_REDUCE_MEAN", reduce_op::MEAN);
+    constant!(l, "XPU_REDUCE_MAX", reduce_op::MAX);
+    constant!(l, "XPU_REDUCE_MIN", reduce_op::MIN);
+    constant!(l, "XPU_RANDOM_BITS", random_distribution::BITS);
+    constant!(l, "XPU_RANDOM_UNIFORM", random_distribution::UNIFORM);
+    constant!(l, "XPU_RANDOM_NORMAL", random_distribution::NORMAL);
+    constant!(l, "XPU_TENSOR_MIN_SIZE", struct_size!(xpu_tensor, range));
+    constant!(l, "XPU_OP_ARGS_MIN_SIZE", struct_size!(xpu_op_args, params));
+    constant!(
+        l,
+        "XPU_DEVICE_OPS_ARGS_MIN_SIZE",
+        struct_size!(xpu_device_ops_args, count)
     );
     constant!(
         l,

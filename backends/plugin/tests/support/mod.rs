@@ -117,12 +117,23 @@ pub fn build(name: &str, source: &Path, defines: &[&str]) -> PathBuf {
     out
 }
 
-/// The example C plugin, as shipped (ABI 1.0, the smallest table).
+/// The example C plugin, as shipped (ABI 1.1, with its standard operations).
 pub fn minimal() -> PathBuf {
     build(
         "xpu_minimal",
         &crate_dir().join("examples/c-minimal/minimal.c"),
         &[],
+    )
+}
+
+/// The example C plugin as a plugin built against the ABI 1.0 header presents itself:
+/// version 1.0, the 1.0 table (its standard-operation functions lie beyond
+/// `struct_size`).
+pub fn minimal_1_0() -> PathBuf {
+    build(
+        "xpu_minimal_1_0",
+        &crate_dir().join("examples/c-minimal/minimal.c"),
+        &["XPU_TEST_ABI_1_0"],
     )
 }
 

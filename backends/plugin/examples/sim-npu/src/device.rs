@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use xpu_plugin_sdk::{
-    DType, Device, DeviceKind, DeviceProperties, Error, KernelCode, MemoryInfo, Result,
+    DType, Device, DeviceKind, DeviceProperties, Error, KernelCode, MemoryInfo, OpSupport, Result,
 };
 
 use crate::arena::{Arena, Buffer, ALIGN};
@@ -77,6 +77,10 @@ impl Device<SimNpu> for SimDevice {
                 None => "bandwidth_gbps=unlimited".to_string(),
             },
         ])
+    }
+
+    fn ops(&self) -> Result<Vec<OpSupport>> {
+        Ok(crate::std_ops::supported())
     }
 
     fn memory_info(&self) -> Result<MemoryInfo> {

@@ -46,6 +46,10 @@
 //!   work before it.
 //! - `ops` — the builtin operations, computed with the host backend's functions
 //!   (`xpu_hal::reference`) so that results agree bit for bit with the reference.
+//! - `std_ops` — every standard operation (ABI 1.1: matmul, activations, softmax,
+//!   cross-entropy, layer norm, gather/scatter-add, reductions, optimizers, random
+//!   numbers, dropout) on every dtype it is defined on, computed by the HAL's reference
+//!   (`xpu_hal::reference::ops::run`) over arena memory.
 //! - [`bytecode`] — `simnpu-bytecode`, the native kernel format: straight-line `f32`
 //!   programs, one invocation per element, with a builder ([`bytecode::Module`]) and
 //!   [`bytecode::axpy`] as the example.
@@ -65,6 +69,7 @@ mod device;
 mod event;
 mod health;
 mod ops;
+mod std_ops;
 mod stream;
 
 use std::ffi::CStr;

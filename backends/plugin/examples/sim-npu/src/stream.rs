@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use xpu_plugin_sdk::{
     BufferRange, Builtin, Error, ErrorCode, ExternalWait, Handle, HostDestination, HostSource,
-    KernelArg, LaunchDims, Result, Scalar, Stream,
+    KernelArg, LaunchDims, Op, Result, Scalar, Stream,
 };
 
 use crate::arena::Buffer;
@@ -261,6 +261,11 @@ impl Stream<SimNpu> for SimStream {
 
     fn builtin(&self, op: Builtin<Buffer>) -> Result<()> {
         self.run(self.config.latency, move || ops::execute(&op))
+    }
+
+    fn run_op(&self, op: Op<Buffer>) -> Result<()> {
+        let op = crate::std_ops::prepare(op)?;
+        self.run(self.config.latency, move || crate::std_ops::execute(&op))
     }
 
     fn launch(
