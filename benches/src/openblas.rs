@@ -11,38 +11,8 @@ const ROW_MAJOR: i32 = 101;
 const NO_TRANS: i32 = 111;
 const TRANS: i32 = 112;
 
-type Sgemm = unsafe extern "C" fn(
-    i32,
-    i32,
-    i32,
-    i32,
-    i32,
-    i32,
-    f32,
-    *const f32,
-    i32,
-    *const f32,
-    i32,
-    f32,
-    *mut f32,
-    i32,
-);
-type Dgemm = unsafe extern "C" fn(
-    i32,
-    i32,
-    i32,
-    i32,
-    i32,
-    i32,
-    f64,
-    *const f64,
-    i32,
-    *const f64,
-    i32,
-    f64,
-    *mut f64,
-    i32,
-);
+type Sgemm = CblasGemm<f32>;
+type Dgemm = CblasGemm<f64>;
 type SetThreads = unsafe extern "C" fn(i32);
 type GetThreads = unsafe extern "C" fn() -> i32;
 
@@ -123,28 +93,7 @@ impl OpenBlas {
         beta: f32,
         c: &mut [f32],
     ) -> Result<()> {
-        let (lda, ldb) = g.check(a.len(), b.len(), c.len())?;
-        // SAFETY: `check` verified the slices hold the matrices with these leading
-        // dimensions; `c` is a unique borrow.
-        unsafe {
-            (self.sgemm)(
-                ROW_MAJOR,
-                if g.trans_a { TRANS } else { NO_TRANS },
-                if g.trans_b { TRANS } else { NO_TRANS },
-                g.m as i32,
-                g.n as i32,
-                g.k as i32,
-                alpha,
-                a.as_ptr(),
-                lda,
-                b.as_ptr(),
-                ldb,
-                beta,
-                c.as_mut_ptr(),
-                g.n as i32,
-            );
-        }
-        Ok(())
+        call(self.sgemm, g, alpha, a, b, beta, c)
     }
 
     /// `cblas_dgemm` on densely packed row-major matrices.
@@ -157,28 +106,60 @@ impl OpenBlas {
         beta: f64,
         c: &mut [f64],
     ) -> Result<()> {
-        let (lda, ldb) = g.check(a.len(), b.len(), c.len())?;
-        // SAFETY: as in `sgemm`.
-        unsafe {
-            (self.dgemm)(
-                ROW_MAJOR,
-                if g.trans_a { TRANS } else { NO_TRANS },
-                if g.trans_b { TRANS } else { NO_TRANS },
-                g.m as i32,
-                g.n as i32,
-                g.k as i32,
-                alpha,
-                a.as_ptr(),
-                lda,
-                b.as_ptr(),
-                ldb,
-                beta,
-                c.as_mut_ptr(),
-                g.n as i32,
-            );
-        }
-        Ok(())
+        call(self.dgemm, g, alpha, a, b, beta, c)
     }
+}
+
+/// A CBLAS `?gemm` of element type `T`.
+type CblasGemm<T> = unsafe extern "C" fn(
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    T,
+    *const T,
+    i32,
+    *const T,
+    i32,
+    T,
+    *mut T,
+    i32,
+);
+
+/// Calls `f` (`cblas_sgemm` or `cblas_dgemm`) on densely packed row-major matrices.
+fn call<T>(
+    f: CblasGemm<T>,
+    g: Gemm,
+    alpha: T,
+    a: &[T],
+    b: &[T],
+    beta: T,
+    c: &mut [T],
+) -> Result<()> {
+    let (lda, ldb) = g.check(a.len(), b.len(), c.len())?;
+    // SAFETY: `check` verified the slices hold the matrices with these leading
+    // dimensions and that every size fits an `int`; `c` is a unique borrow.
+    unsafe {
+        f(
+            ROW_MAJOR,
+            if g.trans_a { TRANS } else { NO_TRANS },
+            if g.trans_b { TRANS } else { NO_TRANS },
+            g.m as i32,
+            g.n as i32,
+            g.k as i32,
+            alpha,
+            a.as_ptr(),
+            lda,
+            b.as_ptr(),
+            ldb,
+            beta,
+            c.as_mut_ptr(),
+            g.n as i32,
+        );
+    }
+    Ok(())
 }
 
 impl Gemm {

@@ -37,7 +37,7 @@ pub struct Figure {
 
 /// Median seconds per iteration of `a` and of `b`, measured in `rounds` interleaved
 /// rounds of `iters` iterations each.
-fn interleaved(
+pub(crate) fn interleaved(
     rounds: usize,
     iters: usize,
     mut a: impl FnMut() -> Result<()>,
@@ -65,7 +65,7 @@ fn interleaved(
     Ok((median(&mut ta), median(&mut tb)))
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }

@@ -354,39 +354,24 @@ fn plan(kind: OpKind, shape: &[u64], dt: DType) -> Result<Plan> {
     })
 }
 
-/// Median seconds per call of `a` and `b` over `rounds` interleaved rounds of `iters`.
+/// Median seconds per call of `a`, and of `b` when there is one, over `rounds`
+/// interleaved rounds of `iters` calls ([`crate::cli::bench::interleaved`]).
 fn interleaved(
     rounds: usize,
     iters: usize,
-    mut a: impl FnMut() -> Result<()>,
-    mut b: Option<&mut dyn FnMut() -> Result<()>>,
+    a: impl FnMut() -> Result<()>,
+    b: Option<&mut dyn FnMut() -> Result<()>>,
 ) -> Result<(f64, Option<f64>)> {
-    let mut ta = Vec::new();
-    let mut tb = Vec::new();
-    a()?;
-    if let Some(b) = b.as_mut() {
-        b()?;
-    }
-    for _ in 0..rounds {
-        let t = Instant::now();
-        for _ in 0..iters {
-            a()?;
+    match b {
+        Some(b) => {
+            let (x, r) = crate::cli::bench::interleaved(rounds, iters, a, b)?;
+            Ok((x, Some(r)))
         }
-        ta.push(t.elapsed().as_secs_f64() / iters as f64);
-        if let Some(b) = b.as_mut() {
-            let t = Instant::now();
-            for _ in 0..iters {
-                b()?;
-            }
-            tb.push(t.elapsed().as_secs_f64() / iters as f64);
+        None => {
+            let (x, _) = crate::cli::bench::interleaved(rounds, iters, a, || Ok(()))?;
+            Ok((x, None))
         }
     }
-    Ok((median(&mut ta), (!tb.is_empty()).then(|| median(&mut tb))))
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// The device's threads for operations, from its `threads=N` fact (host devices).
