@@ -54,6 +54,8 @@ pub struct DeviceShared {
     max_allocation: u64,
     allocated: AtomicU64,
     pub(crate) builtin_pipelines: Mutex<HashMap<ShaderKind, Arc<Pipeline>>>,
+    /// Pipelines of the standard operations, by shader text.
+    pub(crate) op_pipelines: crate::ops::OpPipelines,
     /// SPIR-V of the WGSL kernels compiled so far, by (source, entry point), so that
     /// loading the same kernel again does not run naga again.
     pub(crate) wgsl_cache: Mutex<HashMap<WgslKey, Arc<Vec<u32>>>>,
@@ -163,6 +165,9 @@ impl DeviceShared {
 impl Drop for DeviceShared {
     fn drop(&mut self) {
         if let Ok(pipes) = self.builtin_pipelines.get_mut() {
+            pipes.clear();
+        }
+        if let Ok(pipes) = self.op_pipelines.get_mut() {
             pipes.clear();
         }
         // SAFETY: every object of this device holds an Arc to it, so none is left; once
@@ -313,7 +318,7 @@ impl VulkanDevice {
                 kernel_arg_alignment: p.limits.min_storage_buffer_offset_alignment.max(1),
                 virtual_memory_granularity: None,
                 host_addressable,
-                ops: Vec::new(),
+                ops: crate::ops::supported(shader_features),
             },
             extra: vec![
                 format!("subgroup_size={}", physical.subgroup_size),
@@ -352,6 +357,7 @@ impl VulkanDevice {
                 max_allocation,
                 allocated: AtomicU64::new(0),
                 builtin_pipelines: Mutex::new(HashMap::new()),
+                op_pipelines: Mutex::new(HashMap::new()),
                 wgsl_cache: Mutex::new(HashMap::new()),
                 graveyard: Graveyard::default(),
                 info,

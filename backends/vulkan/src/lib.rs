@@ -37,6 +37,7 @@ mod event;
 mod instance;
 mod kernel;
 mod memory;
+mod ops;
 mod pinned;
 mod pipeline;
 mod retire;

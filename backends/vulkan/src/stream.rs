@@ -835,6 +835,10 @@ impl StreamImpl for VulkanStream {
         crate::builtins::dispatch(&self.shared, op)
     }
 
+    fn run_op(&self, op: xpu_hal::ops::Op<xpu_hal::ops::RawTensor>) -> Result<()> {
+        crate::ops::run(&self.shared, op)
+    }
+
     fn launch(
         &self,
         kernel: &Arc<dyn KernelImpl>,

@@ -37,7 +37,7 @@
 
 mod element;
 mod kernel;
-mod library;
+pub(crate) mod library;
 #[cfg(test)]
 mod tests;
 

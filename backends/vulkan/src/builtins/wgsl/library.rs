@@ -459,7 +459,7 @@ fn unpack_f64(x: f64) -> Unpacked {{
 
 /// What a shader's helpers must cover.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Needs {
+pub(crate) struct Needs {
     /// The shader handles `f64` values.
     pub f64: bool,
     /// The shader handles `i64` values.
@@ -469,7 +469,7 @@ pub(super) struct Needs {
 }
 
 /// The helper functions a shader with these needs may call.
-pub(super) fn helpers(needs: Needs) -> String {
+pub(crate) fn helpers(needs: Needs) -> String {
     let mut text = String::from(COMMON);
     if needs.f64 {
         text.push_str(F64_COMMON);
