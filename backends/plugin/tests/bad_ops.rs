@@ -144,11 +144,23 @@ fn an_absurd_operation_count_is_read_up_to_the_limit() {
 }
 
 /// (b) A NULL array with a nonzero count: nothing is read through it; the device
-/// provides no operation and otherwise works.
+/// provides no operation, says why in a diagnostic, and otherwise works.
 #[test]
 fn a_null_operation_array_with_a_count_lists_nothing() {
     let bad = Bad::load("OPS_NULL_LIST");
     assert!(bad.ops().is_empty(), "{:?}", bad.ops());
+    let d = bad.diagnostics();
+    println!("{d:?}");
+    assert_eq!(d.len(), 1, "{d:?}");
+    for needle in [
+        DEVICE,
+        "device_ops",
+        "NULL",
+        "3 entries",
+        "no standard operation",
+    ] {
+        assert!(d[0].contains(needle), "`{needle}` not in {d:?}");
+    }
     relu_is_unsupported(&bad);
     bad.round_trip();
 }
@@ -333,7 +345,7 @@ fn half_of_the_operation_functions_provides_nothing() {
         let e = relu_below_the_hal(&bad.backend).unwrap_err();
         println!("{defect}: {e}");
         assert_eq!(e.kind(), "unsupported", "{defect}: {e}");
-        assert_contains(&e, &[DEVICE, "relu", "no op_enqueue"]);
+        assert_contains(&e, &[DEVICE, "relu", "both device_ops and op_enqueue"]);
         assert!(
             !e.to_string().contains("op_enqueue was called"),
             "{defect}: {e}"
