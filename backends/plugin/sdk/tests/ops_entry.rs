@@ -560,8 +560,8 @@ fn a_span_that_does_not_match_the_layout_is_invalid() {
 }
 
 /// `struct_size` below the 1.1 size (the MIN_SIZE of the structs ABI 1.1 introduced) is
-/// refused, naming the struct and the macro; so is a NULL argument struct and a NULL
-/// stream.
+/// refused, naming the struct, the macro and the version; so is a NULL argument struct
+/// and a NULL stream.
 #[test]
 fn small_structs_and_null_handles_are_invalid() {
     let f = Fixture::new();
@@ -579,6 +579,7 @@ fn small_structs_and_null_handles_are_invalid() {
             &[
                 &format!("xpu_op_args.struct_size is {size}"),
                 "XPU_OP_ARGS_MIN_SIZE",
+                "ABI 1.1",
             ],
         );
     }
@@ -596,6 +597,7 @@ fn small_structs_and_null_handles_are_invalid() {
                 "tensor 1",
                 &format!("xpu_tensor.struct_size is {size}"),
                 "XPU_TENSOR_MIN_SIZE",
+                "ABI 1.1",
             ],
         );
     }
@@ -694,6 +696,7 @@ fn device_ops_lists_merged_entries_and_refuses_bad_structs() {
     let e = call(f.api.device_ops, &mut small).unwrap_err();
     assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
     assert!(e.message().contains("XPU_DEVICE_OPS_ARGS_MIN_SIZE"), "{e}");
+    assert!(e.message().contains("ABI 1.1"), "{e}");
     assert!(small.ops.is_null() && small.count == 0);
 
     let mut none: xpu_device_ops_args = args();
