@@ -32,7 +32,14 @@ pub(crate) fn supported(shared: &DeviceShared) -> Vec<OpSupport> {
         ));
         return Vec::new();
     }
-    if args.ops.is_null() || args.count == 0 {
+    if args.count == 0 {
+        return Vec::new();
+    }
+    if args.ops.is_null() {
+        plugin.record(format!(
+            "{}: device_ops returned {} entries but a NULL array; the device provides no standard operation",
+            shared.id, args.count
+        ));
         return Vec::new();
     }
     if args.count > MAX_OP_ENTRIES {

@@ -355,7 +355,7 @@ impl StreamImpl for PluginStream {
         let plugin = &self.device().plugin;
         let Some(fns) = plugin.table.ops else {
             return Err(Error::unsupported(format!(
-                "{} does not provide the standard operation {} (its plugin has no op_enqueue)",
+                "{} does not provide the standard operation {} (its plugin does not have both device_ops and op_enqueue)",
                 self.device().id,
                 op.kind()
             )));

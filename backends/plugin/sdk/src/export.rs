@@ -40,25 +40,32 @@ use crate::types::{
 
 // ------------------------------------------------------------------ argument structs --
 
-/// An argument struct of the ABI: its C name, and its size in ABI 1.0.
+/// An argument struct of the ABI: its C name, and its size in the ABI version that
+/// introduced it (its MIN_SIZE).
 trait ArgStruct: Copy {
     const NAME: &'static str;
     const MIN_NAME: &'static str;
     const LAST: &'static str;
+    /// The ABI version that introduced the struct: "1.0", or "1.1" for the standard
+    /// operations'.
+    const SINCE: &'static str;
     fn min_size() -> usize;
 }
 
 macro_rules! arg_struct {
-    ($($t:ident, $last:ident, $min:literal;)*) => {$(
+    ($($t:ident, $last:ident, $min:literal $(, since $since:literal)?;)*) => {$(
         impl ArgStruct for $t {
             const NAME: &'static str = stringify!($t);
             const MIN_NAME: &'static str = $min;
             const LAST: &'static str = stringify!($last);
+            const SINCE: &'static str = arg_struct!(@since $($since)?);
             fn min_size() -> usize {
                 struct_size!($t, $last)
             }
         }
     )*};
+    (@since) => { "1.0" };
+    (@since $since:literal) => { $since };
 }
 
 arg_struct! {
@@ -85,9 +92,9 @@ arg_struct! {
     xpu_kernel_destroy_args, kernel, "XPU_KERNEL_DESTROY_ARGS_MIN_SIZE";
     xpu_kernel_launch_args, arg_count, "XPU_KERNEL_LAUNCH_ARGS_MIN_SIZE";
     xpu_capabilities_args, count, "XPU_CAPABILITIES_ARGS_MIN_SIZE";
-    xpu_device_ops_args, count, "XPU_DEVICE_OPS_ARGS_MIN_SIZE";
-    xpu_op_args, params, "XPU_OP_ARGS_MIN_SIZE";
-    xpu_tensor, range, "XPU_TENSOR_MIN_SIZE";
+    xpu_device_ops_args, count, "XPU_DEVICE_OPS_ARGS_MIN_SIZE", since "1.1";
+    xpu_op_args, params, "XPU_OP_ARGS_MIN_SIZE", since "1.1";
+    xpu_tensor, range, "XPU_TENSOR_MIN_SIZE", since "1.1";
 }
 
 /// The caller's argument struct: a copy of the fields within its `struct_size` (the
@@ -115,11 +122,12 @@ unsafe fn read<T: ArgStruct>(ptr: *mut T) -> Result<Args<T>> {
     let size = unsafe { ptr.cast::<usize>().read_unaligned() };
     if size < T::min_size() {
         return Err(Error::invalid_argument(format!(
-            "{}.struct_size is {size}, smaller than {} ({} bytes, the struct's size in ABI 1.0); \
+            "{}.struct_size is {size}, smaller than {} ({} bytes, the struct's size in ABI {}); \
              set it to XPU_STRUCT_SIZE({}, {}) or larger",
             T::NAME,
             T::MIN_NAME,
             T::min_size(),
+            T::SINCE,
             T::NAME,
             T::LAST
         )));
