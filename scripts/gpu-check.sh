@@ -17,6 +17,8 @@
 #   cuda-tests.txt    every test of every bin/cuda-* executable, one process each (60 s at most),
 #                     with XPU_REQUIRE=cuda: ok / ignored / FAILED / TIMEOUT, failures' output
 #   conformance.json  `xpu conformance --devices cuda:0 --require cuda --json`
+#   training.json     `xpu conformance --profile training --devices cuda:0 --require cuda --json`
+#                     (the standard operations against the f64 reference)
 #   collectives.txt   `xpu bench collectives --devices 'cuda:0;host:0' -b 8 -e 64M -f 8 -n 5 -w 2`
 #   bench.txt         `xpu bench cuda --json`, the PyTorch script's JSON, and a table of xpu, raw
 #                     cudarc and PyTorch side by side with the ratios
@@ -158,6 +160,7 @@ total_budget="${XPU_GPU_CHECK_BUDGET:-400}"
 budget_tests=135
 budget_test_one=60
 budget_conformance=110
+budget_training=90
 budget_collectives=40
 budget_bench_xpu=25
 budget_bench_torch=35
@@ -408,7 +411,7 @@ fi
 
 if [[ "$cuda_available" -ne 1 ]]; then
   reason_to_skip="CUDA unavailable"
-  skip_rest cuda-tests conformance collectives bench memory
+  skip_rest cuda-tests conformance training collectives bench memory
   cat "$summary"
   exit 1
 fi
@@ -493,6 +496,20 @@ $(grep -E '^(FAIL|XPASS) ' "$tmp/conformance.log" | head -n 30)
 conformance, last 15 lines of its output:
 $(tail -n 15 "$tmp/conformance.log")"
 finish conformance "$(status_of "$rc")" "${closing:-exit $rc, no closing line}"
+
+# --- c2. training profile (the standard operations) --------------------------------------
+begin training
+bx timeout -k 5 "$(fit "$budget_training")" "$xpu" conformance --profile training --devices cuda:0 \
+  --require cuda --json "$out/training.json" >"$tmp/training.log" 2>&1
+rc=$?
+closing="$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$tmp/training.log" | tail -n 1)"
+details="${details:+$details
+
+}training profile on cuda:0, failures (first 30):
+$(grep -E '^(FAIL|XPASS) ' "$tmp/training.log" | head -n 30)
+training profile, last 15 lines of its output:
+$(tail -n 15 "$tmp/training.log")"
+finish training "$(status_of "$rc")" "${closing:-exit $rc, no closing line}"
 
 # --- d. collectives ---------------------------------------------------------------------
 begin collectives

@@ -97,6 +97,8 @@ pub struct DeviceShared {
     pub(crate) builtins: Mutex<HashMap<BuiltinKind, Arc<BuiltinKernel>>>,
     /// The kernel streams spin in to wait for a host word where `wait_value` is false.
     pub(crate) flag_wait: Mutex<Option<Arc<BuiltinKernel>>>,
+    /// Loaded standard-operation kernels.
+    pub(crate) op_kernels: Mutex<HashMap<crate::ops::KernelKey, Arc<BuiltinKernel>>>,
     pub(crate) staging: StagingPool,
     info: DeviceInfo,
 }
@@ -180,6 +182,9 @@ impl Drop for DeviceShared {
             }
             if let Ok(mut k) = self.flag_wait.lock() {
                 k.take();
+            }
+            if let Ok(mut k) = self.op_kernels.lock() {
+                k.clear();
             }
         }
         self.staging.clear(self);
@@ -331,7 +336,11 @@ impl CudaDevice {
                 kernel_arg_alignment: 1,
                 virtual_memory_granularity: vmm_granularity,
                 host_addressable: false,
-                ops: Vec::new(),
+                ops: if nvrtc.is_some() {
+                    crate::ops::supported(major * 10 + minor)
+                } else {
+                    Vec::new()
+                },
             },
             extra: vec![
                 format!("compute_capability={major}.{minor}"),
@@ -364,6 +373,7 @@ impl CudaDevice {
                 deferred: Mutex::new(None),
                 builtins: Mutex::new(HashMap::new()),
                 flag_wait: Mutex::new(None),
+                op_kernels: Mutex::new(HashMap::new()),
                 staging: StagingPool::default(),
                 info,
             }),

@@ -125,6 +125,7 @@ pub mod libs;
 mod memory;
 pub mod nccl;
 pub mod nvrtc;
+pub mod ops;
 mod pinned;
 mod stream;
 

@@ -580,6 +580,14 @@ impl StreamShared {
                     )));
                 }
             }
+            // Index checks of standard operations: reported like a failing operation.
+            for h in &cp.held {
+                if let Some(check) = h.as_ref().downcast_ref::<crate::ops::IndexCheck>() {
+                    if let Some(err) = check.failure() {
+                        self.set_error(err);
+                    }
+                }
+            }
             let err = self.progress.peek_error();
             for m in &cp.marks {
                 m.complete(err.as_ref(), &self.dev.name);
@@ -823,6 +831,10 @@ impl StreamImpl for CudaStream {
 
     fn builtin(&self, op: BuiltinOp) -> Result<()> {
         crate::builtins::dispatch(&self.shared, op)
+    }
+
+    fn run_op(&self, op: xpu_hal::ops::Op<xpu_hal::ops::RawTensor>) -> Result<()> {
+        crate::ops::dispatch(&self.shared, op)
     }
 
     fn launch(

@@ -127,28 +127,47 @@ pub(crate) fn load_module(
 }
 
 fn kernel(dev: &Arc<DeviceShared>, kind: BuiltinKind) -> Result<Arc<BuiltinKernel>> {
-    let mut cache = lock(&dev.builtins);
-    if let Some(k) = cache.get(&kind) {
+    compiled(
+        dev,
+        &dev.builtins,
+        kind,
+        || source::source(kind),
+        &source::entry(kind),
+    )
+}
+
+/// The kernel `entry` of the CUDA C `source` for `key`, from `cache` or compiled by
+/// NVRTC (builtin flavour: no contraction, IEEE division and square roots) and loaded.
+/// Shared by the builtins and the standard operations.
+pub(crate) fn compiled<K: Copy + Eq + std::hash::Hash + std::fmt::Debug>(
+    dev: &Arc<DeviceShared>,
+    cache: &std::sync::Mutex<std::collections::HashMap<K, Arc<BuiltinKernel>>>,
+    key: K,
+    source: impl FnOnce() -> String,
+    entry: &str,
+) -> Result<Arc<BuiltinKernel>> {
+    let mut cache = lock(cache);
+    if let Some(k) = cache.get(&key) {
         return Ok(k.clone());
     }
     let nvrtc = dev.driver.nvrtc.as_ref().map_err(|reason| {
         Error::unsupported(format!(
-            "builtin operations on {} need NVRTC: {reason}",
+            "builtin and standard operations on {} need NVRTC: {reason}",
             dev.name
         ))
     })?;
     let arch = dev.arch.0 * 10 + dev.arch.1;
     let image = nvrtc
-        .compile(&source::source(kind), arch, crate::nvrtc::Flavor::Builtin)
+        .compile(&source(), arch, crate::nvrtc::Flavor::Builtin)
         .map_err(|e| {
             Error::backend_message(
                 NAME,
-                format!("NVRTC could not compile the builtin kernel {kind:?} for sm_{arch}: {e}"),
+                format!("NVRTC could not compile the kernel {key:?} for sm_{arch}: {e}"),
             )
         })?;
-    let (module, function) = load_module(dev, &image.bytes, image.kind, &source::entry(kind))?;
+    let (module, function) = load_module(dev, &image.bytes, image.kind, entry)?;
     let k = Arc::new(BuiltinKernel { module, function });
-    cache.insert(kind, k.clone());
+    cache.insert(key, k.clone());
     Ok(k)
 }
 

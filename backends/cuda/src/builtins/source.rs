@@ -367,10 +367,16 @@ mod tests {
 /// A header that lets the kernels compile as host C++ (for checking the generated
 /// source where there is no NVRTC): CUDA's qualifiers and intrinsics as plain C++.
 #[cfg(test)]
-const HOST_SHIM: &str = r#"
+pub(crate) const HOST_SHIM: &str = r#"
 #include <cstring>
+#include <cmath>
 #define __global__
 #define __device__
+#define __shared__ static
+static void __syncthreads() {}
+static void __threadfence_system() {}
+static float atomicAdd(float* p, float v) { float o = *p; *p = o + v; return o; }
+static double atomicAdd(double* p, double v) { double o = *p; *p = o + v; return o; }
 struct XpuDim { unsigned int x, y, z; };
 static XpuDim gridDim = {1, 1, 1}, blockDim = {1, 1, 1}, blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0};
 static int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned int)x); }
