@@ -143,15 +143,16 @@ mod tests {
     #[test]
     fn metrics_of_known_vectors() {
         let want = [1.0, 2.0, 0.0, f64::NAN, 4.0];
-        let got = [1.0, 2.002, 0.0, f64::NAN, 4.0];
+        let got = [1.0, 2.004, 0.0, f64::NAN, 4.0];
         let m = metrics(&got, &want, 1e-4);
-        assert!((m.max_abs_err - 0.002).abs() < 1e-12);
-        assert!((m.max_rel_err - 0.001).abs() < 1e-9);
+        assert!((m.max_abs_err - 0.004).abs() < 1e-12);
+        assert!((m.max_rel_err - 0.002).abs() < 1e-9);
         assert!(m.cosine > 0.99999 && m.cosine <= 1.0 + 1e-12);
         assert_eq!(m.frac_rel_err_gt_1e_3, 0.2);
         assert_eq!(m.frac_rel_err_gt_5e_3, 0.0);
         assert!(!m.within_tolerance);
         assert!(metrics(&got, &want, 1e-3).within_tolerance);
+        assert!(!metrics(&got, &want, 4e-4).within_tolerance);
         let inf = metrics(&[f64::INFINITY], &[1.0], 1.0);
         assert!(inf.max_abs_err.is_infinite() && !inf.within_tolerance);
         let opposite = metrics(&[-1.0, -2.0], &[1.0, 2.0], 1e-4);
