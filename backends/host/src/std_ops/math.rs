@@ -189,7 +189,8 @@ pub(super) fn exp_f32(x: f32) -> f32 {
     // Adding and subtracting 1.5·2²³ rounds to the nearest integer.
     const SHIFTER: f32 = 12_582_912.0;
     let xc = x.clamp(-86.0, 88.72);
-    let n = (xc * LOG2E + SHIFTER) - SHIFTER;
+    let t = xc * LOG2E + SHIFTER;
+    let n = t - SHIFTER;
     let r = xc - n * LN2_HI - n * LN2_LO;
     let mut p = 1.987_569_1e-4_f32;
     p = p * r + 1.398_199_9e-3;
@@ -199,7 +200,10 @@ pub(super) fn exp_f32(x: f32) -> f32 {
     p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
     // 2ⁿ as 2ⁿ⁻¹·2, so that n = 128 (x close to the top) stays representable.
-    let scale = f32::from_bits((((n as i32) + 126) as u32) << 23);
+    // n sits in t's low mantissa bits (t is in [2²³, 2²⁴), where the ulp is 1): integer
+    // arithmetic on the bits, which vectorises where a float-to-int cast does not.
+    let k = (t.to_bits() as i32).wrapping_sub(SHIFTER.to_bits() as i32);
+    let scale = f32::from_bits((k.wrapping_add(126) as u32) << 23);
     let out = y * scale * 2.0;
     if x > 88.72 {
         f32::INFINITY

@@ -23,15 +23,21 @@ fn row_pieces<T: Send, R: Send>(
     par.chunks(out, piece, |start, chunk| f(start / n.max(1), chunk))
 }
 
-/// `e[j] = exp(x[j] − max)` for a row, returning `1 / Σ e` (the reference's stable
-/// softmax; NaN anywhere gives NaN everywhere).
+/// `e[j] = exp(x[j] − max)` for a row (the reference's stable softmax; NaN anywhere
+/// gives NaN everywhere), returning `(max, Σ e)`.
 #[inline(always)]
-fn softmax_exps<E: Elem>(row: &[E], e: &mut [E::F]) -> E::F {
+fn exps<E: Elem>(row: &[E], e: &mut [E::F]) -> (E::F, E::F) {
     let max = math::max(row, |v| v.get());
     for (o, &v) in e.iter_mut().zip(row) {
         *o = (v.get() - max).exp();
     }
-    E::F::ONE / math::sum(e, |v| v)
+    (max, math::sum(e, |v| v))
+}
+
+/// `1 / Σ e` with `e` as [`exps`] leaves it.
+#[inline(always)]
+fn softmax_exps<E: Elem>(row: &[E], e: &mut [E::F]) -> E::F {
+    E::F::ONE / exps(row, e).1
 }
 
 /// Softmax of each row.
@@ -128,16 +134,17 @@ fn cross_entropy_typed<E: Elem>(plan: &Plan<'_>, par: &Par<'_>) -> Result<bool> 
     };
     let piece = par.piece(loss.len(), min_rows(n));
     par.chunks(loss, piece, |r0, out| {
+        let mut e = vec![E::F::ZERO; n];
         for (r, o) in out.iter_mut().enumerate() {
             let row = &logits[(r0 + r) * n..(r0 + r + 1) * n];
             *o = match lab[r0 + r] {
                 None => E::put(E::F::ZERO),
                 Some(class) => {
-                    let max = math::max(row, |v| v.get());
+                    let (max, sum) = exps(row, &mut e);
                     let lse = if max == E::F::INFINITY {
                         E::F::INFINITY
                     } else {
-                        max + math::sum(row, |v| (v.get() - max).exp()).ln()
+                        max + sum.ln()
                     };
                     E::put(lse - row[class].get())
                 }
