@@ -1,139 +1,23 @@
-//! The standard operations ([`xpu_hal::ops`]) on host device memory: matrix multiply
-//! through the `gemm` crate (packed, vectorised kernels, multi-threaded on the device's
-//! share of the cores), everything else through the HAL's reference
-//! ([`xpu_hal::reference::ops`]), which defines what every backend must match.
+//! Matrix multiply through the `gemm` crate: packed, vectorised kernels, multi-threaded
+//! on the device's share of the cores; `f16`/`bf16` widened to `f32` and rounded once.
 
-use std::sync::{Arc, OnceLock};
-
-use xpu_hal::ops::{HasLayout, Layout, Op, OpKind, OpSupport, RawTensor};
-use xpu_hal::reference::ops::{pack, run, unpack, TensorIo};
+use xpu_hal::ops::{HasLayout, Layout, RawTensor};
+use xpu_hal::reference::ops::TensorIo;
 use xpu_hal::reference::{bf16, f16};
 use xpu_hal::{DType, Error, Result};
 
+use super::{HostIo, OpThreads};
 use crate::memory::Region;
 
-/// What the host devices provide: every standard operation on every dtype it is
-/// defined on.
-pub(crate) fn supported() -> Vec<OpSupport> {
-    OpSupport::all(&DType::ALL)
-}
-
-/// The threads one host device uses for an operation: `XPU_HOST_THREADS` when set,
-/// else the machine's cores shared between the `devices` (at least 1).
-pub(crate) fn threads_from_env(devices: u32) -> Result<usize> {
-    match std::env::var("XPU_HOST_THREADS") {
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if (1..=1024).contains(&n) => Ok(n),
-            _ => Err(Error::invalid(format!(
-                "XPU_HOST_THREADS is `{v}`; set it to the threads each host device may use for an operation (1 to 1024)"
-            ))),
-        },
-        Err(_) => {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            Ok((cores / devices.max(1) as usize).max(1))
-        }
-    }
-}
-
-/// A device's threads for operations, shared by its streams; the pool starts on the
-/// first operation large enough to use it.
-pub(crate) struct OpThreads {
-    threads: usize,
-    pool: OnceLock<std::result::Result<rayon::ThreadPool, String>>,
-}
-
-impl OpThreads {
-    pub(crate) fn new(threads: usize) -> Arc<Self> {
-        Arc::new(OpThreads {
-            threads,
-            pool: OnceLock::new(),
-        })
-    }
-
-    pub(crate) fn threads(&self) -> usize {
-        self.threads
-    }
-
-    /// Runs `f` with the parallelism to give `gemm`: inside the device's pool when it
-    /// has more than one thread.
-    fn run<R: Send>(&self, f: impl FnOnce(gemm::Parallelism) -> R + Send) -> Result<R> {
-        if self.threads <= 1 {
-            return Ok(f(gemm::Parallelism::None));
-        }
-        let pool = self.pool.get_or_init(|| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(self.threads)
-                .thread_name(|i| format!("xpu-host-op{i}"))
-                .build()
-                .map_err(|e| e.to_string())
-        });
-        match pool {
-            Ok(pool) => Ok(pool.install(|| f(gemm::Parallelism::Rayon(self.threads)))),
-            Err(e) => Err(Error::backend_message(
-                "host",
-                format!("could not start the device's operation threads: {e}"),
-            )),
-        }
-    }
-}
-
-/// Reads and writes host device memory for the reference.
-struct HostIo;
-
-impl TensorIo<RawTensor> for HostIo {
-    fn read(&mut self, t: &RawTensor) -> Result<Vec<u8>> {
-        let region = Region::from_raw(&t.memory)?;
-        // SAFETY: the HAL checked the span is in bounds of a live allocation (held by
-        // `region`), and stream order makes this worker the only one touching operands
-        // now; the slice does not outlive this call, so it overlaps no written slice.
-        Ok(pack(unsafe { region.bytes() }, &t.layout))
-    }
-
-    fn write(&mut self, t: &RawTensor, packed: &[u8]) -> Result<()> {
-        let region = Region::from_raw(&t.memory)?;
-        // SAFETY: as in `read`; no other slice of these bytes lives during this call.
-        unpack(unsafe { region.bytes_mut() }, &t.layout, packed);
-        Ok(())
-    }
-}
-
-/// Runs a checked standard operation (see [`xpu_hal::backend::StreamImpl::run_op`]).
-pub(crate) fn execute(op: &Op<RawTensor>, threads: &OpThreads) -> Result<()> {
-    if let Op::Matmul {
-        a,
-        b,
-        c,
-        trans_a,
-        trans_b,
-        alpha,
-        beta,
-    } = op
-    {
-        return matmul(
-            Matmul {
-                a,
-                b,
-                c,
-                trans_a: *trans_a,
-                trans_b: *trans_b,
-                alpha: *alpha,
-                beta: *beta,
-            },
-            threads,
-        );
-    }
-    debug_assert_ne!(op.kind(), OpKind::Matmul);
-    run(op, &mut HostIo)
-}
-
-struct Matmul<'a> {
-    a: &'a RawTensor,
-    b: &'a RawTensor,
-    c: &'a RawTensor,
-    trans_a: bool,
-    trans_b: bool,
-    alpha: f32,
-    beta: f32,
+/// The operands and parameters of one [`xpu_hal::ops::Op::Matmul`].
+pub(super) struct Matmul<'a> {
+    pub(super) a: &'a RawTensor,
+    pub(super) b: &'a RawTensor,
+    pub(super) c: &'a RawTensor,
+    pub(super) trans_a: bool,
+    pub(super) trans_b: bool,
+    pub(super) alpha: f32,
+    pub(super) beta: f32,
 }
 
 /// Strides (in elements) of one matrix of a rank-2 or rank-3 operand: (batch, row, col)
@@ -149,7 +33,8 @@ fn matrix_strides(l: &Layout, transposed: bool) -> (isize, isize, isize) {
     (batch as isize, r as isize, c as isize)
 }
 
-fn matmul(m: Matmul<'_>, threads: &OpThreads) -> Result<()> {
+/// `c = alpha·op(a)·op(b) + beta·c`, batched when the operands have rank 3.
+pub(super) fn matmul(m: Matmul<'_>, threads: &OpThreads) -> Result<()> {
     let lc = m.c.layout();
     let rank = lc.rank();
     let (rows, cols) = (lc.dims()[rank - 2] as usize, lc.dims()[rank - 1] as usize);
