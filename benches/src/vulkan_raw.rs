@@ -16,7 +16,9 @@
 //! Builtin shaders are the backend's own WGSL
 //! ([`xpu_vulkan::builtins::wgsl::source`]) compiled by naga with the backend's
 //! options, bound with push descriptors, with the push constants and the workgroup
-//! count of [`xpu_vulkan::builtins::abi`].
+//! count of [`xpu_vulkan::builtins::abi`]. Standard operations ([`RawVulkan::op`]) are
+//! the backend's own shaders too, with the bindings, parameter buffer and workgroup
+//! counts of [`xpu_vulkan::ops_abi`].
 
 use std::cell::Cell;
 use std::ffi::CString;
@@ -30,6 +32,7 @@ use xpu_vulkan::builtins::abi::{
     PushConstants, ShaderFeatures, ShaderKind, BINDING_ALIGN, ENTRY_POINT, MAX_GROUPS,
     WORKGROUP_SIZE,
 };
+use xpu_vulkan::ops_abi::Dispatch;
 
 const WHO: &str = "vulkan (raw reference)";
 
@@ -143,6 +146,23 @@ impl Drop for RawPipeline {
                 .destroy_descriptor_set_layout(self.set_layout, None);
             self.ctx.device.destroy_shader_module(self.module, None);
         }
+    }
+}
+
+/// A standard operation's dispatch ([`Dispatch`]) with buffers of its own: a device
+/// buffer per tensor, then the parameter buffer (host-visible, as the backend keeps it).
+pub struct RawOp {
+    pipeline: RawPipeline,
+    buffers: Vec<RawBuffer>,
+    groups: [u32; 3],
+}
+
+impl RawOp {
+    /// Tensor `k`'s buffer (binding `k`).
+    pub fn tensor(&self, k: usize) -> Option<&RawBuffer> {
+        self.buffers
+            .get(..self.buffers.len().saturating_sub(1))?
+            .get(k)
     }
 }
 
@@ -727,6 +747,92 @@ impl RawVulkan {
         )
     }
 
+    /// A standard operation ready to run: `dispatch`'s WGSL compiled as the backend
+    /// compiles it, a device buffer per tensor holding `tensors[k]` (in binding order),
+    /// and the parameter buffer holding `dispatch.params`.
+    pub fn op(&self, dispatch: &Dispatch, tensors: &[&[u8]]) -> Result<RawOp> {
+        if tensors.len() + 1 != dispatch.bindings as usize {
+            return Err(Error::invalid(format!(
+                "{WHO}: the operation binds {} tensors, not {}",
+                dispatch.bindings.saturating_sub(1),
+                tensors.len()
+            )));
+        }
+        let words = wgsl_to_spirv(&dispatch.wgsl, xpu_vulkan::ops_abi::ENTRY_POINT)?;
+        let pipeline = self.pipeline(&words, dispatch.bindings, 0)?;
+        let mut buffers = Vec::with_capacity(tensors.len() + 1);
+        let mut staging: Option<RawBuffer> = None;
+        for data in tensors {
+            let len = data.len() as u64;
+            let s = match staging.take() {
+                Some(s) if s.size >= len => s,
+                _ => self.buffer(len, Memory::Staging)?,
+            };
+            let b = self.buffer(len, Memory::Device)?;
+            self.upload(data, &s, &b, None)?;
+            staging = Some(s);
+            buffers.push(b);
+        }
+        let mut params = self.buffer(dispatch.params.len() as u64, Memory::Staging)?;
+        let bytes = params
+            .host_bytes_mut()
+            .ok_or_else(|| Error::unsupported(format!("{WHO}: no coherent host-visible memory")))?;
+        bytes[..dispatch.params.len()].copy_from_slice(&dispatch.params);
+        buffers.push(params);
+        Ok(RawOp {
+            pipeline,
+            buffers,
+            groups: dispatch.groups,
+        })
+    }
+
+    /// Runs `op` once: its pipeline, its buffers bound whole with push descriptors, one
+    /// `vkCmdDispatch`; then submits and waits.
+    pub fn run_op(&self, op: &RawOp) -> Result<()> {
+        let p = &op.pipeline;
+        if !Arc::ptr_eq(&p.ctx, &self.ctx) {
+            return Err(Error::invalid(format!(
+                "{WHO}: an operation of another device"
+            )));
+        }
+        let infos: Vec<vk::DescriptorBufferInfo> = op
+            .buffers
+            .iter()
+            .map(|b| vk::DescriptorBufferInfo {
+                buffer: b.buffer,
+                offset: 0,
+                range: vk::WHOLE_SIZE,
+            })
+            .collect();
+        let writes: Vec<vk::WriteDescriptorSet<'_>> = infos
+            .iter()
+            .enumerate()
+            .map(|(i, info)| {
+                vk::WriteDescriptorSet::default()
+                    .dst_binding(i as u32)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .buffer_info(std::slice::from_ref(info))
+            })
+            .collect();
+        let [x, y, z] = op.groups;
+        self.run(|d, cmd| {
+            // SAFETY: `cmd` is recording; the pipeline and buffers belong to this device
+            // (checked above: all of `op` was made by `RawVulkan::op` on it) and outlive
+            // the wait in `run`; one buffer per binding of the layout.
+            unsafe {
+                d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, p.pipeline);
+                self.ctx.push.cmd_push_descriptor_set(
+                    cmd,
+                    vk::PipelineBindPoint::COMPUTE,
+                    p.layout,
+                    0,
+                    &writes,
+                );
+                d.cmd_dispatch(cmd, x, y, z);
+            }
+        })
+    }
+
     /// Records one builtin operation over `count` elements of `elem` bytes each:
     /// `buffers[0]` is the destination, the rest the sources (all from offset 0),
     /// split into pieces that fit the largest storage binding exactly as the backend
@@ -929,5 +1035,46 @@ mod tests {
         let want: Vec<f32> = av.iter().zip(&bv).map(|(x, y)| x + y).collect();
         assert_eq!(f32s(&out), want);
         assert!(raw.builtin(&p, &[&dst, &a], n, 4, 0, 1).is_err());
+    }
+
+    #[test]
+    fn the_backend_matmul_multiplies() {
+        use xpu_hal::ops::{Layout, Op};
+        let Some(raw) = raw() else { return };
+        let (m, n, k) = (37u64, 45u64, 29u64);
+        let l = |r, c| Layout::contiguous(DType::F32, &[r, c]).unwrap();
+        let op = Op::Matmul {
+            a: l(m, k),
+            b: l(k, n),
+            c: l(m, n),
+            trans_a: false,
+            trans_b: false,
+            alpha: 2.0,
+            beta: 0.0,
+        };
+        let dispatch = xpu_vulkan::ops_abi::matmul(&op, raw.shader_features()).unwrap();
+        let av: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
+        let bv: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 - 2.0).collect();
+        // c holds NaN: with beta 0 it must not be read.
+        let cv = vec![f32::NAN; (m * n) as usize];
+        let data = [&av, &bv, &cv].map(|v| bytemuck::cast_slice::<f32, u8>(v));
+        let p = raw.op(&dispatch, &data).unwrap();
+        raw.run_op(&p).unwrap();
+        let bytes = (m * n * 4) as usize;
+        let staging = raw.buffer(bytes as u64, Memory::Staging).unwrap();
+        let mut out = vec![0u8; bytes];
+        raw.download(p.tensor(2).unwrap(), &staging, &mut out, None)
+            .unwrap();
+        let got = f32s(&out);
+        for i in 0..m as usize {
+            for j in 0..n as usize {
+                let want: f32 = (0..k as usize)
+                    .map(|q| av[i * k as usize + q] * bv[q * n as usize + j])
+                    .sum::<f32>()
+                    * 2.0;
+                assert_eq!(got[i * n as usize + j], want, "c[{i}, {j}]");
+            }
+        }
+        assert!(p.tensor(3).is_none());
     }
 }

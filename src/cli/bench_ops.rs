@@ -1,8 +1,9 @@
 //! `xpu bench ops`: one standard operation ([`xpu::ops`]) on each selected device,
 //! timed in interleaved rounds beside a reference measured in the same run: OpenBLAS's
-//! `cblas_sgemm`/`cblas_dgemm` with the device's threads for matmul on host devices,
-//! otherwise `memcpy` of the bytes the operation reads and writes (the bandwidth bound of
-//! a memory-bound operation) on the host.
+//! `cblas_sgemm`/`cblas_dgemm` with the device's threads for matmul on host devices, the
+//! backend's own matmul shader dispatched through raw ash on `vulkan:0`
+//! ([`xpu::vulkan::ops_abi`]), otherwise `memcpy` of the bytes the operation reads and
+//! writes (the bandwidth bound of a memory-bound operation) on the host.
 
 use std::time::Instant;
 
@@ -11,6 +12,7 @@ use xpu::ops::{Distribution, Layout, Op, OpKind, ReduceOp, Tensor};
 use xpu::reference::ops::from_f64;
 use xpu::{Allocation, DType, Device, Error, Result};
 use xpu_benches::openblas::{Gemm, OpenBlas};
+use xpu_benches::vulkan_raw::{RawOp, RawVulkan};
 
 /// What `xpu bench ops` was asked for.
 pub struct Options {
@@ -452,6 +454,19 @@ fn measure(device: &Device, plan: &Plan, options: &Options) -> Result<Row> {
                 }
             }
         }
+        (Some(_), false) if device.backend() == xpu::vulkan::NAME => {
+            match raw_vulkan(device, &plan.op) {
+                Ok((raw, op)) => {
+                    reference_name = "the same SPIR-V through raw ash".into();
+                    let mut r = || raw.run_op(&op);
+                    interleaved(options.rounds, iters, &mut run_xpu, Some(&mut r))?
+                }
+                Err(e) => {
+                    reference_name = format!("unavailable: {e}");
+                    interleaved(options.rounds, iters, &mut run_xpu, None)?
+                }
+            }
+        }
         (Some(_), _) => interleaved(options.rounds, iters, &mut run_xpu, None)?,
         (None, _) => {
             let bytes = plan.work as usize / 2;
@@ -492,6 +507,30 @@ fn measure(device: &Device, plan: &Plan, options: &Options) -> Result<Row> {
         reference_rate,
         ratio: reference_rate.map(|r| rate / r),
     })
+}
+
+/// The raw-ash reference of a matmul on `vulkan:0`: the backend's own shader
+/// ([`xpu::vulkan::ops_abi::matmul`]) on buffers of its own holding the same values.
+fn raw_vulkan(device: &Device, op: &Op<(Layout, Vec<f64>)>) -> Result<(RawVulkan, RawOp)> {
+    let raw = RawVulkan::new()?;
+    if device.id().index != 0 || raw.device_name() != device.name() {
+        return Err(Error::unsupported(format!(
+            "the raw reference opens vulkan:0 (`{}`) only",
+            raw.device_name()
+        )));
+    }
+    let layouts = op
+        .by_ref()
+        .try_map(|_, _, (layout, _)| Ok::<_, Error>(*layout))?;
+    let dispatch = xpu::vulkan::ops_abi::matmul(&layouts, raw.shader_features())?;
+    let bytes: Vec<Vec<u8>> = op
+        .operands()
+        .iter()
+        .map(|o| from_f64(&o.tensor.1, o.tensor.0.dtype))
+        .collect();
+    let slices: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+    let op = raw.op(&dispatch, &slices)?;
+    Ok((raw, op))
 }
 
 fn to_f32(v: &[f64]) -> Vec<f32> {

@@ -27,6 +27,8 @@
 //! - `builtins` — every builtin operation as a WGSL compute shader compiled by naga,
 //!   one cached pipeline per operation and dtype, ranges larger than the largest
 //!   storage binding bound in pieces.
+//! - `ops` — the standard operations as WGSL compute shaders; [`ops_abi`] describes
+//!   one of their dispatches for a raw Vulkan program (the benchmarks' reference).
 //! - `kernel` — user kernels in WGSL (naga) or SPIR-V; buffers bound with push
 //!   descriptors, scalars in push constants.
 
@@ -38,6 +40,7 @@ mod instance;
 mod kernel;
 mod memory;
 mod ops;
+pub mod ops_abi;
 mod pinned;
 mod pipeline;
 mod retire;

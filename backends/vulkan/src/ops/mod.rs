@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use ash::vk;
-use xpu_hal::ops::{Op, OpKind, OpSupport, RawTensor};
+use xpu_hal::ops::{HasLayout, Layout, Op, OpKind, OpSupport, RawTensor};
 use xpu_hal::{DType, Error, Result};
 
 use crate::builtins::abi::ShaderFeatures;
@@ -103,10 +103,11 @@ pub(crate) enum Check {
     Label { classes: u64 },
 }
 
-/// An operation ready to record.
-pub(crate) struct Plan {
+/// An operation ready to record (`T`: how its tensors are given; a [`Layout`] alone
+/// describes a dispatch for [`crate::ops_abi`]).
+pub(crate) struct Plan<T = RawTensor> {
     /// The tensors, in binding order.
-    pub tensors: Vec<(RawTensor, Slot)>,
+    pub tensors: Vec<(T, Slot)>,
     /// The dtype computed in.
     pub dtype: DType,
     /// Scalar parameters (two words each: `f32` bits or `f64`/`u64` bits).
@@ -117,7 +118,7 @@ pub(crate) struct Plan {
     pub check: Option<Check>,
 }
 
-impl Plan {
+impl<T: HasLayout + Clone> Plan<T> {
     fn new(dtype: DType) -> Self {
         Plan {
             tensors: Vec::new(),
@@ -129,11 +130,11 @@ impl Plan {
     }
 
     /// Adds a tensor; returns its binding index.
-    fn tensor(&mut self, t: &RawTensor, write: bool, repr: Repr) -> u32 {
+    fn tensor(&mut self, t: &T, write: bool, repr: Repr) -> u32 {
         self.tensors.push((
             t.clone(),
             Slot {
-                dtype: t.layout.dtype,
+                dtype: t.layout().dtype,
                 write,
                 repr,
             },
@@ -142,7 +143,7 @@ impl Plan {
     }
 
     /// Adds a float tensor.
-    fn float(&mut self, t: &RawTensor, write: bool) -> u32 {
+    fn float(&mut self, t: &T, write: bool) -> u32 {
         self.tensor(t, write, Repr::Float)
     }
 
@@ -265,6 +266,43 @@ fn bind(dev: &DeviceShared, t: &RawTensor) -> Result<Bound> {
     })
 }
 
+/// The parameter buffer's words: the error record, then each tensor (its element 0 at
+/// `bases[k]` elements into its binding), then the scalars.
+fn param_words<T: HasLayout>(plan: &Plan<T>, bases: &[u32]) -> Result<Vec<u32>> {
+    let mut words: Vec<u32> = vec![u32::MAX, 0, 0, 0];
+    for ((t, _), &base) in plan.tensors.iter().zip(bases) {
+        let l = t.layout();
+        let mut w = [0u32; TENSOR_WORDS];
+        w[0] = base;
+        w[1] = l.rank() as u32;
+        for k in 0..l.rank() {
+            let d = l.dims()[k];
+            w[2 + k] = u32_of(d, "a dimension")?;
+            w[6 + k] = if d == 1 {
+                0
+            } else {
+                u32_of(l.strides()[k], "a stride")?
+            };
+        }
+        words.extend(w);
+    }
+    for s in &plan.scalars {
+        words.extend([*s as u32, (*s >> 32) as u32]);
+    }
+    Ok(words)
+}
+
+/// The prelude of every pass of `plan`.
+fn plan_prelude<T>(plan: &Plan<T>, int64: bool) -> String {
+    let slots: Vec<Slot> = plan.tensors.iter().map(|(_, s)| *s).collect();
+    wgsl::prelude(&slots, plan.dtype, int64)
+}
+
+/// The complete WGSL of `pass`.
+fn source(prelude: &str, pass: &Pass) -> String {
+    format!("{prelude}\n{}", pass.body)
+}
+
 /// The pipeline of `source`, built on first use.
 fn pipeline(dev: &DeviceShared, source: String, bindings: u32) -> Result<Arc<Pipeline>> {
     if let Some(p) = lock(&dev.op_pipelines).get(&source) {
@@ -284,27 +322,8 @@ fn record(stream: &Arc<StreamShared>, plan: Plan, kind: OpKind) -> Result<()> {
         .iter()
         .map(|(t, _)| bind(dev, t))
         .collect::<Result<Vec<_>>>()?;
-    // The parameter buffer: the error record, then each tensor, then the scalars.
-    let mut words: Vec<u32> = vec![u32::MAX, 0, 0, 0];
-    for ((t, _), b) in plan.tensors.iter().zip(&bounds) {
-        let l = &t.layout;
-        let mut w = [0u32; TENSOR_WORDS];
-        w[0] = b.base;
-        w[1] = l.rank() as u32;
-        for k in 0..l.rank() {
-            let d = l.dims()[k];
-            w[2 + k] = u32_of(d, "a dimension")?;
-            w[6 + k] = if d == 1 {
-                0
-            } else {
-                u32_of(l.strides()[k], "a stride")?
-            };
-        }
-        words.extend(w);
-    }
-    for s in &plan.scalars {
-        words.extend([*s as u32, (*s >> 32) as u32]);
-    }
+    let bases: Vec<u32> = bounds.iter().map(|b| b.base).collect();
+    let words = param_words(&plan, &bases)?;
     let params = Arc::new(VulkanBuffer::new(
         dev,
         (words.len() * 4) as u64,
@@ -317,15 +336,14 @@ fn record(stream: &Arc<StreamShared>, plan: Plan, kind: OpKind) -> Result<()> {
     // SAFETY: the buffer is fresh, mapped, coherent (staging memory) and at least
     // `bytes.len()` long; nothing else uses it yet.
     unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr.as_ptr(), bytes.len()) };
-    let slots: Vec<Slot> = plan.tensors.iter().map(|(_, s)| *s).collect();
-    let prelude = wgsl::prelude(&slots, plan.dtype, dev.features.int64);
-    let bindings = slots.len() as u32 + 1;
+    let prelude = plan_prelude(&plan, dev.features.int64);
+    let bindings = plan.tensors.len() as u32 + 1;
     let last = plan.passes.len().saturating_sub(1);
     let mut after = plan
         .check
         .map(|check| check_action(params.clone(), check, kind));
     for (i, pass) in plan.passes.into_iter().enumerate() {
-        let p = pipeline(dev, format!("{prelude}\n{}", pass.body), bindings)?;
+        let p = pipeline(dev, source(&prelude, &pass), bindings)?;
         let mut held: Vec<Held> = vec![p.clone(), params.clone()];
         held.extend(bounds.iter().map(|b| -> Held { b.buf.clone() }));
         let mut infos: Vec<vk::DescriptorBufferInfo> = bounds
@@ -450,4 +468,42 @@ fn after_check(t: u32) -> String {
         return;
     }}"
     )
+}
+
+/// The dispatch of a matmul described by layouts alone, each tensor bound from its
+/// element 0 ([`crate::ops_abi::matmul`]).
+pub(crate) fn matmul_dispatch(
+    op: &Op<Layout>,
+    features: ShaderFeatures,
+) -> Result<crate::ops_abi::Dispatch> {
+    xpu_hal::ops::check(op)?;
+    let dtype = op.operands()[0].tensor.dtype;
+    let listed = supported(features)
+        .iter()
+        .any(|s| s.kind == OpKind::Matmul && s.dtypes.contains(&dtype));
+    if !listed {
+        return Err(Error::unsupported(format!(
+            "a matmul on {dtype} is not provided with these shader features"
+        )));
+    }
+    for o in op.operands() {
+        if o.tensor.elements() > u64::from(u32::MAX) {
+            return Err(too_large(&format!("operand {} of matmul", o.name)));
+        }
+    }
+    let plan = matmul::plan(op)?;
+    let words = param_words(&plan, &vec![0; plan.tensors.len()])?;
+    let prelude = plan_prelude(&plan, features.int64);
+    let [pass] = plan.passes.as_slice() else {
+        return Err(Error::backend_message(
+            "vulkan",
+            "internal error: a matmul is one pass",
+        ));
+    };
+    Ok(crate::ops_abi::Dispatch {
+        wgsl: source(&prelude, pass),
+        bindings: plan.tensors.len() as u32 + 1,
+        params: bytemuck::cast_slice(&words).to_vec(),
+        groups: pass.groups,
+    })
 }
