@@ -188,16 +188,7 @@ pub(crate) fn launch(
     let push_fn = dev.push.clone();
     let pipeline = k.pipeline.clone();
     stream.record(held, None, move |cmd| {
-        let writes: Vec<vk::WriteDescriptorSet<'_>> = infos
-            .iter()
-            .enumerate()
-            .map(|(b, info)| {
-                vk::WriteDescriptorSet::default()
-                    .dst_binding(b as u32)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .buffer_info(std::slice::from_ref(info))
-            })
-            .collect();
+        let writes = crate::pipeline::storage_writes(&infos);
         // SAFETY: `cmd` is recording; the pipeline and buffers are held until the batch
         // completes; the push range matches the pipeline layout.
         unsafe {

@@ -7,6 +7,23 @@ use xpu_hal::Result;
 use crate::device::DeviceShared;
 use crate::error::VkResultExt;
 
+/// The push-descriptor writes that bind `infos` to bindings 0, 1, … of a pipeline's
+/// storage buffers.
+pub(crate) fn storage_writes(
+    infos: &[vk::DescriptorBufferInfo],
+) -> Vec<vk::WriteDescriptorSet<'_>> {
+    infos
+        .iter()
+        .enumerate()
+        .map(|(b, info)| {
+            vk::WriteDescriptorSet::default()
+                .dst_binding(b as u32)
+                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                .buffer_info(std::slice::from_ref(info))
+        })
+        .collect()
+}
+
 /// A compute pipeline whose buffers are bound with push descriptors.
 pub struct Pipeline {
     device: ash::Device,

@@ -211,16 +211,7 @@ pub(crate) fn dispatch(stream: &Arc<StreamShared>, op: BuiltinOp) -> Result<()> 
                     range: b.range,
                 })
                 .collect();
-            let writes: Vec<vk::WriteDescriptorSet<'_>> = infos
-                .iter()
-                .enumerate()
-                .map(|(i, info)| {
-                    vk::WriteDescriptorSet::default()
-                        .dst_binding(i as u32)
-                        .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                        .buffer_info(std::slice::from_ref(info))
-                })
-                .collect();
+            let writes = crate::pipeline::storage_writes(&infos);
             // SAFETY: `cmd` is recording; the pipeline and buffers are held until the
             // batch completes; bindings are within the buffers (checked by `bind`) and
             // the push range matches the layout.

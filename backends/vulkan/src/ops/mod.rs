@@ -364,16 +364,7 @@ fn record(stream: &Arc<StreamShared>, plan: Plan, kind: OpKind) -> Result<()> {
         let groups = pass.groups;
         let action = if i == last { after.take() } else { None };
         stream.record(held, action, move |cmd| {
-            let writes: Vec<vk::WriteDescriptorSet<'_>> = infos
-                .iter()
-                .enumerate()
-                .map(|(i, info)| {
-                    vk::WriteDescriptorSet::default()
-                        .dst_binding(i as u32)
-                        .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                        .buffer_info(std::slice::from_ref(info))
-                })
-                .collect();
+            let writes = crate::pipeline::storage_writes(&infos);
             // SAFETY: `cmd` is recording; the pipeline and every buffer are held until
             // the batch completes; each range lies within its buffer (`bind`).
             unsafe {
