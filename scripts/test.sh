@@ -36,4 +36,8 @@ cargo run --locked --quiet -p xpu -- conformance --profile collectives --plugin 
 cargo run --locked --quiet -p xpu -- conformance --profile training --plugin "$plugins" \
   --devices '*' --json target/conformance/training.json \
   --junit target/conformance/training.xml || status=$?
+# Again on one host device with three operation threads, so that the host's split of
+# matmul and of the other operations over its threads is held to the same reference.
+XPU_HOST_THREADS=3 cargo run --locked --quiet -p xpu -- conformance --profile training \
+  --devices host:0 --junit target/conformance/training-threads.xml || status=$?
 exit "$status"

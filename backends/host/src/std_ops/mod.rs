@@ -1,6 +1,6 @@
 //! The standard operations ([`xpu_hal::ops`]) on host device memory.
 //!
-//! - Matrix multiply goes through the `gemm` crate ([`matmul`]).
+//! - Matrix multiply goes through the `matrixmultiply` crate ([`matmul`]).
 //! - The others have fast paths for contiguous tensors of the float dtypes (`f32` and
 //!   `f64` computed in their own precision, `f16` and `bf16` widened to `f32` and
 //!   rounded once), split over the device's threads: [`elementwise`], [`rows`],
@@ -92,18 +92,6 @@ impl OpThreads {
         })
     }
 
-    /// Runs `f` with the parallelism to give `gemm`: inside the device's pool when it
-    /// has more than one thread.
-    fn run<R: Send>(&self, f: impl FnOnce(gemm::Parallelism) -> R + Send) -> Result<R> {
-        if self.threads <= 1 {
-            return Ok(f(gemm::Parallelism::None));
-        }
-        let threads = self.threads;
-        Ok(self
-            .pool()?
-            .install(|| f(gemm::Parallelism::Rayon(threads))))
-    }
-
     /// How to split an operation touching `bytes` bytes: over the pool, or on the
     /// calling thread when there is one thread or little work.
     fn par(&self, bytes: u64) -> Result<Par<'_>> {
@@ -131,6 +119,11 @@ impl Par<'_> {
         pool: None,
         threads: 1,
     };
+
+    /// The threads the pieces are shared between (1 when sequential).
+    pub(super) fn threads(&self) -> usize {
+        self.threads
+    }
 
     /// The length of the pieces to cut `items` items into: about four per thread (so
     /// uneven pieces even out), each at least `min` items; one piece when sequential.
