@@ -200,6 +200,8 @@ pub enum BatchOp {
         /// The arguments.
         args: Vec<RawKernelArg>,
     },
+    /// A standard operation (as [`StreamImpl::run_op`] receives it).
+    Op(crate::ops::Op<crate::ops::RawTensor>),
 }
 
 impl BatchOp {
@@ -210,6 +212,7 @@ impl BatchOp {
             BatchOp::Launch { kernel, dims, args } => {
                 stream.launch(kernel.backend_kernel(), kernel.desc(), dims, args)
             }
+            BatchOp::Op(op) => stream.run_op(op),
         }
     }
 }
@@ -283,7 +286,8 @@ pub trait StreamImpl: Send + Sync {
     /// Enqueues `ops` in order, with the semantics of enqueuing them one after another,
     /// as one submission where the backend can make one (one job, one command buffer):
     /// what a batch saves is the per-operation cost of submitting. Guaranteed: each
-    /// operation as for [`StreamImpl::builtin`] and [`StreamImpl::launch`]. On an error
+    /// operation as for [`StreamImpl::builtin`], [`StreamImpl::launch`] and
+    /// [`StreamImpl::run_op`]. On an error
     /// the operations before the failing one may have been enqueued. The default
     /// enqueues them one by one.
     fn batch(&self, ops: Vec<BatchOp>) -> Result<()> {

@@ -27,6 +27,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::kernel::RawKernelArg;
 use crate::memory::{RawAllocation, RawSlice};
+use crate::ops::RawTensor;
 
 /// Slot `index` of a kept batch, standing where an allocation stood. Never reaches a
 /// backend: binding replaces it.
@@ -150,6 +151,12 @@ fn map_op(
                 args: mapped,
             }
         }
+        BatchOp::Op(op) => BatchOp::Op(op.by_ref().try_map(|_, _, t| {
+            Ok::<_, Error>(RawTensor {
+                memory: map_slice(&t.memory, f)?,
+                layout: t.layout.clone(),
+            })
+        })?),
     })
 }
 

@@ -731,6 +731,14 @@ impl Batch<'_> {
         Ok(())
     }
 
+    /// Adds [`Stream::run_op`] (an operation with an empty tensor adds nothing).
+    pub fn run_op(&mut self, op: &crate::ops::Op<crate::ops::Tensor<'_>>) -> Result<()> {
+        if let Some(raw) = crate::ops::resolve::resolve(self.stream.device(), op)? {
+            self.add(BatchOp::Op(raw));
+        }
+        Ok(())
+    }
+
     /// Adds [`Stream::launch`].
     pub fn launch(
         &mut self,

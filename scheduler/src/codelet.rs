@@ -15,6 +15,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::op::OpSlot;
+use xpu_hal::ops::Op;
 use xpu_hal::{
     BinaryOp, DType, Device, Error, Kernel, KernelDesc, KernelParam, KernelSource, LaunchDims,
     Result, Scalar,
@@ -100,6 +102,10 @@ pub enum Implementation {
     /// A builtin operation of the HAL, which every device runs for the dtypes its
     /// capabilities list.
     Builtin(Builtin),
+    /// A standard operation of the HAL ([`xpu_hal::ops`]) with its tensors bound to the
+    /// task's handles, which devices run when their capabilities list it (see
+    /// [`crate::op`]).
+    Op(Op<OpSlot>),
 }
 
 impl fmt::Debug for Implementation {
@@ -109,6 +115,7 @@ impl fmt::Debug for Implementation {
                 write!(f, "Kernel({}, `{entry}`)", source.format())
             }
             Implementation::Builtin(b) => write!(f, "Builtin({b:?})"),
+            Implementation::Op(op) => write!(f, "Op({})", op.kind()),
         }
     }
 }
@@ -120,6 +127,10 @@ impl Implementation {
         match self {
             Implementation::Kernel { source, .. } => caps.supports_kernel_format(source.format()),
             Implementation::Builtin(b) => b.dtypes().iter().all(|d| caps.supports_dtype(*d)),
+            Implementation::Op(op) => {
+                let (kind, dtype) = Implementation::op_support(op);
+                caps.supports_op(kind, dtype)
+            }
         }
     }
 
@@ -128,6 +139,10 @@ impl Implementation {
         match self {
             Implementation::Kernel { source, .. } => source.format().to_string(),
             Implementation::Builtin(_) => "builtin".to_string(),
+            Implementation::Op(op) => {
+                let (kind, dtype) = Implementation::op_support(op);
+                format!("standard operation {kind} on {dtype}")
+            }
         }
     }
 }
@@ -262,6 +277,20 @@ impl Codelet {
         };
         made.push((op, codelet.clone()));
         codelet
+    }
+
+    /// The codelet running the standard operation `op` over its task's handles (see
+    /// [`crate::Task::op`]), named `name`.
+    pub(crate) fn from_op(name: String, op: Op<OpSlot>) -> Codelet {
+        Codelet {
+            inner: Arc::new(Inner {
+                id: NEXT_CODELET.fetch_add(1, Ordering::Relaxed),
+                name: Arc::from(name),
+                implementations: vec![Implementation::Op(op)],
+                dtypes: Vec::new(),
+                kernels: Mutex::new(HashMap::default()),
+            }),
+        }
     }
 
     /// A codelet with no implementation of its own, named `name`: the kind of a task the

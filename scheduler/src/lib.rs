@@ -56,6 +56,13 @@
 //! in flight: from one central queue (`eager`), or from its own deque, stealing from the
 //! most loaded other deque when it is empty (`ws`).
 //!
+//! ## Standard operations as tasks
+//!
+//! [`Task::op`] submits one of the HAL's standard operations (matmul, norms,
+//! activations, losses, optimizer updates, random numbers: [`xpu_hal::ops`]) over
+//! [`TensorRef`]s — views at offsets of handles — with the task's accesses derived from
+//! the operation's, on the devices whose capabilities list it ([`op`]).
+//!
 //! ## Collectives as tasks
 //!
 //! [`Scheduler::collective`] (and [`Scheduler::all_reduce`]) runs an all-reduce,
@@ -115,6 +122,7 @@
 pub mod codelet;
 mod data;
 pub mod deps;
+pub mod op;
 pub mod perfmodel;
 pub mod policy;
 pub mod profile;
@@ -126,6 +134,7 @@ mod task;
 pub use codelet::{Builtin, Codelet, CodeletBuilder, Implementation};
 pub use data::Handle;
 pub use deps::AccessMode;
+pub use op::{OpSlot, TensorRef};
 pub use policy::{Candidate, Policy};
 pub use profile::Profile;
 pub use runtime::{CollectiveTask, Graph, SchedStats, Scheduler, SchedulerOptions};

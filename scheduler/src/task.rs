@@ -107,6 +107,11 @@ impl Task {
         self
     }
 
+    /// The handles it touches, in order, with how it touches them.
+    pub fn accesses(&self) -> &[(Handle, AccessMode)] {
+        &self.accesses
+    }
+
     /// The name messages use.
     pub(crate) fn label(&self) -> Arc<str> {
         match &self.name {

@@ -96,13 +96,15 @@ fn run_kernel(kernel: &HostKernel, dims: LaunchDims, args: &[RawKernelArg]) -> R
         .map_err(|msg| Error::aborted(format!("host kernel `{}` failed: {msg}", kernel.name())))
 }
 
-/// Runs one operation of a batch (on the stream's worker, in order).
-fn run_op(op: &BatchOp) -> Result<()> {
+/// Runs one operation of a batch (on the stream's worker, in order), standard
+/// operations on the device's `threads`.
+fn run_op(op: &BatchOp, threads: &OpThreads) -> Result<()> {
     match op {
         BatchOp::Builtin(op) => ops::execute(op),
         BatchOp::Launch { kernel, dims, args } => {
             run_kernel(host_kernel(kernel.backend_kernel())?, *dims, args)
         }
+        BatchOp::Op(op) => std_ops::execute(op, threads),
     }
 }
 
@@ -168,7 +170,8 @@ impl StreamImpl for HostStream {
     fn batch(&self, ops: Vec<BatchOp>) -> Result<()> {
         // One job for all of them: each runs in turn, and the first failure ends the
         // job, as it would make the stream skip the jobs after it.
-        self.work(move || ops.iter().try_for_each(run_op))
+        let threads = self.threads.clone();
+        self.work(move || ops.iter().try_for_each(|op| run_op(op, &threads)))
     }
 
     fn batch_kept(
@@ -178,7 +181,11 @@ impl StreamImpl for HostStream {
     ) -> Result<()> {
         // Bound on the worker as it runs them: the submitting thread only queues the job.
         let kept = kept.clone();
-        self.work(move || kept.bound(&memory).try_for_each(|op| run_op(&op?)))
+        let threads = self.threads.clone();
+        self.work(move || {
+            kept.bound(&memory)
+                .try_for_each(|op| run_op(&op?, &threads))
+        })
     }
 
     fn record_event(&self) -> Result<Arc<dyn EventImpl>> {

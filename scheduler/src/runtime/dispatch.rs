@@ -577,6 +577,16 @@ fn enqueue<A: std::borrow::Borrow<Allocation>>(
             Builtin::Scale { alpha } => stream.scale(m(0), m(1), alpha),
             Builtin::Cast { from, to } => stream.cast(m(0), from, m(1), to),
         },
+        Some(Implementation::Op(op)) => {
+            let op = op.by_ref().try_map(|_, _, slot| {
+                Ok::<_, Error>(xpu_hal::ops::Tensor {
+                    allocation: m(slot.handle),
+                    offset: slot.offset,
+                    layout: slot.layout.clone(),
+                })
+            })?;
+            stream.run_op(&op)
+        }
         Some(Implementation::Kernel { dims, .. }) => {
             let kernel = task
                 .codelet

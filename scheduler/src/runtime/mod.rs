@@ -888,6 +888,15 @@ fn check_arguments(task: &Task, accesses: &[(Handle, AccessMode)], i: usize) -> 
                 )));
             }
         }
+        Some(Implementation::Op(op)) => {
+            if !task.scalars.is_empty() {
+                return Err(Error::invalid(format!(
+                    "{label}: a standard operation takes no scalars; the task gives {}",
+                    task.scalars.len()
+                )));
+            }
+            crate::op::check_slots(&label, op, accesses)?;
+        }
         Some(Implementation::Builtin(_)) | None => {}
     }
     Ok(())
