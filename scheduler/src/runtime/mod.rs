@@ -833,6 +833,20 @@ impl Scheduler {
         let arch = self.shared.archs.get(d)?;
         self.lock().models.predict(codelet.name(), arch, footprint)
     }
+
+    /// The predicted seconds of `task` on device `d` (its codelet's model at the task's
+    /// footprint: the bytes of its distinct handles), if the model is calibrated.
+    pub fn predict_task(&self, task: &Task, d: usize) -> Option<f64> {
+        let mut seen: SmallVec<[u64; 8]> = SmallVec::new();
+        let mut footprint = 0;
+        for (h, _) in &task.accesses {
+            if !seen.contains(&h.id) {
+                seen.push(h.id);
+                footprint += h.len;
+            }
+        }
+        self.predict(&task.codelet, d, footprint)
+    }
 }
 
 impl Drop for Shared {

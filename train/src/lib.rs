@@ -1,0 +1,27 @@
+//! # xpu-train: data-parallel training on any mix of devices
+//!
+//! The workload the runtime exists for: a model built from the HAL's standard
+//! operations ([`xpu_hal::ops`]), trained by the scheduler ([`xpu_scheduler`]) with one
+//! replica per device and the gradients all-reduced by `xpu-collectives`.
+//!
+//! - [`data`]: the synthetic task, generated from the seed and the example's position.
+//! - [`params`]: parameters in buckets, and their initial values from the seed.
+//! - `replica`: one device's handles and the layers as tasks pinned to it.
+//! - `mlp`: the MLP over modular addition.
+//! - [`split`]: micro-batches shared in proportion to the devices' learned speeds.
+//! - [`trainer`]: the step — micro-batches in rounds, each bucket's all-reduce
+//!   submitted as soon as the backward pass has finished it (so it overlaps the rest of
+//!   the backward pass), AdamW on every replica.
+//!
+//! Layers reach the devices only through the scheduler and the HAL contract: this crate
+//! depends on no backend.
+
+pub mod data;
+mod mlp;
+mod model;
+pub mod params;
+mod replica;
+pub mod split;
+pub mod trainer;
+
+pub use trainer::{StepReport, TrainConfig, Trainer};

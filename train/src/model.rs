@@ -1,0 +1,48 @@
+//! What a model gives the trainer: its parameters in buckets, its scratch buffers, and
+//! its forward and backward passes over one micro-batch as tasks on a replica.
+
+use xpu_hal::Result;
+use xpu_scheduler::{Handle, Scheduler};
+
+use crate::params::ParamLayout;
+use crate::replica::Replica;
+
+/// One micro-batch on a replica: its inputs and where its losses go.
+pub(crate) struct MicroBatch {
+    /// `i32` token indices, as the model's data lays them out.
+    pub(crate) tokens: Handle,
+    /// `i32` labels, one per row of the loss (−1: no loss on that row).
+    pub(crate) labels: Handle,
+    /// Element offset of its rows in the replica's loss handle.
+    pub(crate) loss_offset: u64,
+}
+
+/// A model the trainer can train data-parallel.
+pub(crate) trait Model: Send + Sync {
+    /// The parameters, bucket by bucket. The backward pass finishes the buckets'
+    /// gradients from the last bucket to the first.
+    fn layout(&self) -> &ParamLayout;
+
+    /// The elements of each scratch buffer a replica needs for one micro-batch.
+    fn scratch(&self) -> Vec<u64>;
+
+    /// Rows of the loss per micro-batch (examples, or tokens).
+    fn loss_rows(&self) -> u64;
+
+    /// The forward pass, ending with the per-row losses.
+    fn forward(&self, sched: &Scheduler, r: &Replica, mb: &MicroBatch) -> Result<()>;
+
+    /// The part of the backward pass that finishes the gradients of `bucket` (called for
+    /// the last bucket first, after [`Model::forward`]). Gradients accumulate.
+    fn backward(
+        &self,
+        sched: &Scheduler,
+        r: &Replica,
+        mb: &MicroBatch,
+        bucket: usize,
+    ) -> Result<()>;
+
+    /// The scratch buffer holding the logits `[loss_rows, classes]` after the forward
+    /// pass, and the number of classes.
+    fn logits(&self, r: &Replica) -> (Handle, u64);
+}

@@ -1,0 +1,169 @@
+//! One replica of the model on one device: its handles, and the layers a model is
+//! built from, submitted as standard-operation tasks pinned to that device.
+
+use xpu_hal::ops::{Layout, Op};
+use xpu_hal::{DType, Device, Result};
+use xpu_scheduler::{Handle, Scheduler, Task, TensorRef};
+
+use crate::params::Slot;
+
+/// The handles of one replica.
+pub(crate) struct Replica {
+    /// Its device.
+    pub(crate) device: Device,
+    /// Parameters, gradients and the AdamW moments, one handle per bucket each.
+    pub(crate) params: Vec<Handle>,
+    pub(crate) grads: Vec<Handle>,
+    pub(crate) m: Vec<Handle>,
+    pub(crate) v: Vec<Handle>,
+    /// The model's activations and their gradients, for one micro-batch at a time.
+    pub(crate) scratch: Vec<Handle>,
+    /// `[rows]` ones: a bias gradient is `onesᵀ·dy`.
+    pub(crate) ones: Handle,
+    /// `[rows]`: the gradient of each example's loss (1 / the global batch).
+    pub(crate) dloss: Handle,
+    /// Per-example losses of the replica's micro-batches this step.
+    pub(crate) loss: Handle,
+    /// When set, the tasks submitted are also kept here (to predict a micro-batch's
+    /// time on each device from the scheduler's models).
+    pub(crate) recording: std::sync::Mutex<Option<Vec<Task>>>,
+}
+
+/// A dense `f32` tensor of `dims` at element `offset` of `handle`.
+pub(crate) fn view(handle: Handle, offset: u64, dims: &[u64]) -> Result<TensorRef> {
+    Ok(TensorRef::strided(
+        handle,
+        offset * 4,
+        Layout::contiguous(DType::F32, dims)?,
+    ))
+}
+
+/// A dense tensor of `dtype` at the start of `handle`.
+pub(crate) fn whole(handle: Handle, dtype: DType, dims: &[u64]) -> Result<TensorRef> {
+    TensorRef::new(handle, dtype, dims)
+}
+
+impl Replica {
+    /// Submits `op` on this replica's device, under the codelet name `name`.
+    pub(crate) fn run(&self, sched: &Scheduler, name: &str, op: Op<TensorRef>) -> Result<()> {
+        let task = Task::op(name, op)?.on(&self.device);
+        if let Some(kept) = self
+            .recording
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            kept.push(task.clone());
+        }
+        sched.submit(task)?;
+        Ok(())
+    }
+
+    /// Parameter `slot`.
+    pub(crate) fn param(&self, slot: &Slot) -> Result<TensorRef> {
+        slot.of(&self.params)
+    }
+
+    /// The gradient of parameter `slot`.
+    pub(crate) fn grad(&self, slot: &Slot) -> Result<TensorRef> {
+        slot.of(&self.grads)
+    }
+
+    /// `y = x·w + b` for `x` `[rows, in]`, `w` `[in, out]`, `b` `[out]`.
+    pub(crate) fn linear(
+        &self,
+        sched: &Scheduler,
+        name: &str,
+        x: TensorRef,
+        w: &Slot,
+        b: &Slot,
+        y: TensorRef,
+    ) -> Result<()> {
+        self.run(
+            sched,
+            &format!("{name}.matmul"),
+            Op::Matmul {
+                a: x,
+                b: self.param(w)?,
+                c: y.clone(),
+                trans_a: false,
+                trans_b: false,
+                alpha: 1.0,
+                beta: 0.0,
+            },
+        )?;
+        self.run(
+            sched,
+            &format!("{name}.bias"),
+            Op::BiasAdd {
+                x: y.clone(),
+                bias: self.param(b)?,
+                y,
+            },
+        )
+    }
+
+    /// The backward pass of [`Replica::linear`]: `dw += xᵀ·dy`, `db += Σ dy`, and
+    /// `dx = dy·wᵀ` when `dx` is given.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn linear_backward(
+        &self,
+        sched: &Scheduler,
+        name: &str,
+        x: TensorRef,
+        w: &Slot,
+        b: &Slot,
+        dy: TensorRef,
+        dx: Option<TensorRef>,
+    ) -> Result<()> {
+        let rows = dy.layout.dims()[0];
+        self.run(
+            sched,
+            &format!("{name}.dw"),
+            Op::Matmul {
+                a: x,
+                b: dy.clone(),
+                c: self.grad(w)?,
+                trans_a: true,
+                trans_b: false,
+                alpha: 1.0,
+                beta: 1.0,
+            },
+        )?;
+        let db = self.grad(b)?;
+        let out = db.layout.dims()[0];
+        self.run(
+            sched,
+            &format!("{name}.db"),
+            Op::Matmul {
+                a: whole(self.ones, DType::F32, &[1, rows])?,
+                b: dy.clone(),
+                c: TensorRef::strided(
+                    db.handle,
+                    db.offset,
+                    Layout::contiguous(DType::F32, &[1, out])?,
+                ),
+                trans_a: false,
+                trans_b: false,
+                alpha: 1.0,
+                beta: 1.0,
+            },
+        )?;
+        if let Some(dx) = dx {
+            self.run(
+                sched,
+                &format!("{name}.dx"),
+                Op::Matmul {
+                    a: dy,
+                    b: self.param(w)?,
+                    c: dx,
+                    trans_a: false,
+                    trans_b: true,
+                    alpha: 1.0,
+                    beta: 0.0,
+                },
+            )?;
+        }
+        Ok(())
+    }
+}

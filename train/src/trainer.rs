@@ -1,0 +1,464 @@
+//! The training loop: replicas, micro-batches, the overlapped all-reduce and AdamW.
+//!
+//! A step's global batch is cut into fixed micro-batches. Each replica computes a
+//! contiguous range of them (in rank order, sized in proportion to the device's
+//! speed), accumulating their gradients in micro-batch order into its gradient
+//! buckets; the micro-batches run in rounds aligned at the end, so that every replica's
+//! last micro-batch is in the last round. In that round the backward pass goes bucket
+//! by bucket across the replicas and each bucket's all-reduce is submitted as soon as
+//! every replica has submitted the work that finishes it: the scheduler runs it while
+//! the replicas compute the buckets before it. Then every replica applies AdamW to
+//! each bucket with the summed gradients.
+//!
+//! Every example's loss gradient is `1 / global batch`, so the summed gradient is the
+//! mean over the global batch whatever the split. The reported loss is the mean of the
+//! per-example losses, summed on the host in example order.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use xpu_collectives::{CommOptions, Communicator, ReduceOp};
+use xpu_hal::ops::Op;
+use xpu_hal::{DType, Device, Error, HostBuffer, Result, Scalar};
+use xpu_scheduler::{Builtin, Codelet, Scheduler, SchedulerOptions, Task};
+
+use crate::data::ModularAddition;
+use crate::mlp::{Mlp, MlpShape};
+use crate::model::{MicroBatch, Model};
+use crate::replica::{view, Replica};
+use crate::split;
+
+/// What to train and how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainConfig {
+    /// The seed of the data and of the initial parameters.
+    pub seed: u64,
+    /// Examples per step (a multiple of `micro_batch`).
+    pub global_batch: u64,
+    /// Examples per micro-batch.
+    pub micro_batch: u64,
+    /// AdamW learning rate.
+    pub lr: f32,
+    /// AdamW decoupled weight decay.
+    pub weight_decay: f32,
+    /// The modulus of the modular-addition task (classes).
+    pub modulus: u32,
+    /// Embedding width.
+    pub embed: u64,
+    /// Hidden width.
+    pub hidden: u64,
+    /// Steps between re-splitting the batch from the learned speeds (0: never).
+    pub rebalance_every: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            seed: 1,
+            global_batch: 256,
+            micro_batch: 32,
+            lr: 3e-3,
+            weight_decay: 0.01,
+            modulus: 23,
+            embed: 32,
+            hidden: 128,
+            rebalance_every: 10,
+        }
+    }
+}
+
+impl TrainConfig {
+    fn check(&self) -> Result<()> {
+        if self.micro_batch == 0 || self.global_batch == 0 {
+            return Err(Error::invalid(
+                "the global batch and the micro-batch must be at least 1 example",
+            ));
+        }
+        if !self.global_batch.is_multiple_of(self.micro_batch) {
+            return Err(Error::invalid(format!(
+                "the global batch ({}) is not a multiple of the micro-batch ({}); choose sizes that divide",
+                self.global_batch, self.micro_batch
+            )));
+        }
+        if self.global_batch > 1 << 20 || self.micro_batch > 1 << 16 {
+            return Err(Error::invalid(format!(
+                "a global batch of {} and micro-batches of {} examples are more than this trainer takes (2^20 and 2^16)",
+                self.global_batch, self.micro_batch
+            )));
+        }
+        if !(2..=1 << 16).contains(&self.modulus) {
+            return Err(Error::invalid(format!(
+                "the modulus is {}; give 2 to 65536",
+                self.modulus
+            )));
+        }
+        if !(1..=1 << 14).contains(&self.embed) || !(1..=1 << 14).contains(&self.hidden) {
+            return Err(Error::invalid(format!(
+                "widths of {} (embedding) and {} (hidden) are outside 1 to 16384",
+                self.embed, self.hidden
+            )));
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0)
+            || !(self.weight_decay.is_finite() && self.weight_decay >= 0.0)
+        {
+            return Err(Error::invalid(format!(
+                "learning rate {} and weight decay {} must be finite, the rate above 0 and the decay at least 0",
+                self.lr, self.weight_decay
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What one step did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepReport {
+    /// The step number, from 1.
+    pub step: u64,
+    /// The mean loss over the global batch.
+    pub loss: f64,
+    /// Micro-batches each replica computed.
+    pub shares: Vec<u64>,
+    /// Wall-clock seconds of the step.
+    pub seconds: f64,
+}
+
+/// Data-parallel training of one model over a set of devices.
+pub struct Trainer {
+    config: TrainConfig,
+    sched: Scheduler,
+    comm: Option<Communicator>,
+    model: Box<dyn Model>,
+    data: ModularAddition,
+    replicas: Vec<Replica>,
+    shares: Vec<u64>,
+    /// The tasks of one micro-batch (forward and backward), for predicted times.
+    micro_batch_tasks: Vec<Task>,
+    step: u64,
+}
+
+impl Trainer {
+    /// A trainer of the MLP on `devices` (one replica each, in order), its parameters
+    /// initialised from the seed.
+    pub fn new(devices: &[Device], config: TrainConfig) -> Result<Trainer> {
+        config.check()?;
+        if devices.is_empty() {
+            return Err(Error::invalid("no device to train on; select at least one"));
+        }
+        let model: Box<dyn Model> = Box::new(Mlp::new(MlpShape {
+            classes: u64::from(config.modulus),
+            embed: config.embed,
+            hidden: config.hidden,
+            micro_batch: config.micro_batch,
+        })?);
+        let sched = Scheduler::new(devices, SchedulerOptions::from_env()?)?;
+        let comm = if devices.len() > 1 {
+            Some(Communicator::new(
+                devices.to_vec(),
+                CommOptions::from_env()?,
+            )?)
+        } else {
+            None
+        };
+        let layout = model.layout().clone();
+        let initial = layout.initial_values(config.seed);
+        let micro_batches = config.global_batch / config.micro_batch;
+        let rows = model.loss_rows();
+        let mut replicas = Vec::with_capacity(devices.len());
+        for device in devices {
+            let mut params = Vec::new();
+            let (mut grads, mut m, mut v) = (Vec::new(), Vec::new(), Vec::new());
+            for values in &initial {
+                params.push(sched.register(HostBuffer::from_bytes(bytemuck::cast_slice(values))?)?);
+                let zeros = vec![0u8; values.len() * 4];
+                grads.push(sched.create(zeros.len() as u64)?);
+                m.push(sched.register(HostBuffer::from_bytes(&zeros)?)?);
+                v.push(sched.register(HostBuffer::from_bytes(&zeros)?)?);
+            }
+            let scratch = model
+                .scratch()
+                .into_iter()
+                .map(|e| sched.create(e * 4))
+                .collect::<Result<Vec<_>>>()?;
+            let ones = sched.register(HostBuffer::from_bytes(bytemuck::cast_slice(
+                &vec![1.0f32; rows as usize],
+            ))?)?;
+            let dloss = sched.register(HostBuffer::from_bytes(bytemuck::cast_slice(
+                &vec![1.0f32 / (config.global_batch as f32); rows as usize],
+            ))?)?;
+            let loss = sched.create(micro_batches * rows * 4)?;
+            replicas.push(Replica {
+                device: device.clone(),
+                params,
+                grads,
+                m,
+                v,
+                scratch,
+                ones,
+                dloss,
+                loss,
+                recording: Mutex::new(None),
+            });
+        }
+        let shares = split::proportional(micro_batches, &vec![None; devices.len()]);
+        Ok(Trainer {
+            data: ModularAddition {
+                modulus: config.modulus,
+                seed: config.seed,
+            },
+            config,
+            sched,
+            comm,
+            model,
+            replicas,
+            shares,
+            micro_batch_tasks: Vec::new(),
+            step: 0,
+        })
+    }
+
+    /// Steps done so far.
+    pub fn steps_done(&self) -> u64 {
+        self.step
+    }
+
+    /// The parameter count.
+    pub fn parameters(&self) -> u64 {
+        self.model.layout().total()
+    }
+
+    /// Micro-batches each replica computes in the next step.
+    pub fn shares(&self) -> &[u64] {
+        &self.shares
+    }
+
+    /// Fixes the micro-batches each replica computes (in rank order; they must add up
+    /// to the step's micro-batches). Rebalancing may change them again.
+    pub fn set_shares(&mut self, shares: &[u64]) -> Result<()> {
+        let total = self.config.global_batch / self.config.micro_batch;
+        if shares.len() != self.replicas.len() || shares.iter().sum::<u64>() != total {
+            return Err(Error::invalid(format!(
+                "shares {shares:?}: give one per replica ({}) adding up to the {total} micro-batches of a step",
+                self.replicas.len()
+            )));
+        }
+        self.shares = shares.to_vec();
+        Ok(())
+    }
+
+    /// The scheduler the trainer runs on.
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+
+    /// Replica `rank`'s parameters, bucket by bucket.
+    pub fn read_parameters(&self, rank: usize) -> Result<Vec<Vec<f32>>> {
+        let r = self
+            .replicas
+            .get(rank)
+            .ok_or_else(|| Error::invalid(format!("there is no replica {rank}")))?;
+        r.params
+            .iter()
+            .map(|h| Ok(bytemuck::pod_collect_to_vec(&self.sched.read(*h)?)))
+            .collect()
+    }
+
+    /// One training step over the next global batch.
+    pub fn step(&mut self) -> Result<StepReport> {
+        let start = Instant::now();
+        let n = self.config.micro_batch;
+        let shares = self.shares.clone();
+        let ranges = split::ranges(&shares);
+        let first_example = self.step * self.config.global_batch;
+        // Zero the gradients.
+        let zero = Codelet::from_builtin(Builtin::Fill {
+            value: Scalar::F32(0.0),
+        });
+        for r in &self.replicas {
+            for g in &r.grads {
+                self.sched
+                    .submit(Task::new(&zero).write(*g).on(&r.device))?;
+            }
+        }
+        // Every micro-batch's inputs.
+        let mut inputs = Vec::new();
+        let mut batches: Vec<Vec<MicroBatch>> = Vec::new();
+        for (r, range) in self.replicas.iter().zip(&ranges) {
+            let mut mine = Vec::new();
+            for (k, j) in range.clone().enumerate() {
+                let ex = self.data.examples(first_example + j * n, n as usize);
+                let tokens = self
+                    .sched
+                    .register(HostBuffer::from_bytes(bytemuck::cast_slice(&ex.tokens))?)?;
+                let labels = self
+                    .sched
+                    .register(HostBuffer::from_bytes(bytemuck::cast_slice(&ex.labels))?)?;
+                inputs.extend([tokens, labels]);
+                mine.push(MicroBatch {
+                    tokens,
+                    labels,
+                    loss_offset: k as u64 * self.model.loss_rows(),
+                });
+            }
+            let _ = r;
+            batches.push(mine);
+        }
+        let rounds = shares.iter().copied().max().unwrap_or(0);
+        let buckets = self.model.layout().specs.len();
+        let record = self.micro_batch_tasks.is_empty();
+        for round in 0..rounds {
+            let last = round + 1 == rounds;
+            for (r, mine) in self.replicas.iter().zip(&batches) {
+                let share = mine.len() as u64;
+                if round < rounds - share {
+                    continue;
+                }
+                let mb = &mine[(round - (rounds - share)) as usize];
+                if record && self.micro_batch_tasks.is_empty() && !last {
+                    *r.recording.lock().unwrap_or_else(|p| p.into_inner()) = Some(Vec::new());
+                }
+                self.model.forward(&self.sched, r, mb)?;
+                if !last {
+                    for bucket in (0..buckets).rev() {
+                        self.model.backward(&self.sched, r, mb, bucket)?;
+                    }
+                    if let Some(kept) = r.recording.lock().unwrap_or_else(|p| p.into_inner()).take()
+                    {
+                        self.micro_batch_tasks = kept;
+                    }
+                }
+            }
+            if last {
+                for bucket in (0..buckets).rev() {
+                    for (r, mine) in self.replicas.iter().zip(&batches) {
+                        if let Some(mb) = mine.last() {
+                            self.model.backward(&self.sched, r, mb, bucket)?;
+                        }
+                    }
+                    if let Some(comm) = &self.comm {
+                        let grads: Vec<_> = self.replicas.iter().map(|r| r.grads[bucket]).collect();
+                        self.sched
+                            .all_reduce(comm, &grads, DType::F32, ReduceOp::Sum)?;
+                    }
+                }
+            }
+        }
+        // The update, on every replica.
+        let step = self.step + 1;
+        for r in &self.replicas {
+            for (b, &elements) in self.model.layout().bucket_elements.iter().enumerate() {
+                r.run(
+                    &self.sched,
+                    "adamw",
+                    Op::AdamW {
+                        param: view(r.params[b], 0, &[elements])?,
+                        grad: view(r.grads[b], 0, &[elements])?,
+                        m: view(r.m[b], 0, &[elements])?,
+                        v: view(r.v[b], 0, &[elements])?,
+                        lr: self.config.lr,
+                        beta1: 0.9,
+                        beta2: 0.999,
+                        eps: 1e-8,
+                        weight_decay: self.config.weight_decay,
+                        step: u32::try_from(step).map_err(|_| {
+                            Error::invalid("more than 2^32 steps: AdamW's step count is 32-bit")
+                        })?,
+                    },
+                )?;
+            }
+        }
+        // The losses, in example order.
+        let rows = self.model.loss_rows();
+        let mut sum = 0.0f64;
+        for (r, &share) in self.replicas.iter().zip(&shares) {
+            if share == 0 {
+                continue;
+            }
+            let bytes = self.sched.read(r.loss)?;
+            let losses: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+            for l in &losses[..(share * rows) as usize] {
+                sum += f64::from(*l);
+            }
+        }
+        self.sched.wait_all()?;
+        for h in inputs {
+            self.sched.unregister(h)?;
+        }
+        self.step = step;
+        if self.config.rebalance_every > 0 && step.is_multiple_of(self.config.rebalance_every) {
+            self.rebalance();
+        }
+        Ok(StepReport {
+            step,
+            loss: sum / self.config.global_batch as f64,
+            shares,
+            seconds: start.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Re-splits the micro-batches in proportion to each device's predicted speed on
+    /// one micro-batch (the scheduler's learned models); unchanged while any device's
+    /// prediction is not calibrated yet.
+    fn rebalance(&mut self) {
+        if self.micro_batch_tasks.is_empty() || self.replicas.len() < 2 {
+            return;
+        }
+        let weights: Vec<Option<f64>> = (0..self.replicas.len())
+            .map(|d| {
+                let mut total = 0.0;
+                for t in &self.micro_batch_tasks {
+                    total += self.sched.predict_task(t, d)?;
+                }
+                (total > 0.0).then(|| 1.0 / total)
+            })
+            .collect();
+        if weights.iter().all(Option::is_some) {
+            self.shares =
+                split::proportional(self.config.global_batch / self.config.micro_batch, &weights);
+        }
+    }
+
+    /// The share of `examples` held-out examples (drawn after every training example a
+    /// run of 2⁴⁰ examples could use) that replica 0 classifies correctly.
+    pub fn accuracy(&mut self, examples: u64) -> Result<f64> {
+        let n = self.config.micro_batch;
+        let r = &self.replicas[0];
+        let (logits, classes) = self.model.logits(r);
+        let mut right = 0u64;
+        let mut seen = 0u64;
+        let mut k = 0;
+        while seen < examples {
+            let ex = self.data.examples((1 << 40) + k * n, n as usize);
+            k += 1;
+            let tokens = self
+                .sched
+                .register(HostBuffer::from_bytes(bytemuck::cast_slice(&ex.tokens))?)?;
+            let labels = self
+                .sched
+                .register(HostBuffer::from_bytes(bytemuck::cast_slice(&ex.labels))?)?;
+            let mb = MicroBatch {
+                tokens,
+                labels,
+                loss_offset: 0,
+            };
+            self.model.forward(&self.sched, r, &mb)?;
+            let values: Vec<f32> = bytemuck::pod_collect_to_vec(&self.sched.read(logits)?);
+            for (row, label) in ex.labels.iter().enumerate() {
+                if seen == examples {
+                    break;
+                }
+                let row = &values[row * classes as usize..(row + 1) * classes as usize];
+                let best = row
+                    .iter()
+                    .enumerate()
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .map_or(0, |(i, _)| i);
+                right += u64::from(best as i32 == *label);
+                seen += 1;
+            }
+            self.sched.unregister(tokens)?;
+            self.sched.unregister(labels)?;
+        }
+        Ok(right as f64 / examples.max(1) as f64)
+    }
+}

@@ -1,0 +1,106 @@
+//! Training on real host devices: the loss falls, replicas stay identical, and the
+//! split of the batch does not change the trajectory beyond rounding.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+
+use xpu_hal::{Device, DeviceSelector, Registry};
+use xpu_host::{HostBackend, HostConfig};
+use xpu_train::{TrainConfig, Trainer};
+
+fn host(sel: &str) -> Vec<Device> {
+    let mut r = Registry::new();
+    r.register(Arc::new(HostBackend::new(HostConfig {
+        devices: 2,
+        capacity: 256 << 20,
+    })))
+    .unwrap();
+    r.devices(&DeviceSelector::parse(sel).unwrap()).unwrap()
+}
+
+#[test]
+fn the_mlp_learns_modular_addition() {
+    let mut t = Trainer::new(&host("host:0"), TrainConfig::default()).unwrap();
+    let mut losses = Vec::new();
+    for _ in 0..150 {
+        losses.push(t.step().unwrap().loss);
+    }
+    eprintln!("{losses:?}");
+    let acc = t.accuracy(512).unwrap();
+    eprintln!("accuracy {acc}");
+    assert!(losses[0] > 2.5, "{losses:?}");
+    assert!(*losses.last().unwrap() < 0.5, "{losses:?}");
+    assert!(acc > 0.9, "{acc}");
+}
+
+fn run(devices: &str, shares: Option<&[u64]>, steps: usize) -> (Vec<f64>, Trainer) {
+    let config = TrainConfig {
+        rebalance_every: 0,
+        ..TrainConfig::default()
+    };
+    let mut t = Trainer::new(&host(devices), config).unwrap();
+    if let Some(s) = shares {
+        t.set_shares(s).unwrap();
+    }
+    let losses = (0..steps).map(|_| t.step().unwrap().loss).collect();
+    (losses, t)
+}
+
+#[test]
+fn data_parallel_replicas_stay_identical_and_follow_one_device() {
+    let (one, _) = run("host:0", None, 20);
+    for shares in [[4u64, 4], [5, 3], [8, 0]] {
+        let (two, t) = run("host:0,1", Some(&shares), 20);
+        assert_eq!(
+            t.read_parameters(0).unwrap(),
+            t.read_parameters(1).unwrap(),
+            "{shares:?}"
+        );
+        for (a, b) in one.iter().zip(&two) {
+            assert!(
+                (a - b).abs() <= 1e-4 * a.abs(),
+                "{shares:?}: {one:?} vs {two:?}"
+            );
+        }
+    }
+    // The same devices and split: the same bits.
+    let (a, _) = run("host:0,1", Some(&[5, 3]), 10);
+    let (b, _) = run("host:0,1", Some(&[5, 3]), 10);
+    assert_eq!(a, b);
+}
+
+#[test]
+fn bad_configurations_are_refused_with_the_reason() {
+    let devs = host("host:0");
+    let bad = |c: TrainConfig| Trainer::new(&devs, c).err().unwrap().to_string();
+    let d = TrainConfig::default;
+    assert!(bad(TrainConfig {
+        global_batch: 100,
+        ..d()
+    })
+    .contains("not a multiple"));
+    assert!(bad(TrainConfig {
+        micro_batch: 0,
+        ..d()
+    })
+    .contains("at least 1"));
+    assert!(bad(TrainConfig { modulus: 1, ..d() }).contains("modulus"));
+    assert!(bad(TrainConfig {
+        lr: f32::NAN,
+        ..d()
+    })
+    .contains("learning rate"));
+    assert!(bad(TrainConfig { hidden: 0, ..d() }).contains("widths"));
+    assert!(Trainer::new(&[], d())
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("no device"));
+    let mut t = Trainer::new(&devs, d()).unwrap();
+    assert!(t
+        .set_shares(&[3])
+        .unwrap_err()
+        .to_string()
+        .contains("adding up"));
+}
