@@ -47,6 +47,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Train a model data-parallel over the devices: one replica per device, the batch
+    /// shared in proportion to their speed, gradients all-reduced as the backward pass
+    /// finishes them.
+    Train(cli::train::TrainArgs),
     /// List devices and backends.
     Devices {
         /// Devices to list, e.g. `host:0,1;vulkan:*` (default: XPU_DEVICES, else every
@@ -423,6 +427,7 @@ fn run(cli: Cli) -> Result<bool> {
             let devices = registry.devices(&selector(devices, "*")?)?;
             cli::compare::run(&reference, &devices, &options)
         }
+        Some(Command::Train(args)) => cli::train::run(&registry, &args),
         Some(Command::Sched(command)) => cli::sched::run(&command),
         Some(Command::Bench(BenchCommand::Scheduler(args))) => {
             let devices = registry.devices(&selector(args.devices.clone(), "host:*")?)?;

@@ -201,7 +201,7 @@ pub enum BatchOp {
         args: Vec<RawKernelArg>,
     },
     /// A standard operation (as [`StreamImpl::run_op`] receives it).
-    Op(crate::ops::Op<crate::ops::RawTensor>),
+    Op(Box<crate::ops::Op<crate::ops::RawTensor>>),
 }
 
 impl BatchOp {
@@ -212,7 +212,7 @@ impl BatchOp {
             BatchOp::Launch { kernel, dims, args } => {
                 stream.launch(kernel.backend_kernel(), kernel.desc(), dims, args)
             }
-            BatchOp::Op(op) => stream.run_op(op),
+            BatchOp::Op(op) => stream.run_op(*op),
         }
     }
 }

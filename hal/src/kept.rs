@@ -151,12 +151,12 @@ fn map_op(
                 args: mapped,
             }
         }
-        BatchOp::Op(op) => BatchOp::Op(op.by_ref().try_map(|_, _, t| {
+        BatchOp::Op(op) => BatchOp::Op(Box::new(op.by_ref().try_map(|_, _, t| {
             Ok::<_, Error>(RawTensor {
                 memory: map_slice(&t.memory, f)?,
-                layout: t.layout.clone(),
+                layout: t.layout,
             })
-        })?),
+        })?)),
     })
 }
 

@@ -734,7 +734,7 @@ impl Batch<'_> {
     /// Adds [`Stream::run_op`] (an operation with an empty tensor adds nothing).
     pub fn run_op(&mut self, op: &crate::ops::Op<crate::ops::Tensor<'_>>) -> Result<()> {
         if let Some(raw) = crate::ops::resolve::resolve(self.stream.device(), op)? {
-            self.add(BatchOp::Op(raw));
+            self.add(BatchOp::Op(Box::new(raw)));
         }
         Ok(())
     }

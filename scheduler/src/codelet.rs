@@ -105,7 +105,7 @@ pub enum Implementation {
     /// A standard operation of the HAL ([`xpu_hal::ops`]) with its tensors bound to the
     /// task's handles, which devices run when their capabilities list it (see
     /// [`crate::op`]).
-    Op(Op<OpSlot>),
+    Op(Box<Op<OpSlot>>),
 }
 
 impl fmt::Debug for Implementation {
@@ -286,7 +286,7 @@ impl Codelet {
             inner: Arc::new(Inner {
                 id: NEXT_CODELET.fetch_add(1, Ordering::Relaxed),
                 name: Arc::from(name),
-                implementations: vec![Implementation::Op(op)],
+                implementations: vec![Implementation::Op(Box::new(op))],
                 dtypes: Vec::new(),
                 kernels: Mutex::new(HashMap::default()),
             }),

@@ -131,7 +131,7 @@ impl Task {
             Ok(OpSlot {
                 handle: at,
                 offset: t.offset,
-                layout: t.layout.clone(),
+                layout: t.layout,
             })
         })?;
         let mut modes: Vec<Option<AccessMode>> = vec![None; handles.len()];

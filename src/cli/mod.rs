@@ -10,6 +10,7 @@ pub mod memory;
 pub mod sched;
 pub mod sched_bench;
 pub mod topo;
+pub mod train;
 
 /// `1536` → `1.5 KiB`, with binary units.
 pub fn format_bytes(bytes: u64) -> String {

@@ -9,6 +9,7 @@ mod ops;
 mod placement;
 mod sched;
 mod sched_bench;
+mod train;
 
 fn xpu(args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_xpu"));

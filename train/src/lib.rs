@@ -24,4 +24,4 @@ mod replica;
 pub mod split;
 pub mod trainer;
 
-pub use trainer::{StepReport, TrainConfig, Trainer};
+pub use trainer::{unsupported_op, StepReport, TrainConfig, Trainer};

@@ -4,7 +4,7 @@
 //! `h1 = gelu(x·W1 + b1)`, `h2 = gelu(h1·W2 + b2)`, `logits = h2·W3 + b3`, and a softmax
 //! cross-entropy per example. Buckets: `[E, W1, b1]`, `[W2, b2]`, `[W3, b3]`.
 
-use xpu_hal::ops::Op;
+use xpu_hal::ops::{Op, OpKind};
 use xpu_hal::{DType, Result};
 use xpu_scheduler::{Handle, Scheduler};
 
@@ -92,6 +92,20 @@ impl Mlp {
 impl Model for Mlp {
     fn layout(&self) -> &ParamLayout {
         &self.layout
+    }
+
+    fn ops(&self) -> &'static [OpKind] {
+        &[
+            OpKind::Gather,
+            OpKind::Matmul,
+            OpKind::BiasAdd,
+            OpKind::Gelu,
+            OpKind::CrossEntropy,
+            OpKind::CrossEntropyBackward,
+            OpKind::GeluBackward,
+            OpKind::ScatterAdd,
+            OpKind::AdamW,
+        ]
     }
 
     fn scratch(&self) -> Vec<u64> {

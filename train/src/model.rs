@@ -23,6 +23,9 @@ pub(crate) trait Model: Send + Sync {
     /// gradients from the last bucket to the first.
     fn layout(&self) -> &ParamLayout;
 
+    /// The standard operations it runs (all on `f32`).
+    fn ops(&self) -> &'static [xpu_hal::ops::OpKind];
+
     /// The elements of each scratch buffer a replica needs for one micro-batch.
     fn scratch(&self) -> Vec<u64>;
 

@@ -98,9 +98,9 @@ impl TrainConfig {
                 self.embed, self.hidden
             )));
         }
-        if !(self.lr.is_finite() && self.lr > 0.0)
-            || !(self.weight_decay.is_finite() && self.weight_decay >= 0.0)
-        {
+        let rate_ok = self.lr.is_finite() && self.lr > 0.0;
+        let decay_ok = self.weight_decay.is_finite() && self.weight_decay >= 0.0;
+        if !(rate_ok && decay_ok) {
             return Err(Error::invalid(format!(
                 "learning rate {} and weight decay {} must be finite, the rate above 0 and the decay at least 0",
                 self.lr, self.weight_decay
@@ -108,6 +108,35 @@ impl TrainConfig {
         }
         Ok(())
     }
+}
+
+/// The first standard operation the model needs that `device` does not provide.
+fn missing_op(model: &dyn Model, device: &Device) -> Option<xpu_hal::ops::OpKind> {
+    let caps = device.capabilities();
+    model
+        .ops()
+        .iter()
+        .copied()
+        .find(|k| !caps.supports_op(*k, DType::F32))
+}
+
+/// The first standard operation the MLP of `config` needs that `device` does not
+/// provide, if any (to leave such devices out of a default selection).
+pub fn unsupported_op(
+    config: &TrainConfig,
+    device: &Device,
+) -> Result<Option<xpu_hal::ops::OpKind>> {
+    let model = mlp_of(config)?;
+    Ok(missing_op(&model, device))
+}
+
+fn mlp_of(config: &TrainConfig) -> Result<Mlp> {
+    Mlp::new(MlpShape {
+        classes: u64::from(config.modulus),
+        embed: config.embed,
+        hidden: config.hidden,
+        micro_batch: config.micro_batch,
+    })
 }
 
 /// What one step did.
@@ -145,12 +174,15 @@ impl Trainer {
         if devices.is_empty() {
             return Err(Error::invalid("no device to train on; select at least one"));
         }
-        let model: Box<dyn Model> = Box::new(Mlp::new(MlpShape {
-            classes: u64::from(config.modulus),
-            embed: config.embed,
-            hidden: config.hidden,
-            micro_batch: config.micro_batch,
-        })?);
+        let model: Box<dyn Model> = Box::new(mlp_of(&config)?);
+        for d in devices {
+            if let Some(op) = missing_op(model.as_ref(), d) {
+                return Err(Error::unsupported(format!(
+                    "{} does not provide the standard operation {op} on f32, which the model needs; choose other devices (`xpu devices` lists what each provides)",
+                    d.id()
+                )));
+            }
+        }
         let sched = Scheduler::new(devices, SchedulerOptions::from_env()?)?;
         let comm = if devices.len() > 1 {
             Some(Communicator::new(

@@ -582,7 +582,7 @@ fn enqueue<A: std::borrow::Borrow<Allocation>>(
                 Ok::<_, Error>(xpu_hal::ops::Tensor {
                     allocation: m(slot.handle),
                     offset: slot.offset,
-                    layout: slot.layout.clone(),
+                    layout: slot.layout,
                 })
             })?;
             stream.run_op(&op)

@@ -1,0 +1,186 @@
+//! `xpu train`: data-parallel training of a model over the selected devices, with a
+//! line (or a JSON object) per logged step and a summary.
+
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use serde_json::json;
+use xpu::{Device, Registry, Result};
+use xpu_train::{unsupported_op, TrainConfig, Trainer};
+
+/// The models `xpu train` trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModelKind {
+    /// An MLP over two embedded operands learning `(a + b) mod p`.
+    Mlp,
+}
+
+/// The options of `xpu train`.
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// The model.
+    #[arg(long, value_enum, default_value = "mlp")]
+    pub model: ModelKind,
+    /// Devices to train on, one replica each (default: XPU_DEVICES, else every device
+    /// that provides the model's operations).
+    #[arg(long)]
+    pub devices: Option<String>,
+    /// Training steps.
+    #[arg(long, default_value_t = 200)]
+    pub steps: u64,
+    /// Examples per step.
+    #[arg(long, default_value_t = 256)]
+    pub batch: u64,
+    /// Examples per micro-batch (the unit the batch is shared in).
+    #[arg(long, default_value_t = 32)]
+    pub micro_batch: u64,
+    /// AdamW learning rate.
+    #[arg(long, default_value_t = 3e-3)]
+    pub lr: f32,
+    /// The seed of the data and the initial parameters.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The modulus of the task (the classes).
+    #[arg(long, default_value_t = 23)]
+    pub modulus: u32,
+    /// Hidden width.
+    #[arg(long, default_value_t = 128)]
+    pub hidden: u64,
+    /// Steps between logged lines.
+    #[arg(long, default_value_t = 10)]
+    pub log_every: u64,
+    /// Held-out examples the final accuracy is measured on.
+    #[arg(long, default_value_t = 1024)]
+    pub eval_examples: u64,
+    /// Print one JSON object per logged step and a summary object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `xpu train`.
+pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
+    let config = TrainConfig {
+        seed: args.seed,
+        global_batch: args.batch,
+        micro_batch: args.micro_batch,
+        lr: args.lr,
+        modulus: args.modulus,
+        hidden: args.hidden,
+        ..TrainConfig::default()
+    };
+    if args.steps == 0 || args.steps > 10_000_000 {
+        return Err(xpu::Error::invalid(format!(
+            "--steps {}: give 1 to 10000000",
+            args.steps
+        )));
+    }
+    if args.log_every == 0 || args.eval_examples > 1 << 24 {
+        return Err(xpu::Error::invalid(
+            "--log-every must be at least 1 and --eval-examples at most 16777216",
+        ));
+    }
+    let devices = select(registry, args, &config)?;
+    let start = Instant::now();
+    let mut trainer = Trainer::new(&devices, config.clone())?;
+    let names: Vec<String> = devices.iter().map(|d| d.id().to_string()).collect();
+    if !args.json {
+        println!(
+            "training the {:?} ({} parameters) on {}: {} examples per step in micro-batches of {}",
+            args.model,
+            trainer.parameters(),
+            names.join(", "),
+            args.batch,
+            args.micro_batch
+        );
+    }
+    let mut first_step = None;
+    let mut last = None;
+    let mut window = (0.0f64, 0u64);
+    for _ in 0..args.steps {
+        let report = trainer.step()?;
+        first_step.get_or_insert_with(|| start.elapsed().as_secs_f64());
+        window.0 += report.seconds;
+        window.1 += 1;
+        if report.step % args.log_every == 0 || report.step == args.steps {
+            let per_s = (window.1 * args.batch) as f64 / window.0.max(1e-9);
+            window = (0.0, 0);
+            if args.json {
+                println!(
+                    "{}",
+                    json!({
+                        "step": report.step,
+                        "loss": report.loss,
+                        "examples_per_s": per_s,
+                        "shares": report.shares,
+                    })
+                );
+            } else {
+                let shares: Vec<String> = report.shares.iter().map(u64::to_string).collect();
+                println!(
+                    "step {:>6}/{}  loss {:.4}  {:>9.0} examples/s  micro-batches {}",
+                    report.step,
+                    args.steps,
+                    report.loss,
+                    per_s,
+                    shares.join("+")
+                );
+            }
+        }
+        last = Some(report);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let accuracy = trainer.accuracy(args.eval_examples)?;
+    let final_loss = last.map_or(f64::NAN, |r| r.loss);
+    let stats = trainer.scheduler().stats();
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "summary": true,
+                "model": format!("{:?}", args.model).to_lowercase(),
+                "final_loss": final_loss,
+                "accuracy": accuracy,
+                "steps": args.steps,
+                "devices": names,
+                "parameters": trainer.parameters(),
+                "seconds": elapsed,
+                "time_to_first_step_s": first_step,
+                "tasks_per_device": stats.placed,
+            })
+        );
+    } else {
+        println!(
+            "done: {} steps in {elapsed:.1} s (first step after {:.2} s); final loss {final_loss:.4}; accuracy {:.1}% on {} held-out examples",
+            args.steps,
+            first_step.unwrap_or(0.0),
+            accuracy * 100.0,
+            args.eval_examples
+        );
+    }
+    Ok(true)
+}
+
+/// The devices named by `--devices` (each must provide the model's operations), or by
+/// default every device that does, saying which were left out.
+fn select(registry: &Registry, args: &TrainArgs, config: &TrainConfig) -> Result<Vec<Device>> {
+    let explicit = args.devices.is_some() || std::env::var_os(xpu::DEVICES_ENV).is_some();
+    let sel = match &args.devices {
+        Some(text) => xpu::DeviceSelector::parse(text)?,
+        None => xpu::selector_from_env("*")?,
+    };
+    let devices = registry.devices(&sel)?;
+    if explicit {
+        return Ok(devices);
+    }
+    let mut kept = Vec::new();
+    for d in devices {
+        match unsupported_op(config, &d)? {
+            None => kept.push(d),
+            Some(op) => eprintln!(
+                "xpu train: leaving out {}: it does not provide {op} on f32",
+                d.id()
+            ),
+        }
+    }
+    Ok(kept)
+}

@@ -1,0 +1,119 @@
+//! `xpu train` through the command: it learns, on any mix of backends, with the same
+//! trajectory; JSON lines; bad options refused.
+
+use super::{run, sim_npu, xpu};
+
+/// The JSON objects `xpu train --json` printed: the logged steps, then the summary.
+fn lines(out: &str) -> (Vec<serde_json::Value>, serde_json::Value) {
+    let mut all: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let summary = all.pop().unwrap();
+    assert_eq!(summary["summary"], true, "{out}");
+    (all, summary)
+}
+
+#[test]
+fn train_learns_modular_addition_on_host_devices() {
+    let (code, out, err) = run(&mut xpu(&[
+        "train",
+        "--devices",
+        "host:0,1",
+        "--steps",
+        "120",
+        "--json",
+    ]));
+    assert_eq!(code, 0, "{out}{err}");
+    let (steps, summary) = lines(&out);
+    assert_eq!(steps.len(), 12, "{out}");
+    for (i, s) in steps.iter().enumerate() {
+        assert_eq!(s["step"], (i as u64 + 1) * 10);
+        assert!(s["examples_per_s"].as_f64().unwrap() > 0.0);
+        let shares: u64 = s["shares"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .sum();
+        assert_eq!(shares, 8);
+    }
+    let first = steps[0]["loss"].as_f64().unwrap();
+    let last = summary["final_loss"].as_f64().unwrap();
+    // ln 23 = 3.14 at the start; documented threshold: below 0.5 after 120 steps.
+    assert!(first > 2.5 && last < 0.5, "{out}");
+    assert!(summary["accuracy"].as_f64().unwrap() > 0.9, "{out}");
+    assert_eq!(summary["devices"], serde_json::json!(["host:0", "host:1"]));
+}
+
+#[test]
+fn train_on_every_backend_follows_the_host_trajectory() {
+    let plugin = sim_npu();
+    let plugin = plugin.to_str().unwrap();
+    let steps = "30";
+    let (code, host, err) = run(&mut xpu(&[
+        "train",
+        "--devices",
+        "host:0",
+        "--steps",
+        steps,
+        "--json",
+    ]));
+    assert_eq!(code, 0, "{err}");
+    let (host, _) = lines(&host);
+    for sel in [
+        "vulkan:0",
+        "plugin.simnpu:0",
+        "host:0;vulkan:0;plugin.simnpu:0",
+    ] {
+        let (code, out, err) = run(&mut xpu(&[
+            "--plugin",
+            plugin,
+            "train",
+            "--devices",
+            sel,
+            "--steps",
+            steps,
+            "--json",
+        ]));
+        if code != 0 && err.contains("unavailable") && !required(sel) {
+            eprintln!("skipped {sel}: {err}");
+            continue;
+        }
+        assert_eq!(code, 0, "{sel}: {out}{err}");
+        let (other, _) = lines(&out);
+        for (a, b) in host.iter().zip(&other) {
+            let (a, b) = (a["loss"].as_f64().unwrap(), b["loss"].as_f64().unwrap());
+            assert!(
+                (a - b).abs() <= 1e-3 * a,
+                "{sel}: loss {b} against the host's {a}"
+            );
+        }
+    }
+}
+
+#[test]
+fn train_refuses_bad_options_with_the_reason() {
+    for (args, want) in [
+        (&["train", "--model", "gpt"][..], "invalid value 'gpt'"),
+        (&["train", "--steps", "0"][..], "--steps 0"),
+        (&["train", "--batch", "100"][..], "not a multiple"),
+        (&["train", "--lr=-1"][..], "learning rate"),
+        (&["train", "--devices", "host:9"][..], "host:9"),
+    ] {
+        let (code, out, err) = run(&mut xpu(args));
+        assert_eq!(code, 2, "{args:?}: {out}{err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+/// Whether a backend `sel` names is one `XPU_REQUIRE` says must not be skipped.
+fn required(sel: &str) -> bool {
+    let patterns = xpu_conformance::required_from_env();
+    sel.split(';').filter_map(|t| t.split(':').next()).any(|b| {
+        patterns.iter().any(|p| {
+            p.strip_suffix('*')
+                .map_or(p == b, |prefix| b.starts_with(prefix))
+        })
+    })
+}
