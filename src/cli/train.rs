@@ -11,6 +11,9 @@ use xpu_train::{unsupported_op, TrainConfig, Trainer};
 /// The models `xpu train` trains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ModelKind {
+    /// A decoder-only transformer (attention, GELU MLP, layer norm) learning to reverse
+    /// a sequence of digits.
+    Transformer,
     /// An MLP over two embedded operands learning `(a + b) mod p`.
     Mlp,
 }
@@ -19,7 +22,7 @@ pub enum ModelKind {
 #[derive(Args, Debug)]
 pub struct TrainArgs {
     /// The model.
-    #[arg(long, value_enum, default_value = "mlp")]
+    #[arg(long, value_enum, default_value = "transformer")]
     pub model: ModelKind,
     /// Devices to train on, one replica each (default: XPU_DEVICES, else every device
     /// that provides the model's operations).
@@ -28,24 +31,39 @@ pub struct TrainArgs {
     /// Training steps.
     #[arg(long, default_value_t = 200)]
     pub steps: u64,
-    /// Examples per step.
-    #[arg(long, default_value_t = 256)]
-    pub batch: u64,
-    /// Examples per micro-batch (the unit the batch is shared in).
-    #[arg(long, default_value_t = 32)]
-    pub micro_batch: u64,
+    /// Examples (sequences for the transformer) per step (default: 64 for the
+    /// transformer, 256 for the MLP).
+    #[arg(long)]
+    pub batch: Option<u64>,
+    /// Examples per micro-batch, the unit the batch is shared in (default: 8 for the
+    /// transformer, 32 for the MLP).
+    #[arg(long)]
+    pub micro_batch: Option<u64>,
     /// AdamW learning rate.
     #[arg(long, default_value_t = 3e-3)]
     pub lr: f32,
     /// The seed of the data and the initial parameters.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// The modulus of the task (the classes).
+    /// The MLP's task: the modulus (the classes).
     #[arg(long, default_value_t = 23)]
     pub modulus: u32,
-    /// Hidden width.
+    /// The transformer's task: digits to reverse.
+    #[arg(long, default_value_t = 6)]
+    pub digits: u32,
+    /// Model width of the transformer, embedding width of the MLP (default: 64 and
+    /// 32).
+    #[arg(long)]
+    pub width: Option<u64>,
+    /// Hidden width of the MLP.
     #[arg(long, default_value_t = 128)]
     pub hidden: u64,
+    /// Attention heads of the transformer (dividing the width).
+    #[arg(long, default_value_t = 4)]
+    pub heads: u64,
+    /// Blocks of the transformer.
+    #[arg(long, default_value_t = 2)]
+    pub layers: u64,
     /// Steps between logged lines.
     #[arg(long, default_value_t = 10)]
     pub log_every: u64,
@@ -59,14 +77,22 @@ pub struct TrainArgs {
 
 /// Runs `xpu train`.
 pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
+    let base = match args.model {
+        ModelKind::Transformer => TrainConfig::transformer(),
+        ModelKind::Mlp => TrainConfig::default(),
+    };
     let config = TrainConfig {
         seed: args.seed,
-        global_batch: args.batch,
-        micro_batch: args.micro_batch,
+        global_batch: args.batch.unwrap_or(base.global_batch),
+        micro_batch: args.micro_batch.unwrap_or(base.micro_batch),
         lr: args.lr,
         modulus: args.modulus,
+        digits: args.digits,
+        width: args.width.unwrap_or(base.width),
         hidden: args.hidden,
-        ..TrainConfig::default()
+        heads: args.heads,
+        layers: args.layers,
+        ..base
     };
     if args.steps == 0 || args.steps > 10_000_000 {
         return Err(xpu::Error::invalid(format!(
@@ -83,14 +109,18 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
     let start = Instant::now();
     let mut trainer = Trainer::new(&devices, config.clone())?;
     let names: Vec<String> = devices.iter().map(|d| d.id().to_string()).collect();
+    let model = match args.model {
+        ModelKind::Transformer => "transformer",
+        ModelKind::Mlp => "mlp",
+    };
+    let examples_per_step = config.global_batch;
     if !args.json {
         println!(
-            "training the {:?} ({} parameters) on {}: {} examples per step in micro-batches of {}",
-            args.model,
+            "training the {model} ({} parameters) on {}: {} examples per step in micro-batches of {}",
             trainer.parameters(),
             names.join(", "),
-            args.batch,
-            args.micro_batch
+            config.global_batch,
+            config.micro_batch
         );
     }
     let mut first_step = None;
@@ -102,7 +132,7 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
         window.0 += report.seconds;
         window.1 += 1;
         if report.step % args.log_every == 0 || report.step == args.steps {
-            let per_s = (window.1 * args.batch) as f64 / window.0.max(1e-9);
+            let per_s = (window.1 * examples_per_step) as f64 / window.0.max(1e-9);
             window = (0.0, 0);
             if args.json {
                 println!(
@@ -137,7 +167,7 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
             "{}",
             json!({
                 "summary": true,
-                "model": format!("{:?}", args.model).to_lowercase(),
+                "model": model,
                 "final_loss": final_loss,
                 "accuracy": accuracy,
                 "steps": args.steps,
@@ -150,7 +180,7 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
         );
     } else {
         println!(
-            "done: {} steps in {elapsed:.1} s (first step after {:.2} s); final loss {final_loss:.4}; accuracy {:.1}% on {} held-out examples",
+            "done: {} steps in {elapsed:.1} s (first step after {:.2} s); final loss {final_loss:.4}; accuracy {:.1}% of the labels of {} held-out examples",
             args.steps,
             first_step.unwrap_or(0.0),
             accuracy * 100.0,

@@ -8,6 +8,7 @@
 //! - [`params`]: parameters in buckets, and their initial values from the seed.
 //! - `replica`: one device's handles and the layers as tasks pinned to it.
 //! - `mlp`: the MLP over modular addition.
+//! - `transformer`: the decoder-only transformer reversing digits.
 //! - [`split`]: micro-batches shared in proportion to the devices' learned speeds.
 //! - [`trainer`]: the step — micro-batches in rounds, each bucket's all-reduce
 //!   submitted as soon as the backward pass has finished it (so it overlaps the rest of
@@ -23,5 +24,6 @@ pub mod params;
 mod replica;
 pub mod split;
 pub mod trainer;
+mod transformer;
 
-pub use trainer::{unsupported_op, StepReport, TrainConfig, Trainer};
+pub use trainer::{unsupported_op, ModelKind, StepReport, TrainConfig, Trainer};

@@ -26,6 +26,11 @@ pub(crate) trait Model: Send + Sync {
     /// The standard operations it runs (all on `f32`).
     fn ops(&self) -> &'static [xpu_hal::ops::OpKind];
 
+    /// Constant buffers a replica holds (a mask), made once.
+    fn constants(&self) -> Vec<Vec<f32>> {
+        Vec::new()
+    }
+
     /// The elements of each scratch buffer a replica needs for one micro-batch.
     fn scratch(&self) -> Vec<u64>;
 

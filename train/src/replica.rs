@@ -18,6 +18,8 @@ pub(crate) struct Replica {
     pub(crate) v: Vec<Handle>,
     /// The model's activations and their gradients, for one micro-batch at a time.
     pub(crate) scratch: Vec<Handle>,
+    /// The model's constant buffers.
+    pub(crate) constants: Vec<Handle>,
     /// `[rows]` ones: a bias gradient is `onesᵀ·dy`.
     pub(crate) ones: Handle,
     /// `[rows]`: the gradient of each example's loss (1 / the global batch).

@@ -22,15 +22,29 @@ use xpu_hal::ops::Op;
 use xpu_hal::{DType, Device, Error, HostBuffer, Result, Scalar};
 use xpu_scheduler::{Builtin, Codelet, Scheduler, SchedulerOptions, Task};
 
-use crate::data::ModularAddition;
+use crate::data::{Dataset, ModularAddition, Reverse};
 use crate::mlp::{Mlp, MlpShape};
 use crate::model::{MicroBatch, Model};
 use crate::replica::{view, Replica};
 use crate::split;
+use crate::transformer::{Transformer, TransformerShape};
+
+/// The models [`Trainer`] trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    /// An MLP over two embedded operands learning `(a + b) mod p` (`modulus`, `width`
+    /// for the embedding, `hidden`).
+    Mlp,
+    /// A decoder-only transformer learning to reverse `digits` digits (`width`,
+    /// `heads`, `layers`; its MLPs are `4·width` wide).
+    Transformer,
+}
 
 /// What to train and how.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainConfig {
+    /// The model (and with it the task).
+    pub model: ModelKind,
     /// The seed of the data and of the initial parameters.
     pub seed: u64,
     /// Examples per step (a multiple of `micro_batch`).
@@ -43,10 +57,16 @@ pub struct TrainConfig {
     pub weight_decay: f32,
     /// The modulus of the modular-addition task (classes).
     pub modulus: u32,
-    /// Embedding width.
-    pub embed: u64,
-    /// Hidden width.
+    /// Digits the transformer reverses (its context is twice that).
+    pub digits: u32,
+    /// Embedding width of the MLP, model width of the transformer.
+    pub width: u64,
+    /// Hidden width of the MLP.
     pub hidden: u64,
+    /// Attention heads of the transformer.
+    pub heads: u64,
+    /// Blocks of the transformer.
+    pub layers: u64,
     /// Steps between re-splitting the batch from the learned speeds (0: never).
     pub rebalance_every: u64,
 }
@@ -54,20 +74,36 @@ pub struct TrainConfig {
 impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
+            model: ModelKind::Mlp,
             seed: 1,
             global_batch: 256,
             micro_batch: 32,
             lr: 3e-3,
             weight_decay: 0.01,
             modulus: 23,
-            embed: 32,
+            digits: 6,
+            width: 32,
             hidden: 128,
+            heads: 4,
+            layers: 2,
             rebalance_every: 10,
         }
     }
 }
 
 impl TrainConfig {
+    /// The transformer's defaults: 2 blocks of width 64 and 4 heads reversing 6 digits,
+    /// 64 sequences per step in micro-batches of 8.
+    pub fn transformer() -> TrainConfig {
+        TrainConfig {
+            model: ModelKind::Transformer,
+            global_batch: 64,
+            micro_batch: 8,
+            width: 64,
+            ..TrainConfig::default()
+        }
+    }
+
     fn check(&self) -> Result<()> {
         if self.micro_batch == 0 || self.global_batch == 0 {
             return Err(Error::invalid(
@@ -92,10 +128,16 @@ impl TrainConfig {
                 self.modulus
             )));
         }
-        if !(1..=1 << 14).contains(&self.embed) || !(1..=1 << 14).contains(&self.hidden) {
+        if !(1..=1 << 14).contains(&self.width) || !(1..=1 << 14).contains(&self.hidden) {
             return Err(Error::invalid(format!(
-                "widths of {} (embedding) and {} (hidden) are outside 1 to 16384",
-                self.embed, self.hidden
+                "widths of {} (model) and {} (hidden) are outside 1 to 16384",
+                self.width, self.hidden
+            )));
+        }
+        if !(1..=64).contains(&self.digits) {
+            return Err(Error::invalid(format!(
+                "{} digits to reverse: give 1 to 64",
+                self.digits
             )));
         }
         let rate_ok = self.lr.is_finite() && self.lr > 0.0;
@@ -120,22 +162,48 @@ fn missing_op(model: &dyn Model, device: &Device) -> Option<xpu_hal::ops::OpKind
         .find(|k| !caps.supports_op(*k, DType::F32))
 }
 
-/// The first standard operation the MLP of `config` needs that `device` does not
+/// The first standard operation the model of `config` needs that `device` does not
 /// provide, if any (to leave such devices out of a default selection).
 pub fn unsupported_op(
     config: &TrainConfig,
     device: &Device,
 ) -> Result<Option<xpu_hal::ops::OpKind>> {
-    let model = mlp_of(config)?;
-    Ok(missing_op(&model, device))
+    let (model, _) = model_of(config)?;
+    Ok(missing_op(model.as_ref(), device))
 }
 
-fn mlp_of(config: &TrainConfig) -> Result<Mlp> {
-    Mlp::new(MlpShape {
-        classes: u64::from(config.modulus),
-        embed: config.embed,
-        hidden: config.hidden,
-        micro_batch: config.micro_batch,
+/// The model and task of `config`.
+fn model_of(config: &TrainConfig) -> Result<(Box<dyn Model>, Box<dyn Dataset>)> {
+    Ok(match config.model {
+        ModelKind::Mlp => (
+            Box::new(Mlp::new(MlpShape {
+                classes: u64::from(config.modulus),
+                embed: config.width,
+                hidden: config.hidden,
+                micro_batch: config.micro_batch,
+            })?),
+            Box::new(ModularAddition {
+                modulus: config.modulus,
+                seed: config.seed,
+            }),
+        ),
+        ModelKind::Transformer => {
+            let data = Reverse {
+                digits: config.digits,
+                seed: config.seed,
+            };
+            (
+                Box::new(Transformer::new(TransformerShape {
+                    vocab: 11,
+                    context: data.context(),
+                    width: config.width,
+                    heads: config.heads,
+                    layers: config.layers,
+                    micro_batch: config.micro_batch,
+                })?),
+                Box::new(data),
+            )
+        }
     })
 }
 
@@ -158,7 +226,7 @@ pub struct Trainer {
     sched: Scheduler,
     comm: Option<Communicator>,
     model: Box<dyn Model>,
-    data: ModularAddition,
+    data: Box<dyn Dataset>,
     replicas: Vec<Replica>,
     shares: Vec<u64>,
     /// The tasks of one micro-batch (forward and backward), for predicted times.
@@ -174,7 +242,7 @@ impl Trainer {
         if devices.is_empty() {
             return Err(Error::invalid("no device to train on; select at least one"));
         }
-        let model: Box<dyn Model> = Box::new(mlp_of(&config)?);
+        let (model, data) = model_of(&config)?;
         for d in devices {
             if let Some(op) = missing_op(model.as_ref(), d) {
                 return Err(Error::unsupported(format!(
@@ -196,6 +264,8 @@ impl Trainer {
         let initial = layout.initial_values(config.seed);
         let micro_batches = config.global_batch / config.micro_batch;
         let rows = model.loss_rows();
+        // Every labelled row of the global batch weighs the same in the mean loss.
+        let targets = config.global_batch * data.targets_per_example();
         let mut replicas = Vec::with_capacity(devices.len());
         for device in devices {
             let mut params = Vec::new();
@@ -212,11 +282,16 @@ impl Trainer {
                 .into_iter()
                 .map(|e| sched.create(e * 4))
                 .collect::<Result<Vec<_>>>()?;
+            let constants = model
+                .constants()
+                .iter()
+                .map(|c| sched.register(HostBuffer::from_bytes(bytemuck::cast_slice(c))?))
+                .collect::<Result<Vec<_>>>()?;
             let ones = sched.register(HostBuffer::from_bytes(bytemuck::cast_slice(
                 &vec![1.0f32; rows as usize],
             ))?)?;
             let dloss = sched.register(HostBuffer::from_bytes(bytemuck::cast_slice(
-                &vec![1.0f32 / (config.global_batch as f32); rows as usize],
+                &vec![1.0f32 / (targets as f32); rows as usize],
             ))?)?;
             let loss = sched.create(micro_batches * rows * 4)?;
             replicas.push(Replica {
@@ -226,6 +301,7 @@ impl Trainer {
                 m,
                 v,
                 scratch,
+                constants,
                 ones,
                 dloss,
                 loss,
@@ -234,10 +310,7 @@ impl Trainer {
         }
         let shares = split::proportional(micro_batches, &vec![None; devices.len()]);
         Ok(Trainer {
-            data: ModularAddition {
-                modulus: config.modulus,
-                seed: config.seed,
-            },
+            data,
             config,
             sched,
             comm,
@@ -422,7 +495,7 @@ impl Trainer {
         }
         Ok(StepReport {
             step,
-            loss: sum / self.config.global_batch as f64,
+            loss: sum / (self.config.global_batch * self.data.targets_per_example()) as f64,
             shares,
             seconds: start.elapsed().as_secs_f64(),
         })
@@ -450,18 +523,18 @@ impl Trainer {
         }
     }
 
-    /// The share of `examples` held-out examples (drawn after every training example a
-    /// run of 2⁴⁰ examples could use) that replica 0 classifies correctly.
+    /// The share of the labelled rows of `examples` held-out examples (drawn after
+    /// every training example a run of 2⁴⁰ examples could use) whose most likely class
+    /// replica 0 predicts right.
     pub fn accuracy(&mut self, examples: u64) -> Result<f64> {
         let n = self.config.micro_batch;
         let r = &self.replicas[0];
         let (logits, classes) = self.model.logits(r);
-        let mut right = 0u64;
-        let mut seen = 0u64;
-        let mut k = 0;
-        while seen < examples {
-            let ex = self.data.examples((1 << 40) + k * n, n as usize);
-            k += 1;
+        let rows_per_example = self.model.loss_rows() / n;
+        let (mut right, mut counted) = (0u64, 0u64);
+        let mut done = 0u64;
+        while done < examples {
+            let ex = self.data.examples((1 << 40) + done, n as usize);
             let tokens = self
                 .sched
                 .register(HostBuffer::from_bytes(bytemuck::cast_slice(&ex.tokens))?)?;
@@ -475,22 +548,29 @@ impl Trainer {
             };
             self.model.forward(&self.sched, r, &mb)?;
             let values: Vec<f32> = bytemuck::pod_collect_to_vec(&self.sched.read(logits)?);
-            for (row, label) in ex.labels.iter().enumerate() {
-                if seen == examples {
-                    break;
+            let take = (examples - done).min(n);
+            for (row, label) in ex
+                .labels
+                .iter()
+                .enumerate()
+                .take((take * rows_per_example) as usize)
+            {
+                if *label < 0 {
+                    continue;
                 }
-                let row = &values[row * classes as usize..(row + 1) * classes as usize];
-                let best = row
+                let c = classes as usize;
+                let best = values[row * c..(row + 1) * c]
                     .iter()
                     .enumerate()
                     .max_by(|a, b| a.1.total_cmp(b.1))
                     .map_or(0, |(i, _)| i);
                 right += u64::from(best as i32 == *label);
-                seen += 1;
+                counted += 1;
             }
+            done += take;
             self.sched.unregister(tokens)?;
             self.sched.unregister(labels)?;
         }
-        Ok(right as f64 / examples.max(1) as f64)
+        Ok(right as f64 / counted.max(1) as f64)
     }
 }

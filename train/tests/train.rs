@@ -104,3 +104,20 @@ fn bad_configurations_are_refused_with_the_reason() {
         .to_string()
         .contains("adding up"));
 }
+
+#[test]
+fn the_transformer_learns_to_reverse_digits() {
+    let mut t = Trainer::new(&host("host:0"), TrainConfig::transformer()).unwrap();
+    let mut losses = Vec::new();
+    for _ in 0..300 {
+        losses.push(t.step().unwrap().loss);
+    }
+    let acc = t.accuracy(256).unwrap();
+    eprintln!(
+        "{:?}\naccuracy {acc}",
+        losses.iter().step_by(10).collect::<Vec<_>>()
+    );
+    assert!(losses[0] > 2.0, "{losses:?}");
+    assert!(*losses.last().unwrap() < 0.5, "{losses:?}");
+    assert!(acc > 0.9, "{acc}");
+}
