@@ -217,6 +217,7 @@ impl Model for Mlp {
                 )?;
                 r.linear_backward(
                     sched,
+                    mb,
                     "mlp.l3.backward",
                     s(H2, &[n, h])?,
                     w3,
@@ -237,6 +238,7 @@ impl Model for Mlp {
                 )?;
                 r.linear_backward(
                     sched,
+                    mb,
                     "mlp.l2.backward",
                     s(H1, &[n, h])?,
                     w2,
@@ -257,6 +259,7 @@ impl Model for Mlp {
                 )?;
                 r.linear_backward(
                     sched,
+                    mb,
                     "mlp.l1.backward",
                     s(X, &[n, 2 * d])?,
                     w1,
@@ -270,7 +273,7 @@ impl Model for Mlp {
                     Op::ScatterAdd {
                         src: s(DX, &[2 * n, d])?,
                         indices: whole(mb.tokens, DType::I32, &[2 * n])?,
-                        table: r.grad(embed)?,
+                        table: r.grad(embed, mb)?,
                     },
                 )
             }

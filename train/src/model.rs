@@ -9,6 +9,8 @@ use crate::replica::Replica;
 
 /// One micro-batch on a replica: its inputs and where its losses go.
 pub(crate) struct MicroBatch {
+    /// Its index in the step (its gradient slot).
+    pub(crate) index: u64,
     /// `i32` token indices, as the model's data lays them out.
     pub(crate) tokens: Handle,
     /// `i32` labels, one per row of the loss (−1: no loss on that row).

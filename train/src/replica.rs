@@ -5,6 +5,7 @@ use xpu_hal::ops::{Layout, Op};
 use xpu_hal::{DType, Device, Result};
 use xpu_scheduler::{Handle, Scheduler, Task, TensorRef};
 
+use crate::model::MicroBatch;
 use crate::params::Slot;
 
 /// The handles of one replica.
@@ -13,11 +14,18 @@ pub(crate) struct Replica {
     pub(crate) device: Device,
     /// Parameters, gradients and the AdamW moments, one handle per bucket each.
     pub(crate) params: Vec<Handle>,
+    /// Per bucket, one slot of gradients per micro-batch of the step (`[M, elements]`):
+    /// a micro-batch's gradients accumulate into its own slot, zero elsewhere, so that
+    /// the all-reduce gives every replica every micro-batch's gradients exactly.
+    pub(crate) grad_slots: Vec<Handle>,
+    /// Per bucket, the slots summed in micro-batch order.
     pub(crate) grads: Vec<Handle>,
     pub(crate) m: Vec<Handle>,
     pub(crate) v: Vec<Handle>,
     /// The model's activations and their gradients, for one micro-batch at a time.
     pub(crate) scratch: Vec<Handle>,
+    /// The elements of each bucket.
+    pub(crate) bucket_elements: Vec<u64>,
     /// The model's constant buffers.
     pub(crate) constants: Vec<Handle>,
     /// `[rows]` ones: a bias gradient is `onesᵀ·dy`.
@@ -66,9 +74,11 @@ impl Replica {
         slot.of(&self.params)
     }
 
-    /// The gradient of parameter `slot`.
-    pub(crate) fn grad(&self, slot: &Slot) -> Result<TensorRef> {
-        slot.of(&self.grads)
+    /// The gradient of parameter `slot` from micro-batch `mb`.
+    pub(crate) fn grad(&self, slot: &Slot, mb: &MicroBatch) -> Result<TensorRef> {
+        let mut t = slot.of(&self.grad_slots)?;
+        t.offset += mb.index * self.bucket_elements[slot.bucket] * 4;
+        Ok(t)
     }
 
     /// `y = x·w + b` for `x` `[rows, in]`, `w` `[in, out]`, `b` `[out]`.
@@ -111,6 +121,7 @@ impl Replica {
     pub(crate) fn linear_backward(
         &self,
         sched: &Scheduler,
+        mb: &MicroBatch,
         name: &str,
         x: TensorRef,
         w: &Slot,
@@ -125,14 +136,14 @@ impl Replica {
             Op::Matmul {
                 a: x,
                 b: dy.clone(),
-                c: self.grad(w)?,
+                c: self.grad(w, mb)?,
                 trans_a: true,
                 trans_b: false,
                 alpha: 1.0,
                 beta: 1.0,
             },
         )?;
-        let db = self.grad(b)?;
+        let db = self.grad(b, mb)?;
         let out = db.layout.dims()[0];
         self.run(
             sched,

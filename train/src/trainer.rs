@@ -2,17 +2,28 @@
 //!
 //! A step's global batch is cut into fixed micro-batches. Each replica computes a
 //! contiguous range of them (in rank order, sized in proportion to the device's
-//! speed), accumulating their gradients in micro-batch order into its gradient
-//! buckets; the micro-batches run in rounds aligned at the end, so that every replica's
-//! last micro-batch is in the last round. In that round the backward pass goes bucket
-//! by bucket across the replicas and each bucket's all-reduce is submitted as soon as
-//! every replica has submitted the work that finishes it: the scheduler runs it while
-//! the replicas compute the buckets before it. Then every replica applies AdamW to
-//! each bucket with the summed gradients.
+//! speed), each micro-batch's gradients going to its own slot of the replica's
+//! gradient buckets (`[micro-batches, elements]`, zero in the slots of micro-batches
+//! other replicas compute). The micro-batches run in rounds aligned at the end, so
+//! that every replica's last micro-batch is in the last round. In that round the
+//! backward pass goes bucket by bucket across the replicas and each bucket's
+//! all-reduce is submitted as soon as every replica has submitted the work that
+//! finishes it: the scheduler runs it while the replicas compute the buckets before
+//! it. Then every replica sums the slots in micro-batch order and applies AdamW.
 //!
-//! Every example's loss gradient is `1 / global batch`, so the summed gradient is the
-//! mean over the global batch whatever the split. The reported loss is the mean of the
-//! per-example losses, summed on the host in example order.
+//! **Determinism.** Each slot has one non-zero contributor and adding zeros is exact,
+//! so after the all-reduce every replica holds every micro-batch's gradients exactly,
+//! whatever the all-reduce's algorithm; summed in micro-batch order they give the same
+//! bits whatever the split. So on devices that compute a micro-batch alike (the host
+//! devices, whatever their thread counts), the trajectory does not depend on the split
+//! or the number of replicas at all, and a resumed run continues bit for bit. (Devices
+//! of different backends round differently; their trajectories agree within
+//! tolerance.) The price is an all-reduce of `micro-batches ×` the gradients' bytes.
+//!
+//! Every labelled row's loss gradient is `1 / labelled rows of the global batch`, so
+//! the summed gradient is the mean over the global batch whatever the split. The
+//! reported loss is the mean of the per-row losses, summed on the host in example
+//! order.
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -269,10 +280,12 @@ impl Trainer {
         let mut replicas = Vec::with_capacity(devices.len());
         for device in devices {
             let mut params = Vec::new();
-            let (mut grads, mut m, mut v) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut grad_slots, mut grads) = (Vec::new(), Vec::new());
+            let (mut m, mut v) = (Vec::new(), Vec::new());
             for values in &initial {
                 params.push(sched.register(HostBuffer::from_bytes(bytemuck::cast_slice(values))?)?);
                 let zeros = vec![0u8; values.len() * 4];
+                grad_slots.push(sched.create(zeros.len() as u64 * micro_batches)?);
                 grads.push(sched.create(zeros.len() as u64)?);
                 m.push(sched.register(HostBuffer::from_bytes(&zeros)?)?);
                 v.push(sched.register(HostBuffer::from_bytes(&zeros)?)?);
@@ -297,7 +310,9 @@ impl Trainer {
             replicas.push(Replica {
                 device: device.clone(),
                 params,
+                grad_slots,
                 grads,
+                bucket_elements: layout.bucket_elements.clone(),
                 m,
                 v,
                 scratch,
@@ -375,12 +390,12 @@ impl Trainer {
         let shares = self.shares.clone();
         let ranges = split::ranges(&shares);
         let first_example = self.step * self.config.global_batch;
-        // Zero the gradients.
+        // Zero the gradient slots.
         let zero = Codelet::from_builtin(Builtin::Fill {
             value: Scalar::F32(0.0),
         });
         for r in &self.replicas {
-            for g in &r.grads {
+            for g in &r.grad_slots {
                 self.sched
                     .submit(Task::new(&zero).write(*g).on(&r.device))?;
             }
@@ -400,6 +415,7 @@ impl Trainer {
                     .register(HostBuffer::from_bytes(bytemuck::cast_slice(&ex.labels))?)?;
                 inputs.extend([tokens, labels]);
                 mine.push(MicroBatch {
+                    index: j,
                     tokens,
                     labels,
                     loss_offset: k as u64 * self.model.loss_rows(),
@@ -441,17 +457,30 @@ impl Trainer {
                         }
                     }
                     if let Some(comm) = &self.comm {
-                        let grads: Vec<_> = self.replicas.iter().map(|r| r.grads[bucket]).collect();
+                        let slots: Vec<_> =
+                            self.replicas.iter().map(|r| r.grad_slots[bucket]).collect();
                         self.sched
-                            .all_reduce(comm, &grads, DType::F32, ReduceOp::Sum)?;
+                            .all_reduce(comm, &slots, DType::F32, ReduceOp::Sum)?;
                     }
                 }
             }
         }
-        // The update, on every replica.
+        // The micro-batches' gradients summed in micro-batch order, and the update, on
+        // every replica.
         let step = self.step + 1;
+        let micro_batches = self.config.global_batch / n;
         for r in &self.replicas {
             for (b, &elements) in self.model.layout().bucket_elements.iter().enumerate() {
+                r.run(
+                    &self.sched,
+                    "sum_micro_batches",
+                    Op::Reduce {
+                        x: view(r.grad_slots[b], 0, &[micro_batches, elements])?,
+                        y: view(r.grads[b], 0, &[1, elements])?,
+                        op: xpu_hal::ops::ReduceOp::Sum,
+                        axis: 0,
+                    },
+                )?;
                 r.run(
                     &self.sched,
                     "adamw",
@@ -542,6 +571,7 @@ impl Trainer {
                 .sched
                 .register(HostBuffer::from_bytes(bytemuck::cast_slice(&ex.labels))?)?;
             let mb = MicroBatch {
+                index: 0,
                 tokens,
                 labels,
                 loss_offset: 0,

@@ -299,6 +299,7 @@ impl Transformer {
         &self,
         sched: &Scheduler,
         r: &Replica,
+        mb: &MicroBatch,
         name: &str,
         x: Handle,
         gamma: &Slot,
@@ -325,7 +326,7 @@ impl Transformer {
             },
         )?;
         for (slot, part) in [(gamma, dg), (beta, db)] {
-            let g = r.grad(slot)?;
+            let g = r.grad(slot, mb)?;
             let row =
                 TensorRef::strided(g.handle, g.offset, Layout::contiguous(DType::F32, &[1, d])?);
             r.run(
@@ -472,7 +473,13 @@ impl Transformer {
 
     /// The backward pass of block `l`: from the gradient of its output in `DX` to the
     /// gradient of its input, left in `DX` again.
-    fn block_backward(&self, sched: &Scheduler, r: &Replica, l: u64) -> Result<()> {
+    fn block_backward(
+        &self,
+        sched: &Scheduler,
+        r: &Replica,
+        mb: &MicroBatch,
+        l: u64,
+    ) -> Result<()> {
         let TransformerShape {
             context: t,
             width: d,
@@ -488,6 +495,7 @@ impl Transformer {
         // The MLP: dout → dff_act → dff → dln2.
         r.linear_backward(
             sched,
+            mb,
             "tf.ff2.backward",
             view(a(FF_ACT), 0, &[rows, 4 * d])?,
             &p[10],
@@ -506,6 +514,7 @@ impl Transformer {
         )?;
         r.linear_backward(
             sched,
+            mb,
             "tf.ff1.backward",
             view(a(LN2), 0, &[rows, d])?,
             &p[8],
@@ -516,6 +525,7 @@ impl Transformer {
         self.norm_backward(
             sched,
             r,
+            mb,
             "tf.ln2.backward",
             a(MID),
             &p[6],
@@ -530,6 +540,7 @@ impl Transformer {
         // Attention: dmid → dattn → per head dprobs, dv → dscores → dq, dk.
         r.linear_backward(
             sched,
+            mb,
             "tf.proj.backward",
             view(a(ATTN), 0, &[rows, d])?,
             &p[4],
@@ -606,6 +617,7 @@ impl Transformer {
         }
         r.linear_backward(
             sched,
+            mb,
             "tf.qkv.backward",
             view(a(LN1), 0, &[rows, d])?,
             &p[2],
@@ -616,6 +628,7 @@ impl Transformer {
         self.norm_backward(
             sched,
             r,
+            mb,
             "tf.ln1.backward",
             x,
             &p[0],
@@ -814,6 +827,7 @@ impl Model for Transformer {
             )?;
             r.linear_backward(
                 sched,
+                mb,
                 "tf.head.backward",
                 view(s(LNF), 0, &[rows, d])?,
                 w,
@@ -824,6 +838,7 @@ impl Model for Transformer {
             return self.norm_backward(
                 sched,
                 r,
+                mb,
                 "tf.lnf.backward",
                 self.input_of(r, layers),
                 gamma,
@@ -835,7 +850,7 @@ impl Model for Transformer {
             );
         }
         if bucket >= 1 {
-            return self.block_backward(sched, r, bucket as u64 - 1);
+            return self.block_backward(sched, r, mb, bucket as u64 - 1);
         }
         // The embeddings: the token table by scatter-add, the positions summed over the
         // sequences (`onesᵀ·dx` over `[B, T·d]`).
@@ -845,10 +860,10 @@ impl Model for Transformer {
             Op::ScatterAdd {
                 src: view(s(DX), 0, &[rows, d])?,
                 indices: whole(mb.tokens, DType::I32, &[rows])?,
-                table: r.grad(&self.embed[0])?,
+                table: r.grad(&self.embed[0], mb)?,
             },
         )?;
-        let dpos = r.grad(&self.embed[1])?;
+        let dpos = r.grad(&self.embed[1], mb)?;
         r.run(
             sched,
             "tf.embed.pos.backward",
