@@ -1,11 +1,13 @@
 //! `xpu train`: data-parallel training of a model over the selected devices, with a
 //! line (or a JSON object) per logged step and a summary.
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use serde_json::json;
 use xpu::{Device, Registry, Result};
+use xpu_train::checkpoint::{Checkpoint, Writer};
 use xpu_train::{unsupported_op, TrainConfig, Trainer};
 
 /// The models `xpu train` trains.
@@ -70,6 +72,17 @@ pub struct TrainArgs {
     /// Held-out examples the final accuracy is measured on.
     #[arg(long, default_value_t = 1024)]
     pub eval_examples: u64,
+    /// Write checkpoints into this directory (every --checkpoint-every steps and at
+    /// the end), on a thread of their own while training goes on.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Steps between checkpoints (with --checkpoint-dir).
+    #[arg(long, default_value_t = 50, value_name = "N")]
+    pub checkpoint_every: u64,
+    /// Continue from a checkpoint: a file, or a directory whose `latest` names one.
+    /// The run goes on to --steps in all; the devices may differ from the first run's.
+    #[arg(long, value_name = "PATH")]
+    pub resume: Option<PathBuf>,
     /// Print one JSON object per logged step and a summary object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -100,14 +113,38 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
             args.steps
         )));
     }
+    if args.checkpoint_every == 0 {
+        return Err(xpu::Error::invalid(
+            "--checkpoint-every 0: give the steps between checkpoints (at least 1)",
+        ));
+    }
     if args.log_every == 0 || args.eval_examples > 1 << 24 {
         return Err(xpu::Error::invalid(
             "--log-every must be at least 1 and --eval-examples at most 16777216",
         ));
     }
+    // A checkpoint to resume from is read and verified before any device is touched.
+    let resume = args.resume.as_deref().map(Checkpoint::load).transpose()?;
     let devices = select(registry, args, &config)?;
     let start = Instant::now();
     let mut trainer = Trainer::new(&devices, config.clone())?;
+    if let (Some(c), Some(path)) = (&resume, &args.resume) {
+        trainer.restore(c)?;
+        if !args.json {
+            println!("resumed from {} at step {}", path.display(), c.step);
+        }
+    }
+    if trainer.steps_done() >= args.steps {
+        return Err(xpu::Error::invalid(format!(
+            "the checkpoint is at step {}; give --steps beyond it",
+            trainer.steps_done()
+        )));
+    }
+    let mut writer = args
+        .checkpoint_dir
+        .as_deref()
+        .map(Writer::new)
+        .transpose()?;
     let names: Vec<String> = devices.iter().map(|d| d.id().to_string()).collect();
     let model = match args.model {
         ModelKind::Transformer => "transformer",
@@ -126,8 +163,13 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
     let mut first_step = None;
     let mut last = None;
     let mut window = (0.0f64, 0u64);
-    for _ in 0..args.steps {
+    for _ in trainer.steps_done()..args.steps {
         let report = trainer.step()?;
+        if let Some(w) = &mut writer {
+            if report.step % args.checkpoint_every == 0 || report.step == args.steps {
+                w.write(trainer.checkpoint()?)?;
+            }
+        }
         first_step.get_or_insert_with(|| start.elapsed().as_secs_f64());
         window.0 += report.seconds;
         window.1 += 1;
@@ -158,6 +200,10 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
         }
         last = Some(report);
     }
+    let kept = match &mut writer {
+        Some(w) => w.finish()?,
+        None => Vec::new(),
+    };
     let elapsed = start.elapsed().as_secs_f64();
     let accuracy = trainer.accuracy(args.eval_examples)?;
     let final_loss = last.map_or(f64::NAN, |r| r.loss);
@@ -176,6 +222,7 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
                 "seconds": elapsed,
                 "time_to_first_step_s": first_step,
                 "tasks_per_device": stats.placed,
+                "checkpoints": kept.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
             })
         );
     } else {
@@ -186,6 +233,9 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
             accuracy * 100.0,
             args.eval_examples
         );
+        if let Some(last) = kept.last() {
+            println!("latest checkpoint: {}", last.display());
+        }
     }
     Ok(true)
 }

@@ -1,7 +1,7 @@
 //! `xpu train` through the command: it learns, on any mix of backends, with the same
 //! trajectory; JSON lines; bad options refused.
 
-use super::{run, sim_npu, xpu};
+use super::{run, scratch, sim_npu, xpu};
 
 /// The JSON objects `xpu train --json` printed: the logged steps, then the summary.
 fn lines(out: &str) -> (Vec<serde_json::Value>, serde_json::Value) {
@@ -141,4 +141,68 @@ fn required(sel: &str) -> bool {
                 .map_or(p == b, |prefix| b.starts_with(prefix))
         })
     })
+}
+
+#[test]
+fn train_resumes_from_a_checkpoint_bit_for_bit_and_refuses_a_corrupt_one() {
+    let dir = scratch("train-checkpoints");
+    let dir_s = dir.to_str().unwrap();
+    let base = ["train", "--log-every", "1", "--json"];
+    let whole = |devices: &str, extra: &[&str]| {
+        let mut args: Vec<&str> = base.to_vec();
+        args.extend_from_slice(&["--devices", devices]);
+        args.extend_from_slice(extra);
+        let (code, out, err) = run(&mut xpu(&args));
+        assert_eq!(code, 0, "{args:?}: {out}{err}");
+        lines(&out)
+    };
+    let (uninterrupted, _) = whole("host:0,1", &["--steps", "12"]);
+    let (_, first) = whole(
+        "host:0,1",
+        &[
+            "--steps",
+            "6",
+            "--checkpoint-dir",
+            dir_s,
+            "--checkpoint-every",
+            "3",
+        ],
+    );
+    assert_eq!(first["checkpoints"].as_array().unwrap().len(), 2, "{first}");
+    // Resumed on another device mix: the same losses, bit for bit.
+    let (resumed, _) = whole("host:1", &["--steps", "12", "--resume", dir_s]);
+    let losses = |v: &[serde_json::Value]| -> Vec<f64> {
+        v.iter().map(|s| s["loss"].as_f64().unwrap()).collect()
+    };
+    assert_eq!(resumed[0]["step"], 7);
+    assert_eq!(losses(&resumed), losses(&uninterrupted)[6..]);
+    // A corrupt checkpoint is refused with the reason, before any training.
+    let file = std::path::PathBuf::from(first["checkpoints"][1].as_str().unwrap());
+    let mut bytes = std::fs::read(&file).unwrap();
+    let n = bytes.len();
+    bytes[n / 2] ^= 1;
+    std::fs::write(&file, &bytes).unwrap();
+    let (code, out, err) = run(&mut xpu(&["train", "--steps", "12", "--resume", dir_s]));
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("corrupt") && err.contains("nothing was loaded"),
+        "{err}"
+    );
+    assert!(out.is_empty(), "{out}");
+    // Another model's checkpoint: refused, naming the difference.
+    std::fs::write(&file, {
+        let mut b = bytes.clone();
+        b[n / 2] ^= 1;
+        b
+    })
+    .unwrap();
+    let (code, _, err) = run(&mut xpu(&[
+        "train", "--model", "mlp", "--steps", "12", "--resume", dir_s,
+    ]));
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("made with model Transformer, this run has Mlp"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

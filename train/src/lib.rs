@@ -4,6 +4,8 @@
 //! operations ([`xpu_hal::ops`]), trained by the scheduler ([`xpu_scheduler`]) with one
 //! replica per device and the gradients all-reduced by `xpu-collectives`.
 //!
+//! - [`checkpoint`]: checkpoints written atomically on a thread of their own, verified
+//!   when read.
 //! - [`data`]: the synthetic task, generated from the seed and the example's position.
 //! - [`params`]: parameters in buckets, and their initial values from the seed.
 //! - `replica`: one device's handles and the layers as tasks pinned to it.
@@ -17,6 +19,7 @@
 //! Layers reach the devices only through the scheduler and the HAL contract: this crate
 //! depends on no backend.
 
+pub mod checkpoint;
 pub mod data;
 mod mlp;
 mod model;

@@ -33,6 +33,7 @@ use xpu_hal::ops::Op;
 use xpu_hal::{DType, Device, Error, HostBuffer, Result, Scalar};
 use xpu_scheduler::{Builtin, Codelet, Scheduler, SchedulerOptions, Task};
 
+use crate::checkpoint::Checkpoint;
 use crate::data::{Dataset, ModularAddition, Reverse};
 use crate::mlp::{Mlp, MlpShape};
 use crate::model::{MicroBatch, Model};
@@ -41,7 +42,7 @@ use crate::split;
 use crate::transformer::{Transformer, TransformerShape};
 
 /// The models [`Trainer`] trains.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ModelKind {
     /// An MLP over two embedded operands learning `(a + b) mod p` (`modulus`, `width`
     /// for the embedding, `hidden`).
@@ -52,7 +53,7 @@ pub enum ModelKind {
 }
 
 /// What to train and how.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TrainConfig {
     /// The model (and with it the task).
     pub model: ModelKind,
@@ -528,6 +529,96 @@ impl Trainer {
             shares,
             seconds: start.elapsed().as_secs_f64(),
         })
+    }
+
+    /// The run's state after the last step, copied to host memory (replica 0's
+    /// parameters and moments: every replica holds the same) for a [`crate::checkpoint::Writer`].
+    pub fn checkpoint(&self) -> Result<Checkpoint> {
+        let r = &self.replicas[0];
+        let read =
+            |h| -> Result<Vec<f32>> { Ok(bytemuck::pod_collect_to_vec(&self.sched.read(h)?)) };
+        let buckets = (0..r.params.len())
+            .map(|b| Ok([read(r.params[b])?, read(r.m[b])?, read(r.v[b])?]))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Checkpoint {
+            config: self.config.clone(),
+            step: self.step,
+            shares: self.shares.clone(),
+            params: Checkpoint::entries(self.model.layout()),
+            buckets,
+        })
+    }
+
+    /// Continues from `c` on this trainer's devices (any number of them: with as many
+    /// as the checkpoint's run, its split too). Refused, with nothing changed, when the
+    /// checkpoint's model, task or optimisation differ from this trainer's.
+    pub fn restore(&mut self, c: &Checkpoint) -> Result<()> {
+        let (a, b) = (&c.config, &self.config);
+        let fields = [
+            ("model", format!("{:?}", a.model), format!("{:?}", b.model)),
+            ("seed", a.seed.to_string(), b.seed.to_string()),
+            (
+                "batch",
+                a.global_batch.to_string(),
+                b.global_batch.to_string(),
+            ),
+            (
+                "micro-batch",
+                a.micro_batch.to_string(),
+                b.micro_batch.to_string(),
+            ),
+            ("learning rate", a.lr.to_string(), b.lr.to_string()),
+            (
+                "weight decay",
+                a.weight_decay.to_string(),
+                b.weight_decay.to_string(),
+            ),
+            ("modulus", a.modulus.to_string(), b.modulus.to_string()),
+            ("digits", a.digits.to_string(), b.digits.to_string()),
+            ("width", a.width.to_string(), b.width.to_string()),
+            ("hidden width", a.hidden.to_string(), b.hidden.to_string()),
+            ("heads", a.heads.to_string(), b.heads.to_string()),
+            ("layers", a.layers.to_string(), b.layers.to_string()),
+        ];
+        for (name, theirs, ours) in fields {
+            if theirs != ours {
+                return Err(Error::invalid(format!(
+                    "the checkpoint (step {}) was made with {name} {theirs}, this run has {ours}; resume with the same settings"
+                , c.step)));
+            }
+        }
+        let entries = Checkpoint::entries(self.model.layout());
+        if c.params != entries
+            || c.buckets.len() != entries.len()
+            || c.buckets
+                .iter()
+                .zip(&self.model.layout().bucket_elements)
+                .any(|(b, &e)| b.iter().any(|part| part.len() as u64 != e))
+        {
+            return Err(Error::invalid(
+                "the checkpoint's parameters do not match this model's names and shapes; nothing was loaded",
+            ));
+        }
+        for r in &mut self.replicas {
+            for (b, [params, m, v]) in c.buckets.iter().enumerate() {
+                for (handle, values) in [
+                    (&mut r.params[b], params),
+                    (&mut r.m[b], m),
+                    (&mut r.v[b], v),
+                ] {
+                    let new = self
+                        .sched
+                        .register(HostBuffer::from_bytes(bytemuck::cast_slice(values))?)?;
+                    let old = std::mem::replace(handle, new);
+                    self.sched.unregister(old)?;
+                }
+            }
+        }
+        self.step = c.step;
+        if c.shares.len() == self.replicas.len() {
+            self.shares = c.shares.clone();
+        }
+        Ok(())
     }
 
     /// Re-splits the micro-batches in proportion to each device's predicted speed on

@@ -110,3 +110,39 @@ fn the_transformer_learns_to_reverse_digits() {
     assert!(*losses.last().unwrap() < 0.5, "{losses:?}");
     assert!(acc > 0.9, "{acc}");
 }
+
+#[test]
+fn a_resumed_run_continues_bit_for_bit_on_the_same_or_other_devices() {
+    let config = TrainConfig {
+        rebalance_every: 0,
+        ..TrainConfig::transformer()
+    };
+    let mut whole = Trainer::new(&host("host:0,1"), config.clone()).unwrap();
+    let losses: Vec<f64> = (0..8).map(|_| whole.step().unwrap().loss).collect();
+    let mut first = Trainer::new(&host("host:0,1"), config.clone()).unwrap();
+    for _ in 0..4 {
+        first.step().unwrap();
+    }
+    let saved = first.checkpoint().unwrap();
+    let bytes = saved.to_bytes().unwrap();
+    let loaded = xpu_train::checkpoint::Checkpoint::from_bytes(&bytes, "test").unwrap();
+    assert_eq!(loaded, saved);
+    for devices in ["host:0,1", "host:1"] {
+        let mut resumed = Trainer::new(&host(devices), config.clone()).unwrap();
+        resumed.restore(&loaded).unwrap();
+        assert_eq!(resumed.steps_done(), 4);
+        let after: Vec<f64> = (0..4).map(|_| resumed.step().unwrap().loss).collect();
+        assert_eq!(after, losses[4..], "{devices}");
+        assert_eq!(
+            resumed.read_parameters(0).unwrap(),
+            whole.read_parameters(0).unwrap()
+        );
+    }
+    // Another configuration refuses it, changing nothing.
+    let mut other = Trainer::new(&host("host:0"), TrainConfig { lr: 1e-3, ..config }).unwrap();
+    let before = other.read_parameters(0).unwrap();
+    let e = other.restore(&loaded).unwrap_err();
+    assert!(e.to_string().contains("learning rate 0.003"), "{e}");
+    assert_eq!(other.read_parameters(0).unwrap(), before);
+    assert_eq!(other.steps_done(), 0);
+}
