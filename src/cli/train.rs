@@ -184,6 +184,7 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
                         "loss": report.loss,
                         "examples_per_s": per_s,
                         "shares": report.shares,
+                        "devices": report.devices,
                     })
                 );
             } else {
@@ -196,6 +197,13 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
                     per_s,
                     shares.join("+")
                 );
+            }
+        }
+        for why in &report.left_out {
+            if args.json {
+                println!("{}", json!({"step": report.step, "left_out": why}));
+            } else {
+                println!("left out of the group after step {}: {why}", report.step);
             }
         }
         last = Some(report);

@@ -12,6 +12,8 @@ use crate::params::Slot;
 pub(crate) struct Replica {
     /// Its device.
     pub(crate) device: Device,
+    /// The device's index among the scheduler's devices.
+    pub(crate) sched_index: usize,
     /// Parameters, gradients and the AdamW moments, one handle per bucket each.
     pub(crate) params: Vec<Handle>,
     /// Per bucket, one slot of gradients per micro-batch of the step (`[M, elements]`):

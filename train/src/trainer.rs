@@ -79,7 +79,8 @@ pub struct TrainConfig {
     pub heads: u64,
     /// Blocks of the transformer.
     pub layers: u64,
-    /// Steps between re-splitting the batch from the learned speeds (0: never).
+    /// Steps between re-splitting the batch from the learned speeds, which is also
+    /// done after each of the first that many steps (0: never).
     pub rebalance_every: u64,
 }
 
@@ -228,6 +229,10 @@ pub struct StepReport {
     pub loss: f64,
     /// Micro-batches each replica computed.
     pub shares: Vec<u64>,
+    /// The replicas' devices, in the order of `shares`.
+    pub devices: Vec<String>,
+    /// Devices left out of the group after this step, each with the reason.
+    pub left_out: Vec<String>,
     /// Wall-clock seconds of the step.
     pub seconds: f64,
 }
@@ -279,7 +284,7 @@ impl Trainer {
         // Every labelled row of the global batch weighs the same in the mean loss.
         let targets = config.global_batch * data.targets_per_example();
         let mut replicas = Vec::with_capacity(devices.len());
-        for device in devices {
+        for (sched_index, device) in devices.iter().enumerate() {
             let mut params = Vec::new();
             let (mut grad_slots, mut grads) = (Vec::new(), Vec::new());
             let (mut m, mut v) = (Vec::new(), Vec::new());
@@ -310,6 +315,7 @@ impl Trainer {
             let loss = sched.create(micro_batches * rows * 4)?;
             replicas.push(Replica {
                 device: device.clone(),
+                sched_index,
                 params,
                 grad_slots,
                 grads,
@@ -520,11 +526,22 @@ impl Trainer {
             self.sched.unregister(h)?;
         }
         self.step = step;
-        if self.config.rebalance_every > 0 && step.is_multiple_of(self.config.rebalance_every) {
-            self.rebalance();
+        // Early on, after every step (as soon as the models know every device); then
+        // every `rebalance_every` steps.
+        let every = self.config.rebalance_every;
+        let devices = self
+            .replicas
+            .iter()
+            .map(|r| r.device.id().to_string())
+            .collect();
+        let mut left_out = Vec::new();
+        if every > 0 && (step <= every || step.is_multiple_of(every)) {
+            left_out = self.rebalance()?;
         }
         Ok(StepReport {
             step,
+            devices,
+            left_out,
             loss: sum / (self.config.global_batch * self.data.targets_per_example()) as f64,
             shares,
             seconds: start.elapsed().as_secs_f64(),
@@ -624,23 +641,85 @@ impl Trainer {
     /// Re-splits the micro-batches in proportion to each device's predicted speed on
     /// one micro-batch (the scheduler's learned models); unchanged while any device's
     /// prediction is not calibrated yet.
-    fn rebalance(&mut self) {
+    ///
+    /// A device whose share would be no micro-batch at all is left out of the group
+    /// (it would only slow the all-reduce and the update down): its replica is dropped
+    /// and the communicator re-formed over the others. Returns those left out, with
+    /// the reason.
+    fn rebalance(&mut self) -> Result<Vec<String>> {
         if self.micro_batch_tasks.is_empty() || self.replicas.len() < 2 {
-            return;
+            return Ok(Vec::new());
         }
-        let weights: Vec<Option<f64>> = (0..self.replicas.len())
-            .map(|d| {
+        let predicted: Vec<Option<f64>> = self
+            .replicas
+            .iter()
+            .map(|r| {
                 let mut total = 0.0;
                 for t in &self.micro_batch_tasks {
-                    total += self.sched.predict_task(t, d)?;
+                    total += self.sched.predict_task(t, r.sched_index)?;
                 }
-                (total > 0.0).then(|| 1.0 / total)
+                (total > 0.0).then_some(total)
             })
             .collect();
-        if weights.iter().all(Option::is_some) {
-            self.shares =
-                split::proportional(self.config.global_batch / self.config.micro_batch, &weights);
+        if !predicted.iter().all(Option::is_some) {
+            return Ok(Vec::new());
         }
+        let weights: Vec<Option<f64>> = predicted.iter().map(|p| p.map(|t| 1.0 / t)).collect();
+        let total = self.config.global_batch / self.config.micro_batch;
+        let shares = split::proportional(total, &weights);
+        let fastest = predicted
+            .iter()
+            .enumerate()
+            .min_by(|a, b| a.1.unwrap_or(f64::MAX).total_cmp(&b.1.unwrap_or(f64::MAX)))
+            .map_or(0, |(i, _)| i);
+        let fastest_name = self.replicas[fastest].device.id().to_string();
+        let mut left_out = Vec::new();
+        let mut keep = Vec::new();
+        let mut kept_weights = Vec::new();
+        for (i, r) in std::mem::take(&mut self.replicas).into_iter().enumerate() {
+            if shares[i] > 0 || i == fastest {
+                keep.push(r);
+                kept_weights.push(weights[i]);
+                continue;
+            }
+            left_out.push(format!(
+                "{}: a micro-batch takes it {:.2} ms against {:.2} ms on {}, so it would get none of the {total}",
+                r.device.id(),
+                predicted[i].unwrap_or(0.0) * 1e3,
+                predicted[fastest].unwrap_or(0.0) * 1e3,
+                fastest_name
+            ));
+            self.release(&r)?;
+        }
+        self.replicas = keep;
+        if !left_out.is_empty() {
+            let devices: Vec<Device> = self.replicas.iter().map(|r| r.device.clone()).collect();
+            self.comm = if devices.len() > 1 {
+                Some(Communicator::new(devices, CommOptions::from_env()?)?)
+            } else {
+                None
+            };
+        }
+        self.shares = split::proportional(total, &kept_weights);
+        Ok(left_out)
+    }
+
+    /// Unregisters a dropped replica's buffers.
+    fn release(&self, r: &Replica) -> Result<()> {
+        let all = r
+            .params
+            .iter()
+            .chain(&r.grad_slots)
+            .chain(&r.grads)
+            .chain(&r.m)
+            .chain(&r.v)
+            .chain(&r.scratch)
+            .chain(&r.constants)
+            .chain([&r.ones, &r.dloss, &r.loss]);
+        for h in all {
+            self.sched.unregister(*h)?;
+        }
+        Ok(())
     }
 
     /// The share of the labelled rows of `examples` held-out examples (drawn after
