@@ -38,6 +38,6 @@ cargo run --locked --quiet -p xpu -- conformance --profile training --plugin "$p
   --junit target/conformance/training.xml || status=$?
 # Again on one host device with three operation threads, so that the host's split of
 # matmul and of the other operations over its threads is held to the same reference.
-XPU_HOST_THREADS=3 cargo run --locked --quiet -p xpu -- conformance --profile training \
+XPU_REQUIRE=host XPU_HOST_THREADS=3 cargo run --locked --quiet -p xpu -- conformance --profile training \
   --devices host:0 --junit target/conformance/training-threads.xml || status=$?
 exit "$status"

@@ -124,7 +124,83 @@ fn covered(mut intervals: Vec<(f64, f64)>) -> f64 {
     total
 }
 
+/// Merges `intervals` into disjoint, sorted ones.
+fn merged(mut intervals: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+    intervals.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut out: Vec<(f64, f64)> = Vec::with_capacity(intervals.len());
+    for (s, e) in intervals {
+        match out.last_mut() {
+            Some((_, ce)) if s <= *ce => *ce = ce.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+/// The length of the intersection of two sets of disjoint, sorted intervals.
+fn intersection(a: &[(f64, f64)], b: &[(f64, f64)]) -> f64 {
+    let (mut i, mut j, mut total) = (0, 0, 0.0);
+    while i < a.len() && j < b.len() {
+        let (s, e) = (a[i].0.max(b[j].0), a[i].1.min(b[j].1));
+        if e > s {
+            total += e - s;
+        }
+        if a[i].1 < b[j].1 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    total
+}
+
 impl Profile {
+    /// Appends `later`, a profile of the same scheduler's devices recorded after this
+    /// one, its times shifted by `offset` seconds (where it started in this one's
+    /// time): one timeline out of profiles taken in turn.
+    pub fn append(&mut self, later: Profile, offset: f64) {
+        for mut s in later.spans {
+            s.start += offset;
+            s.end += offset;
+            self.spans.push(s);
+        }
+        for mut m in later.memory {
+            m.at += offset;
+            self.memory.push(m);
+        }
+        self.length = self.length.max(later.length + offset);
+    }
+
+    /// The share of the time of the tasks `is_comm` picks (communication) during which
+    /// other tasks ran on any device: per device, the merged communication intervals
+    /// against the merged intervals of every other task, summed over the devices. 0
+    /// when there is no communication.
+    pub fn overlap_fraction(&self, is_comm: impl Fn(&Span) -> bool) -> f64 {
+        let tasks = || self.spans.iter().filter(|s| s.kind == SpanKind::Task);
+        let compute = merged(
+            tasks()
+                .filter(|s| !is_comm(s))
+                .map(|s| (s.start, s.end))
+                .collect(),
+        );
+        let (mut comm_total, mut hidden) = (0.0, 0.0);
+        for d in 0..self.devices.len() {
+            let comm = merged(
+                tasks()
+                    .filter(|s| s.device == d && is_comm(s))
+                    .map(|s| (s.start, s.end))
+                    .collect(),
+            );
+            comm_total += comm.iter().map(|(s, e)| e - s).sum::<f64>();
+            hidden += intersection(&comm, &compute);
+        }
+        if comm_total > 0.0 {
+            hidden / comm_total
+        } else {
+            0.0
+        }
+    }
+
     /// Per-device figures.
     pub fn summary(&self) -> Vec<DeviceSummary> {
         let length = self.length.max(f64::MIN_POSITIVE);
@@ -244,6 +320,46 @@ impl fmt::Display for Profile {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn overlap_counts_communication_hidden_under_other_tasks() {
+        let span = |name: &str, device, start, end| Span {
+            kind: SpanKind::Task,
+            name: name.into(),
+            task: None,
+            device,
+            stream: 0,
+            start,
+            end,
+            bytes: 0,
+            deps: Vec::new(),
+        };
+        let mut p = Profile {
+            devices: vec!["a".into(), "b".into()],
+            timed: vec![true, true],
+            spans: vec![
+                span("all_reduce", 0, 1.0, 3.0),
+                span("matmul", 1, 0.0, 2.0),
+                span("all_reduce", 1, 2.0, 3.0),
+            ],
+            memory: Vec::new(),
+            length: 3.0,
+        };
+        let comm = |s: &Span| s.name == "all_reduce";
+        // Device 0: 1 of its 2 s under device 1's matmul; device 1: none of its 1 s.
+        assert!((p.overlap_fraction(comm) - 1.0 / 3.0).abs() < 1e-12);
+        let later = Profile {
+            spans: vec![span("matmul", 0, 0.0, 1.0)],
+            length: 1.0,
+            ..p.clone()
+        };
+        p.append(later, 2.5);
+        assert_eq!(p.spans.last().map(|s| (s.start, s.end)), Some((2.5, 3.5)));
+        assert_eq!(p.length, 3.5);
+        // Device 0's all-reduce from 2.5 to 3 and device 1's are now under device 0's
+        // later matmul too: 1.5 + 0.5 of 3 s.
+        assert!((p.overlap_fraction(comm) - 2.0 / 3.0).abs() < 1e-12);
+    }
+
     use super::*;
 
     fn span(

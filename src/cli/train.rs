@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use serde_json::json;
+use xpu::scheduler::Profile;
 use xpu::{Device, Registry, Result};
 use xpu_train::checkpoint::{Checkpoint, Writer};
 use xpu_train::{unsupported_op, TrainConfig, Trainer};
@@ -83,9 +84,73 @@ pub struct TrainArgs {
     /// The run goes on to --steps in all; the devices may differ from the first run's.
     #[arg(long, value_name = "PATH")]
     pub resume: Option<PathBuf>,
+    /// Write the scheduler's timeline of the whole run (Chrome/Perfetto trace JSON:
+    /// every task, copy and all-reduce on every device) to FILE. Timing every task
+    /// (also done with --json, for the busy and overlap figures) costs throughput.
+    #[arg(long, value_name = "FILE")]
+    pub profile: Option<PathBuf>,
     /// Print one JSON object per logged step and a summary object instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The run's timeline, profiled a logging window at a time.
+struct Timeline {
+    /// The windows so far, as one profile.
+    whole: Option<Profile>,
+}
+
+impl Timeline {
+    fn start(trainer: &Trainer) -> Result<Timeline> {
+        trainer.scheduler().start_profiling()?;
+        Ok(Timeline { whole: None })
+    }
+
+    /// Ends the current window (returning it) and starts the next.
+    fn window(&mut self, trainer: &Trainer, next: bool) -> Result<Profile> {
+        let window = trainer.scheduler().stop_profiling()?;
+        let offset = match &self.whole {
+            None => 0.0,
+            Some(w) => w.length,
+        };
+        match &mut self.whole {
+            None => self.whole = Some(window.clone()),
+            Some(w) => w.append(window.clone(), offset),
+        }
+        if next {
+            trainer.scheduler().start_profiling()?;
+        }
+        Ok(window)
+    }
+}
+
+/// Each device's busy share of `p`, by device id.
+fn busy(p: &Profile) -> serde_json::Map<String, serde_json::Value> {
+    p.summary()
+        .into_iter()
+        .filter(|d| d.tasks > 0)
+        .map(|d| (d.device, json!(d.busy_fraction)))
+        .collect()
+}
+
+/// The largest replica memory each device held in `p`, by device id.
+fn peak_memory(p: &Profile) -> serde_json::Map<String, serde_json::Value> {
+    let mut peak = vec![0u64; p.devices.len()];
+    for m in &p.memory {
+        if let Some(v) = peak.get_mut(m.device) {
+            *v = (*v).max(m.bytes);
+        }
+    }
+    p.devices
+        .iter()
+        .zip(peak)
+        .map(|(d, b)| (d.clone(), json!(b)))
+        .collect()
+}
+
+/// Whether a span is an all-reduce of the gradients.
+fn is_all_reduce(s: &xpu::scheduler::profile::Span) -> bool {
+    s.name == "all_reduce"
 }
 
 /// Runs `xpu train`.
@@ -145,6 +210,12 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
         .as_deref()
         .map(Writer::new)
         .transpose()?;
+    // Timing every task costs throughput: only when the figures are asked for.
+    let mut timeline = if args.json || args.profile.is_some() {
+        Some(Timeline::start(&trainer)?)
+    } else {
+        None
+    };
     let names: Vec<String> = devices.iter().map(|d| d.id().to_string()).collect();
     let model = match args.model {
         ModelKind::Transformer => "transformer",
@@ -176,6 +247,10 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
         if report.step % args.log_every == 0 || report.step == args.steps {
             let per_s = (window.1 * examples_per_step) as f64 / window.0.max(1e-9);
             window = (0.0, 0);
+            let profile = match &mut timeline {
+                Some(t) => Some(t.window(&trainer, report.step < args.steps)?),
+                None => None,
+            };
             if args.json {
                 println!(
                     "{}",
@@ -185,6 +260,7 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
                         "examples_per_s": per_s,
                         "shares": report.shares,
                         "devices": report.devices,
+                        "busy_frac": profile.as_ref().map(busy),
                     })
                 );
             } else {
@@ -208,11 +284,26 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
         }
         last = Some(report);
     }
+    let elapsed = start.elapsed().as_secs_f64();
+    let whole = timeline.and_then(|mut t| t.whole.take());
+    if let (Some(path), Some(p)) = (&args.profile, &whole) {
+        let text = serde_json::to_string(&p.to_chrome_json())
+            .map_err(|e| xpu::Error::invalid(format!("could not encode the timeline: {e}")))?;
+        std::fs::write(path, text).map_err(|e| {
+            xpu::Error::invalid(format!(
+                "cannot write the timeline to {}: {e}",
+                path.display()
+            ))
+        })?;
+    }
+    let (busy_all, overlap, peak) = match &whole {
+        Some(p) => (busy(p), p.overlap_fraction(is_all_reduce), peak_memory(p)),
+        None => Default::default(),
+    };
     let kept = match &mut writer {
         Some(w) => w.finish()?,
         None => Vec::new(),
     };
-    let elapsed = start.elapsed().as_secs_f64();
     let accuracy = trainer.accuracy(args.eval_examples)?;
     let final_loss = last.map_or(f64::NAN, |r| r.loss);
     let stats = trainer.scheduler().stats();
@@ -230,6 +321,9 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
                 "seconds": elapsed,
                 "time_to_first_step_s": first_step,
                 "tasks_per_device": stats.placed,
+                "busy_frac": busy_all,
+                "overlap_frac": overlap,
+                "peak_memory_bytes": peak,
                 "checkpoints": kept.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
             })
         );
@@ -241,6 +335,23 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
             accuracy * 100.0,
             args.eval_examples
         );
+        let shares: Vec<String> = busy_all
+            .iter()
+            .map(|(d, f)| format!("{d} {:.0}%", f.as_f64().unwrap_or(0.0) * 100.0))
+            .collect();
+        if whole.is_some() {
+            println!(
+                "busy: {}; all-reduce time hidden under computation: {:.0}%",
+                shares.join(", "),
+                overlap * 100.0
+            );
+        }
+        if let Some(path) = &args.profile {
+            println!(
+                "timeline: {} (open it in https://ui.perfetto.dev)",
+                path.display()
+            );
+        }
         if let Some(last) = kept.last() {
             println!("latest checkpoint: {}", last.display());
         }

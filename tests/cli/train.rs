@@ -48,6 +48,42 @@ fn train_learns_modular_addition_on_host_devices() {
     assert!(first > 2.5 && last < 0.5, "{out}");
     assert!(summary["accuracy"].as_f64().unwrap() > 0.9, "{out}");
     assert_eq!(summary["devices"], serde_json::json!(["host:0", "host:1"]));
+    // The timing figures: every device busy some of the time, the all-reduce's share
+    // hidden under computation a fraction, replica memory held on both devices.
+    for d in ["host:0", "host:1"] {
+        let b = summary["busy_frac"][d].as_f64().unwrap();
+        assert!(b > 0.0 && b <= 1.0, "{summary}");
+        assert!(steps[0]["busy_frac"][d].as_f64().unwrap() > 0.0, "{out}");
+        assert!(
+            summary["peak_memory_bytes"][d].as_u64().unwrap() > 0,
+            "{summary}"
+        );
+    }
+    let o = summary["overlap_frac"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&o), "{summary}");
+}
+
+#[test]
+fn train_writes_a_timeline_with_the_all_reduces() {
+    let path = scratch("train-timeline.json");
+    let (code, out, err) = run(&mut xpu(&[
+        "train",
+        "--devices",
+        "host:0,1",
+        "--steps",
+        "3",
+        "--profile",
+        path.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("busy: host:0"), "{out}");
+    let trace: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let named = |n: &str| events.iter().filter(|e| e["name"] == n).count();
+    // Three steps of four buckets, on two devices.
+    assert_eq!(named("all_reduce"), 3 * 4 * 2, "{out}");
+    assert!(named("adamw") >= 3 * 4 * 2);
+    std::fs::remove_file(&path).unwrap();
 }
 
 /// The losses of `xpu train --json` with `args` on `sel`, or `None` when a backend it

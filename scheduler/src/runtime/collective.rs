@@ -207,6 +207,19 @@ impl State {
             }
             memory.push((m_send, m_recv, self.streams[s].stream.clone()));
         }
+        // Timed on each rank's stream when profiling, like a task.
+        let mut starts = Vec::with_capacity(ranks.len());
+        for &d in ranks {
+            let profiled = self
+                .profiling
+                .as_ref()
+                .is_some_and(|p| p.origins.get(d).is_some_and(Option::is_some));
+            starts.push(if profiled {
+                Some(self.streams[compute_stream(d)].stream.record_event()?)
+            } else {
+                None
+            });
+        }
         let call = |r: usize| -> Result<()> {
             let (send, recv, stream) = &memory[r];
             let rank = comm.rank(r)?;
@@ -246,6 +259,23 @@ impl State {
             self.stats.placed[d] += 1;
             self.live[d].push_back((point.seq, id));
             points.push(point);
+            if let (Some(start), Some(end)) =
+                (starts[r].take(), self.streams[s].event_after(point.seq))
+            {
+                if let Some(p) = &mut self.profiling {
+                    p.spans.push(PendingSpan {
+                        kind: SpanKind::Task,
+                        name: label.to_string(),
+                        task: Some(id),
+                        device: d,
+                        stream: 0,
+                        bytes: send[r].len,
+                        deps: Vec::new(),
+                        start,
+                        end,
+                    });
+                }
+            }
         }
         self.tasks.insert(
             id,
