@@ -323,12 +323,14 @@ impl State {
                     return Ok(());
                 }
                 Err(e @ Error::OutOfMemory { .. }) => last = Some((d, e)),
-                // The device is gone: the next poll recovers what it had in flight.
-                Err(e @ (Error::DeviceLost { .. } | Error::Unavailable { .. }))
-                    if self.devices[d].lost.is_none() =>
-                {
-                    self.devices[d].lost = Some(e.to_string());
-                    self.unrecovered_loss = true;
+                // The device is gone (now, or already: a worker may have taken the task
+                // before the loss was known): the task goes to the next candidate, and
+                // the next poll recovers what the device had in flight.
+                Err(e @ (Error::DeviceLost { .. } | Error::Unavailable { .. })) => {
+                    if self.devices[d].lost.is_none() {
+                        self.devices[d].lost = Some(e.to_string());
+                        self.unrecovered_loss = true;
+                    }
                     last = Some((d, e));
                 }
                 Err(e) => {
