@@ -117,8 +117,68 @@ pub trait DeviceImpl: Send + Sync {
     /// Guaranteed by the HAL: the source's format is in `capabilities.kernel_formats`.
     fn load_kernel(&self, desc: &KernelDesc) -> Result<Arc<dyn KernelImpl>>;
 
+    /// Makes the device fail as `fault` says, from now on and for real (every later
+    /// call on it or its streams fails as a failed device would), so that what runs
+    /// above — recovery, elastic training, conformance cases — can be tested. The
+    /// default refuses: the backend has no fault injection.
+    fn inject_fault(&self, fault: Fault) -> Result<()> {
+        Err(crate::Error::unsupported(format!(
+            "this backend cannot inject the fault {fault:?}; choose a host or sim-npu device to test failures on"
+        )))
+    }
+
     /// The device as `Any`, for code that knows the backend (benchmarks, tests).
     fn as_any(&self) -> &dyn Any;
+}
+
+/// A failure [`DeviceImpl::inject_fault`] makes a device suffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// The device is lost: work queued on it fails, and every later allocation,
+    /// stream, copy, operation, synchronisation and memory query returns
+    /// [`crate::Error::DeviceLost`]. It does not come back.
+    Lost,
+}
+
+/// The state of a device that [`Fault::Lost`] can reach: one switch a backend shares
+/// between the device and its streams, checked wherever they start work.
+#[derive(Debug)]
+pub struct LostSwitch {
+    /// The device's id, for messages.
+    device: String,
+    lost: std::sync::atomic::AtomicBool,
+}
+
+impl LostSwitch {
+    /// A switch of the working device `device` (its id, for messages).
+    pub fn new(device: impl Into<String>) -> Arc<LostSwitch> {
+        Arc::new(LostSwitch {
+            device: device.into(),
+            lost: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Loses the device, for good.
+    pub fn lose(&self) {
+        self.lost.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the device has been lost.
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// `DeviceLost` once the device has been lost.
+    pub fn check(&self) -> Result<()> {
+        if self.is_lost() {
+            return Err(crate::Error::DeviceLost {
+                device: self.device.clone(),
+                message: "the device failed (an injected fault); use the other devices".into(),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// A builtin operation, validated. Element counts are the slice lengths divided by the

@@ -83,6 +83,13 @@ impl Device {
         self.inner.imp.memory_info()
     }
 
+    /// Makes the device fail for real as `fault` says, so that recovery above it can
+    /// be tested (`xpu train --inject-fault`). Backends without fault injection return
+    /// `Unsupported`; the host backend and the sim-npu plugin have it.
+    pub fn inject_fault(&self, fault: crate::backend::Fault) -> Result<()> {
+        self.inner.imp.inject_fault(fault)
+    }
+
     /// The backend implementation, for code that knows the backend (benchmarks, tests).
     pub fn implementation(&self) -> &Arc<dyn DeviceImpl> {
         &self.inner.imp

@@ -155,17 +155,32 @@ fn intersection(a: &[(f64, f64)], b: &[(f64, f64)]) -> f64 {
 }
 
 impl Profile {
-    /// Appends `later`, a profile of the same scheduler's devices recorded after this
-    /// one, its times shifted by `offset` seconds (where it started in this one's
-    /// time): one timeline out of profiles taken in turn.
+    /// Appends `later`, a profile recorded after this one, its times shifted by
+    /// `offset` seconds (where it started in this one's time): one timeline out of
+    /// profiles taken in turn. Devices are matched by name, so `later` may come from
+    /// another scheduler over other devices (a group re-formed after a failure); its
+    /// devices this one lacks are added.
     pub fn append(&mut self, later: Profile, offset: f64) {
+        let index: Vec<usize> = later
+            .devices
+            .iter()
+            .map(|name| match self.devices.iter().position(|d| d == name) {
+                Some(i) => i,
+                None => {
+                    self.devices.push(name.clone());
+                    self.devices.len() - 1
+                }
+            })
+            .collect();
         for mut s in later.spans {
             s.start += offset;
             s.end += offset;
+            s.device = index.get(s.device).copied().unwrap_or(s.device);
             self.spans.push(s);
         }
         for mut m in later.memory {
             m.at += offset;
+            m.device = index.get(m.device).copied().unwrap_or(m.device);
             self.memory.push(m);
         }
         self.length = self.length.max(later.length + offset);

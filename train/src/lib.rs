@@ -7,7 +7,10 @@
 //! - [`checkpoint`]: checkpoints written atomically on a thread of their own, verified
 //!   when read.
 //! - [`data`]: the synthetic task, generated from the seed and the example's position.
+//! - [`elastic`]: surviving a device failure — the group re-formed from the survivors,
+//!   continuing from the last checkpoint.
 //! - [`params`]: parameters in buckets, and their initial values from the seed.
+//! - [`peak`]: a device's matrix-product peak, the denominator of the utilisation.
 //! - `replica`: one device's handles and the layers as tasks pinned to it.
 //! - `mlp`: the MLP over modular addition.
 //! - `transformer`: the decoder-only transformer reversing digits.
@@ -21,9 +24,11 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod elastic;
 mod mlp;
 mod model;
 pub mod params;
+pub mod peak;
 mod replica;
 pub mod split;
 pub mod trainer;

@@ -39,6 +39,24 @@ pub(crate) struct Replica {
     /// When set, the tasks submitted are also kept here (to predict a micro-batch's
     /// time on each device from the scheduler's models).
     pub(crate) recording: std::sync::Mutex<Option<Vec<Task>>>,
+    /// Floating-point operations of the matrix products submitted so far (the model
+    /// FLOPs of the utilisation figure).
+    pub(crate) matmul_flops: std::sync::atomic::AtomicU64,
+}
+
+/// The floating-point operations of `op` when it is a matrix product: `2·k` per
+/// element of the product, with `k` the contracted extent.
+fn matmul_flops(op: &Op<TensorRef>) -> u64 {
+    let Op::Matmul { a, c, trans_a, .. } = op else {
+        return 0;
+    };
+    let dims = a.layout.dims();
+    let k = match (dims.len(), trans_a) {
+        (r, false) if r >= 2 => dims[r - 1],
+        (r, true) if r >= 2 => dims[r - 2],
+        _ => 0,
+    };
+    c.layout.elements().saturating_mul(k).saturating_mul(2)
 }
 
 /// A dense `f32` tensor of `dims` at element `offset` of `handle`.
@@ -58,6 +76,7 @@ pub(crate) fn whole(handle: Handle, dtype: DType, dims: &[u64]) -> Result<Tensor
 impl Replica {
     /// Submits `op` on this replica's device, under the codelet name `name`.
     pub(crate) fn run(&self, sched: &Scheduler, name: &str, op: Op<TensorRef>) -> Result<()> {
+        let flops = matmul_flops(&op);
         let task = Task::op(name, op)?.on(&self.device);
         if let Some(kept) = self
             .recording
@@ -68,6 +87,8 @@ impl Replica {
             kept.push(task.clone());
         }
         sched.submit(task)?;
+        self.matmul_flops
+            .fetch_add(flops, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 

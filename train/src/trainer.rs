@@ -25,6 +25,7 @@
 //! reported loss is the mean of the per-row losses, summed on the host in example
 //! order.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -235,6 +236,11 @@ pub struct StepReport {
     pub left_out: Vec<String>,
     /// Wall-clock seconds of the step.
     pub seconds: f64,
+    /// Input tokens of the global batch.
+    pub tokens: u64,
+    /// Floating-point operations of the step's matrix products, on all replicas (the
+    /// model FLOPs of a utilisation figure).
+    pub matmul_flops: u64,
 }
 
 /// Data-parallel training of one model over a set of devices.
@@ -249,6 +255,8 @@ pub struct Trainer {
     /// The tasks of one micro-batch (forward and backward), for predicted times.
     micro_batch_tasks: Vec<Task>,
     step: u64,
+    /// Input tokens of one global batch.
+    tokens_per_step: u64,
 }
 
 impl Trainer {
@@ -328,9 +336,11 @@ impl Trainer {
                 dloss,
                 loss,
                 recording: Mutex::new(None),
+                matmul_flops: AtomicU64::new(0),
             });
         }
         let shares = split::proportional(micro_batches, &vec![None; devices.len()]);
+        let tokens_per_step = data.examples(0, 1).tokens.len() as u64 * config.global_batch;
         Ok(Trainer {
             data,
             config,
@@ -341,6 +351,7 @@ impl Trainer {
             shares,
             micro_batch_tasks: Vec::new(),
             step: 0,
+            tokens_per_step,
         })
     }
 
@@ -373,6 +384,16 @@ impl Trainer {
         Ok(())
     }
 
+    /// The configuration.
+    pub fn config(&self) -> &TrainConfig {
+        &self.config
+    }
+
+    /// The replicas' devices, in rank order.
+    pub fn devices(&self) -> Vec<Device> {
+        self.replicas.iter().map(|r| r.device.clone()).collect()
+    }
+
     /// The scheduler the trainer runs on.
     pub fn scheduler(&self) -> &Scheduler {
         &self.sched
@@ -393,6 +414,7 @@ impl Trainer {
     /// One training step over the next global batch.
     pub fn step(&mut self) -> Result<StepReport> {
         let start = Instant::now();
+        let flops_before: u64 = self.matmul_flops();
         let n = self.config.micro_batch;
         let shares = self.shares.clone();
         let ranges = split::ranges(&shares);
@@ -545,7 +567,18 @@ impl Trainer {
             loss: sum / (self.config.global_batch * self.data.targets_per_example()) as f64,
             shares,
             seconds: start.elapsed().as_secs_f64(),
+            tokens: self.tokens_per_step,
+            matmul_flops: self.matmul_flops().saturating_sub(flops_before),
         })
+    }
+
+    /// Floating-point operations of the matrix products submitted on every replica so
+    /// far.
+    fn matmul_flops(&self) -> u64 {
+        self.replicas
+            .iter()
+            .map(|r| r.matmul_flops.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// The run's state after the last step, copied to host memory (replica 0's

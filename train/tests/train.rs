@@ -146,3 +146,70 @@ fn a_resumed_run_continues_bit_for_bit_on_the_same_or_other_devices() {
     assert_eq!(other.read_parameters(0).unwrap(), before);
     assert_eq!(other.steps_done(), 0);
 }
+
+/// A host device lost mid-run for real (an injected fault): the step fails, recovery
+/// finds the lost device, re-forms the group from the survivor and continues from the
+/// last checkpoint — and the trajectory is the undisturbed one, bit for bit.
+#[test]
+fn a_lost_device_is_dropped_and_training_continues_from_the_last_checkpoint() {
+    use xpu_hal::backend::Fault;
+    use xpu_train::elastic;
+    let (undisturbed, _) = run("host:0,1", None, 14);
+    let config = TrainConfig {
+        rebalance_every: 0,
+        ..TrainConfig::default()
+    };
+    let devices = host("host:0,1");
+    let mut t = Trainer::new(&devices, config).unwrap();
+    let mut losses = Vec::new();
+    let mut last = None;
+    let mut recoveries = Vec::new();
+    while t.steps_done() < 14 {
+        if t.steps_done() == 9 && recoveries.is_empty() {
+            devices[1].inject_fault(Fault::Lost).unwrap();
+        }
+        match t.step() {
+            Ok(r) => {
+                losses.truncate(r.step as usize - 1);
+                losses.push(r.loss);
+                if r.step % 4 == 0 {
+                    last = Some(t.checkpoint().unwrap());
+                }
+            }
+            Err(e) => {
+                let (next, recovery) = elastic::recover(t, e, last.as_ref()).unwrap();
+                recoveries.push(recovery);
+                t = next;
+            }
+        }
+    }
+    assert_eq!(recoveries.len(), 1, "{recoveries:?}");
+    let r = &recoveries[0];
+    assert_eq!(r.failed_step, 10);
+    assert_eq!(r.resumed_at, 8);
+    assert_eq!(r.survivors, ["host:0"]);
+    assert_eq!(r.lost.len(), 1);
+    assert_eq!(r.lost[0].0, "host:1");
+    assert!(r.lost[0].1.contains("lost"), "{:?}", r.lost);
+    assert_eq!(losses, undisturbed);
+}
+
+/// The last device failing ends the run with an error naming the last checkpoint.
+#[test]
+fn losing_the_last_device_stops_with_the_last_checkpoint_named() {
+    use xpu_hal::backend::Fault;
+    let devices = host("host:1");
+    let mut t = Trainer::new(&devices, TrainConfig::default()).unwrap();
+    t.step().unwrap();
+    let c = t.checkpoint().unwrap();
+    devices[0].inject_fault(Fault::Lost).unwrap();
+    let e = t.step().unwrap_err();
+    let e = match xpu_train::elastic::recover(t, e, Some(&c)) {
+        Ok(_) => panic!("recovered with no device left"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("no device is left") && e.contains("step 1"),
+        "{e}"
+    );
+}

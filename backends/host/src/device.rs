@@ -4,7 +4,7 @@ use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use xpu_hal::backend::{DeviceImpl, StreamImpl};
+use xpu_hal::backend::{DeviceImpl, Fault, LostSwitch, StreamImpl};
 use xpu_hal::{
     Capabilities, DType, DeviceInfo, DeviceKind, Error, KernelDesc, KernelFormat, KernelImpl,
     KernelSource, MemoryInfo, RawAllocation, Result,
@@ -22,6 +22,8 @@ pub struct HostDevice {
     streams_created: AtomicU64,
     cpu: CpuFacts,
     threads: Arc<OpThreads>,
+    /// Set by an injected [`Fault::Lost`]; shared with the streams.
+    lost: Arc<LostSwitch>,
 }
 
 /// What the host says about its processor, for the device's name and vendor.
@@ -60,21 +62,25 @@ impl HostDevice {
             streams_created: AtomicU64::new(0),
             cpu: CpuFacts::read(),
             threads: OpThreads::new(threads),
+            lost: LostSwitch::new(format!("host:{index}")),
         }
     }
 
     /// Creates a stream and returns it as the concrete host type.
     pub fn create_host_stream(&self) -> Result<HostStream> {
+        self.lost.check()?;
         let n = self.streams_created.fetch_add(1, Ordering::Relaxed);
         HostStream::new(
             self.accounting.device.clone(),
             format!("xpu-host{}-s{n}", self.index),
             self.threads.clone(),
+            self.lost.clone(),
         )
     }
 
     /// Allocates memory and returns it as the concrete host type.
     pub fn allocate_host(&self, size: u64) -> Result<Arc<HostAllocation>> {
+        self.lost.check()?;
         Ok(Arc::new(HostAllocation::new(
             size,
             self.accounting.clone(),
@@ -89,6 +95,7 @@ impl HostDevice {
         reserve: u64,
         initial: u64,
     ) -> Result<Arc<HostAllocation>> {
+        self.lost.check()?;
         let page = page_size().ok_or_else(|| {
             Error::unsupported("the host backend reserves address space only on Unix systems")
         })?;
@@ -135,6 +142,7 @@ impl DeviceImpl for HostDevice {
     }
 
     fn memory_info(&self) -> Result<MemoryInfo> {
+        self.lost.check()?;
         let used = self.accounting.used.load(Ordering::Acquire);
         Ok(MemoryInfo {
             total: self.accounting.capacity,
@@ -162,6 +170,18 @@ impl DeviceImpl for HostDevice {
                 other.format()
             ))),
         }
+    }
+
+    fn inject_fault(&self, fault: Fault) -> Result<()> {
+        match fault {
+            Fault::Lost => self.lost.lose(),
+            other => {
+                return Err(Error::unsupported(format!(
+                    "the host backend cannot inject {other:?}"
+                )))
+            }
+        }
+        Ok(())
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -43,6 +43,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::{Backoff, CachePadded};
+use xpu_hal::backend::LostSwitch;
 use xpu_hal::{Error, Result};
 
 use crate::event::HostEvent;
@@ -107,10 +108,12 @@ pub(crate) struct Timeline {
     done_cv: Condvar,
     /// The device's id, for messages.
     pub(crate) device: String,
+    /// The device's health: once lost, nothing more runs or is accepted.
+    lost: Arc<LostSwitch>,
 }
 
 impl Timeline {
-    fn new(device: String) -> Self {
+    fn new(device: String, lost: Arc<LostSwitch>) -> Self {
         Timeline {
             jobs: Mutex::new(Jobs {
                 queue: VecDeque::new(),
@@ -130,6 +133,7 @@ impl Timeline {
             done_lock: Mutex::new(()),
             done_cv: Condvar::new(),
             device,
+            lost,
         }
     }
 
@@ -151,10 +155,10 @@ impl Timeline {
         lock(&self.error).clone()
     }
 
-    /// Reports (and clears) the pending error.
+    /// Reports (and clears) the pending error; on a lost device, always an error.
     pub(crate) fn take_error(&self) -> Result<()> {
         if !self.has_error.load(Ordering::Acquire) {
-            return Ok(());
+            return self.lost.check();
         }
         let mut slot = lock(&self.error);
         self.has_error.store(false, Ordering::Release);
@@ -177,6 +181,7 @@ impl Timeline {
     }
 
     fn push_locked(&self, jobs: &mut Jobs, job: Job) -> Result<u64> {
+        self.lost.check()?;
         if jobs.closed {
             return Err(Error::DeviceLost {
                 device: self.device.clone(),
@@ -197,6 +202,7 @@ impl Timeline {
     /// While the last job is still queued the event rides on it (an event right after
     /// another is the same event); otherwise a mark job is queued.
     fn record(self: &Arc<Self>) -> Result<Arc<HostEvent>> {
+        self.lost.check()?;
         let mut jobs = lock(&self.jobs);
         let submitted = jobs.submitted;
         if !jobs.closed {
@@ -367,9 +373,9 @@ pub(crate) struct Queue {
 }
 
 impl Queue {
-    /// Starts a worker thread named `name`.
-    pub(crate) fn start(device: String, name: String) -> Result<Self> {
-        let timeline = Arc::new(Timeline::new(device));
+    /// Starts a worker thread named `name` for a stream of the device `lost` watches.
+    pub(crate) fn start(device: String, name: String, lost: Arc<LostSwitch>) -> Result<Self> {
+        let timeline = Arc::new(Timeline::new(device, lost));
         let worker_timeline = timeline.clone();
         std::thread::Builder::new()
             .name(name.clone())
@@ -426,6 +432,11 @@ fn run(job: Job, timeline: &Timeline) {
                 // Skipped: an earlier job failed and the error has not been reported.
                 return;
             }
+            if let Err(e) = timeline.lost.check() {
+                // The device failed with this job still queued: it never runs.
+                timeline.set_error(e);
+                return;
+            }
             match catch_unwind(AssertUnwindSafe(work)) {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => timeline.set_error(e),
@@ -454,7 +465,12 @@ mod tests {
     /// wakes it, whatever other sleepers wait for.
     #[test]
     fn every_waiter_wakes_at_its_point() {
-        let queue = Queue::start("host:test".into(), "xpu-test-queue".into()).unwrap();
+        let queue = Queue::start(
+            "host:test".into(),
+            "xpu-test-queue".into(),
+            LostSwitch::new("host:test"),
+        )
+        .unwrap();
         let timeline = queue.timeline().clone();
         let jobs = 2_000u64;
         let waiters: Vec<_> = (0..8u64)
@@ -501,7 +517,12 @@ mod tests {
     /// busy with a job the waiter leaves the rest to it.
     #[test]
     fn a_waiter_runs_jobs_only_while_the_worker_sleeps() {
-        let queue = Queue::start("host:test".into(), "xpu-test-queue".into()).unwrap();
+        let queue = Queue::start(
+            "host:test".into(),
+            "xpu-test-queue".into(),
+            LostSwitch::new("host:test"),
+        )
+        .unwrap();
         let timeline = queue.timeline().clone();
         // Let the worker fall asleep.
         while !timeline.asleep.load(Ordering::SeqCst) {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use xpu_hal::backend::{BatchOp, BuiltinOp, EventImpl, StreamImpl};
+use xpu_hal::backend::{BatchOp, BuiltinOp, EventImpl, LostSwitch, StreamImpl};
 use xpu_hal::ops::{Op, RawTensor};
 use xpu_hal::{
     Error, Event, HostArg, HostKernelContext, HostSlice, KeptBatch, KernelDesc, KernelImpl,
@@ -28,9 +28,14 @@ pub struct HostStream {
 }
 
 impl HostStream {
-    pub(crate) fn new(device: String, name: String, threads: Arc<OpThreads>) -> Result<Self> {
+    pub(crate) fn new(
+        device: String,
+        name: String,
+        threads: Arc<OpThreads>,
+        lost: Arc<LostSwitch>,
+    ) -> Result<Self> {
         Ok(HostStream {
-            queue: Queue::start(device, name)?,
+            queue: Queue::start(device, name, lost)?,
             threads,
         })
     }

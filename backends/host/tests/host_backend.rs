@@ -74,6 +74,44 @@ fn memory_freed_while_in_flight_returns_after_the_work() {
     assert_eq!(d.memory_info().unwrap().free, 1 << 20);
 }
 
+/// An injected loss fails the work still queued and every later call on the device,
+/// for good, and leaves the other devices of the backend working.
+#[test]
+fn an_injected_loss_fails_queued_work_and_every_later_call() {
+    let mut r = Registry::new();
+    r.register(Arc::new(HostBackend::new(HostConfig {
+        devices: 2,
+        capacity: 1 << 20,
+    })))
+    .unwrap();
+    let both = r
+        .devices(&DeviceSelector::parse("host:0,1").unwrap())
+        .unwrap();
+    let (d, other) = (&both[0], &both[1]);
+    let s = d.create_stream().unwrap();
+    let a = d.allocate(64).unwrap();
+    s.launch(&sleepy_kernel(d, 50), LaunchDims::linear(1, 1), &[])
+        .unwrap();
+    s.fill(&a, Scalar::U8(7)).unwrap();
+    d.inject_fault(xpu_hal::backend::Fault::Lost).unwrap();
+    let lost = |e: Error| assert!(matches!(e, Error::DeviceLost { .. }), "{e}");
+    lost(s.synchronize().unwrap_err());
+    // Sticky: the queued fill never ran and nothing new is accepted.
+    lost(s.synchronize().unwrap_err());
+    lost(s.fill(&a, Scalar::U8(1)).unwrap_err());
+    lost(s.query().unwrap_err());
+    lost(s.record_event().unwrap_err());
+    lost(d.allocate(16).unwrap_err());
+    lost(d.create_stream().unwrap_err());
+    lost(d.memory_info().unwrap_err());
+    assert!(d.inject_fault(xpu_hal::backend::Fault::Lost).is_ok());
+    // The other device is untouched.
+    let s1 = other.create_stream().unwrap();
+    let b = other.allocate(16).unwrap();
+    s1.fill(&b, Scalar::U8(3)).unwrap();
+    assert_eq!(s1.read(&b).unwrap(), vec![3u8; 16]);
+}
+
 #[test]
 fn a_panicking_kernel_becomes_an_error_and_the_stream_lives_on() {
     let d = device(1 << 20);

@@ -1,0 +1,489 @@
+//! `xpu train`: data-parallel training of a model over the selected devices, with a
+//! progress bar, lines or JSON objects while it runs and a summary at the end; a
+//! device that fails is dropped and the run continues from the last checkpoint.
+//!
+//! - `faults`: `--inject-fault DEVICE@STEP`.
+//! - `output`: the progress bar, the lines and JSON objects, the timeline.
+//! - `plot`: `--plot FILE.svg`.
+
+mod faults;
+mod output;
+mod plot;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use serde_json::json;
+use xpu::{Device, Registry, Result};
+use xpu_train::checkpoint::{Checkpoint, Writer};
+use xpu_train::elastic;
+use xpu_train::{unsupported_op, TrainConfig, Trainer};
+
+use output::{busy, is_all_reduce, peak_memory, Logged, Reporter, Timeline};
+
+/// The models `xpu train` trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModelKind {
+    /// A decoder-only transformer (attention, GELU MLP, layer norm) learning to reverse
+    /// a sequence of digits.
+    Transformer,
+    /// An MLP over two embedded operands learning `(a + b) mod p`.
+    Mlp,
+}
+
+/// The options of `xpu train`.
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// The model.
+    #[arg(long, value_enum, default_value = "transformer")]
+    pub model: ModelKind,
+    /// Devices to train on, one replica each (default: XPU_DEVICES, else every device
+    /// that provides the model's operations).
+    #[arg(long)]
+    pub devices: Option<String>,
+    /// Training steps.
+    #[arg(long, default_value_t = 200)]
+    pub steps: u64,
+    /// Examples (sequences for the transformer) per step (default: 64 for the
+    /// transformer, 256 for the MLP).
+    #[arg(long)]
+    pub batch: Option<u64>,
+    /// Examples per micro-batch, the unit the batch is shared in (default: 8 for the
+    /// transformer, 32 for the MLP).
+    #[arg(long)]
+    pub micro_batch: Option<u64>,
+    /// AdamW learning rate.
+    #[arg(long, default_value_t = 3e-3)]
+    pub lr: f32,
+    /// The seed of the data and the initial parameters.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The MLP's task: the modulus (the classes).
+    #[arg(long, default_value_t = 23)]
+    pub modulus: u32,
+    /// The transformer's task: digits to reverse.
+    #[arg(long, default_value_t = 6)]
+    pub digits: u32,
+    /// Model width of the transformer, embedding width of the MLP (default: 64 and
+    /// 32).
+    #[arg(long)]
+    pub width: Option<u64>,
+    /// Hidden width of the MLP.
+    #[arg(long, default_value_t = 128)]
+    pub hidden: u64,
+    /// Attention heads of the transformer (dividing the width).
+    #[arg(long, default_value_t = 4)]
+    pub heads: u64,
+    /// Blocks of the transformer.
+    #[arg(long, default_value_t = 2)]
+    pub layers: u64,
+    /// Steps between logged lines.
+    #[arg(long, default_value_t = 10)]
+    pub log_every: u64,
+    /// Held-out examples the final accuracy is measured on.
+    #[arg(long, default_value_t = 1024)]
+    pub eval_examples: u64,
+    /// Write checkpoints into this directory (every --checkpoint-every steps and at
+    /// the end), on a thread of their own while training goes on.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Steps between checkpoints (with --checkpoint-dir).
+    #[arg(long, default_value_t = 50, value_name = "N")]
+    pub checkpoint_every: u64,
+    /// Continue from a checkpoint: a file, or a directory whose `latest` names one.
+    /// The run goes on to --steps in all; the devices may differ from the first run's.
+    #[arg(long, value_name = "PATH")]
+    pub resume: Option<PathBuf>,
+    /// Write the scheduler's timeline of the whole run (Chrome/Perfetto trace JSON:
+    /// every task, copy and all-reduce on every device) to FILE. Timing every task
+    /// (also done with --json, for the busy and overlap figures) costs throughput.
+    #[arg(long, value_name = "FILE")]
+    pub profile: Option<PathBuf>,
+    /// Print one JSON object per logged step and a summary object instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Draw the loss curve and each device's busy share over the run into FILE (SVG).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+    /// Make DEVICE fail for real (through its backend: host and sim-npu devices can)
+    /// when step STEP begins, to see the run drop it and continue from the last
+    /// checkpoint on the others. Repeatable.
+    #[arg(long, value_name = "DEVICE@STEP")]
+    pub inject_fault: Vec<String>,
+}
+
+/// What the run has trained, for the summary and the plot.
+#[derive(Default)]
+struct History {
+    /// `(step, loss)` of every step; steps trained again after a recovery replace
+    /// the first tries.
+    losses: Vec<(u64, f64)>,
+    /// Per device, `(last step of a window, busy share)`.
+    busy: Vec<(String, Vec<(u64, f64)>)>,
+    /// Changes of the group.
+    marks: Vec<(u64, String)>,
+    /// Seconds spent in steps that counted, their matrix-product FLOPs and tokens.
+    seconds: f64,
+    flops: u64,
+    tokens: u64,
+}
+
+impl History {
+    fn window_busy(&mut self, step: u64, busy: &serde_json::Map<String, serde_json::Value>) {
+        for (device, frac) in busy {
+            let f = frac.as_f64().unwrap_or(0.0);
+            match self.busy.iter_mut().find(|(d, _)| d == device) {
+                Some((_, points)) => points.push((step, f)),
+                None => self.busy.push((device.clone(), vec![(step, f)])),
+            }
+        }
+    }
+}
+
+/// The configuration `args` ask for.
+fn config_of(args: &TrainArgs) -> TrainConfig {
+    let base = match args.model {
+        ModelKind::Transformer => TrainConfig::transformer(),
+        ModelKind::Mlp => TrainConfig::default(),
+    };
+    TrainConfig {
+        seed: args.seed,
+        global_batch: args.batch.unwrap_or(base.global_batch),
+        micro_batch: args.micro_batch.unwrap_or(base.micro_batch),
+        lr: args.lr,
+        modulus: args.modulus,
+        digits: args.digits,
+        width: args.width.unwrap_or(base.width),
+        hidden: args.hidden,
+        heads: args.heads,
+        layers: args.layers,
+        ..base
+    }
+}
+
+/// Refuses option values no run can use.
+fn check(args: &TrainArgs) -> Result<()> {
+    if args.steps == 0 || args.steps > 10_000_000 {
+        return Err(xpu::Error::invalid(format!(
+            "--steps {}: give 1 to 10000000",
+            args.steps
+        )));
+    }
+    if args.checkpoint_every == 0 {
+        return Err(xpu::Error::invalid(
+            "--checkpoint-every 0: give the steps between checkpoints (at least 1)",
+        ));
+    }
+    if args.log_every == 0 || args.eval_examples > 1 << 24 {
+        return Err(xpu::Error::invalid(
+            "--log-every must be at least 1 and --eval-examples at most 16777216",
+        ));
+    }
+    Ok(())
+}
+
+/// Writes `text` to `path`, saying what it was on failure.
+fn write_file(path: &Path, what: &str, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(|e| {
+        xpu::Error::invalid(format!(
+            "cannot write the {what} to {}: {e}",
+            path.display()
+        ))
+    })
+}
+
+/// Runs `xpu train`.
+pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
+    let config = config_of(args);
+    check(args)?;
+    // A checkpoint to resume from is read and verified before any device is touched.
+    let resume = args.resume.as_deref().map(Checkpoint::load).transpose()?;
+    let devices = select(registry, args, &config)?;
+    let mut faults = faults::parse(&args.inject_fault, &devices, args.steps)?;
+    let start = Instant::now();
+    let mut trainer = Trainer::new(&devices, config.clone())?;
+    let reporter = Reporter::new(args.json, args.steps, 0);
+    if let (Some(c), Some(path)) = (&resume, &args.resume) {
+        trainer.restore(c)?;
+        reporter.line(&format!(
+            "resumed from {} at step {}",
+            path.display(),
+            c.step
+        ));
+    }
+    if trainer.steps_done() >= args.steps {
+        return Err(xpu::Error::invalid(format!(
+            "the checkpoint is at step {}; give --steps beyond it",
+            trainer.steps_done()
+        )));
+    }
+    let mut writer = args
+        .checkpoint_dir
+        .as_deref()
+        .map(Writer::new)
+        .transpose()?;
+    // Timing every task costs throughput: only when the figures are asked for.
+    let profiled = args.json || args.profile.is_some() || args.plot.is_some();
+    let mut timeline = if profiled {
+        Some(Timeline::start(&trainer)?)
+    } else {
+        None
+    };
+    let names: Vec<String> = devices.iter().map(|d| d.id().to_string()).collect();
+    let model = match args.model {
+        ModelKind::Transformer => "transformer",
+        ModelKind::Mlp => "mlp",
+    };
+    reporter.line(&format!(
+        "training the {model} ({} parameters) on {}: {} examples per step in micro-batches of {}",
+        trainer.parameters(),
+        names.join(", "),
+        config.global_batch,
+        config.micro_batch
+    ));
+    if let Reporter::Bar(bar) = &reporter {
+        bar.set_position(trainer.steps_done());
+    }
+    // The state to fall back on when a device fails: the last checkpoint (in memory,
+    // and on disk with --checkpoint-dir).
+    let mut last_checkpoint = resume;
+    let mut history = History::default();
+    let mut first_step = None;
+    let mut window = (0.0f64, 0u64, 0u64);
+    let mut recoveries = Vec::new();
+    while trainer.steps_done() < args.steps {
+        let next = trainer.steps_done() + 1;
+        for device in faults::fire(&mut faults, next)? {
+            reporter.event(
+                &format!("injecting a fault: {device} fails at step {next}"),
+                json!({"step": next, "inject_fault": device}),
+            );
+        }
+        let report = match trainer.step() {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(t) = &mut timeline {
+                    // The failed group's last window, as far as it was recorded.
+                    let _ = t.window(&trainer, false);
+                }
+                let (next_trainer, recovery) =
+                    match elastic::recover(trainer, e, last_checkpoint.as_ref()) {
+                        Ok(done) => done,
+                        Err(e) => {
+                            reporter.finish();
+                            if let Some(w) = &mut writer {
+                                if let Some(path) = w.finish()?.last() {
+                                    eprintln!(
+                                        "xpu train: the latest checkpoint is {}",
+                                        path.display()
+                                    );
+                                }
+                            }
+                            return Err(e);
+                        }
+                    };
+                trainer = next_trainer;
+                reporter.recovered(&recovery);
+                let lost: Vec<&str> = recovery.lost.iter().map(|(d, _)| d.as_str()).collect();
+                history
+                    .marks
+                    .push((recovery.failed_step, format!("{} lost", lost.join(", "))));
+                history.losses.retain(|(s, _)| *s <= recovery.resumed_at);
+                recoveries.push(recovery);
+                window = (0.0, 0, 0);
+                if timeline.is_some() {
+                    trainer.scheduler().start_profiling()?;
+                }
+                continue;
+            }
+        };
+        if report.step % args.checkpoint_every == 0 || report.step == args.steps {
+            let c = trainer.checkpoint()?;
+            if let Some(w) = &mut writer {
+                w.write(c.clone())?;
+            }
+            last_checkpoint = Some(c);
+        }
+        first_step.get_or_insert_with(|| start.elapsed().as_secs_f64());
+        history.losses.push((report.step, report.loss));
+        history.seconds += report.seconds;
+        history.flops += report.matmul_flops;
+        history.tokens += report.tokens;
+        window.0 += report.seconds;
+        window.1 += 1;
+        window.2 += report.tokens;
+        let tokens_per_s = report.tokens as f64 / report.seconds.max(1e-9);
+        reporter.tick(&report, tokens_per_s);
+        if report.step % args.log_every == 0 || report.step == args.steps {
+            let profile = match &mut timeline {
+                Some(t) => Some(t.window(&trainer, report.step < args.steps)?),
+                None => None,
+            };
+            let busy = profile.as_ref().map(busy);
+            if let Some(b) = &busy {
+                history.window_busy(report.step, b);
+            }
+            reporter.logged(&Logged {
+                report: &report,
+                steps: args.steps,
+                examples_per_s: (window.1 * config.global_batch) as f64 / window.0.max(1e-9),
+                tokens_per_s: window.2 as f64 / window.0.max(1e-9),
+                busy,
+            });
+            window = (0.0, 0, 0);
+        }
+        for why in &report.left_out {
+            history.marks.push((report.step, "left out".into()));
+            reporter.event(
+                &format!("left out of the group after step {}: {why}", report.step),
+                json!({"step": report.step, "left_out": why}),
+            );
+        }
+    }
+    reporter.finish();
+    let elapsed = start.elapsed().as_secs_f64();
+    let whole = timeline.and_then(|mut t| t.whole.take());
+    if let (Some(path), Some(p)) = (&args.profile, &whole) {
+        let text = serde_json::to_string(&p.to_chrome_json())
+            .map_err(|e| xpu::Error::invalid(format!("could not encode the timeline: {e}")))?;
+        write_file(path, "timeline", &text)?;
+    }
+    let (busy_all, overlap, peak) = match &whole {
+        Some(p) => (busy(p), p.overlap_fraction(is_all_reduce), peak_memory(p)),
+        None => Default::default(),
+    };
+    let kept = match &mut writer {
+        Some(w) => w.finish()?,
+        None => Vec::new(),
+    };
+    let accuracy = trainer.accuracy(args.eval_examples)?;
+    let final_loss = history.losses.last().map_or(f64::NAN, |r| r.1);
+    // Model FLOP utilisation: the matrix products' FLOP/s over the sum of the final
+    // group's matrix-product peaks, measured now (after training, so that start-up
+    // is not charged for it).
+    let final_devices = trainer.devices();
+    let mut peaks = serde_json::Map::new();
+    let mut peak_sum = 0.0;
+    for d in &final_devices {
+        let p = xpu_train::peak::matmul_peak(d)?;
+        peak_sum += p;
+        peaks.insert(d.id().to_string(), json!(p));
+    }
+    let model_flops_per_s = history.flops as f64 / history.seconds.max(1e-9);
+    let mfu = model_flops_per_s / peak_sum.max(1.0);
+    let tokens_per_s = history.tokens as f64 / history.seconds.max(1e-9);
+    let stats = trainer.scheduler().stats();
+    let final_names: Vec<String> = final_devices.iter().map(|d| d.id().to_string()).collect();
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "xpu train --model {model}: {} steps on {}",
+            args.steps,
+            names.join(", ")
+        );
+        let text = plot::svg(&plot::Series {
+            title: &title,
+            losses: &history.losses,
+            busy: &history.busy,
+            marks: &history.marks,
+        });
+        write_file(path, "plot", &text)?;
+    }
+    if args.json {
+        println!(
+            "{}",
+            json!({
+                "summary": true,
+                "model": model,
+                "final_loss": final_loss,
+                "accuracy": accuracy,
+                "steps": args.steps,
+                "devices": final_names,
+                "started_on": names,
+                "parameters": trainer.parameters(),
+                "seconds": elapsed,
+                "time_to_first_step_s": first_step,
+                "tokens_per_s": tokens_per_s,
+                "model_flops_per_s": model_flops_per_s,
+                "matmul_peak_flops": peaks,
+                "mfu": mfu,
+                "tasks_per_device": stats.placed,
+                "busy_frac": busy_all,
+                "overlap_frac": overlap,
+                "peak_memory_bytes": peak,
+                "recoveries": recoveries.len(),
+                "checkpoints": kept.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+            })
+        );
+        return Ok(true);
+    }
+    println!(
+        "done: {} steps in {elapsed:.1} s (first step after {:.2} s); final loss {final_loss:.4}; accuracy {:.1}% of the labels of {} held-out examples",
+        args.steps,
+        first_step.unwrap_or(0.0),
+        accuracy * 100.0,
+        args.eval_examples
+    );
+    println!(
+        "{tokens_per_s:.0} tokens/s; matrix products at {:.2} GFLOP/s, {:.1}% of the devices' measured peak ({:.1} GFLOP/s)",
+        model_flops_per_s * 1e-9,
+        mfu * 100.0,
+        peak_sum * 1e-9
+    );
+    if whole.is_some() {
+        let shares: Vec<String> = busy_all
+            .iter()
+            .map(|(d, f)| format!("{d} {:.0}%", f.as_f64().unwrap_or(0.0) * 100.0))
+            .collect();
+        println!(
+            "busy: {}; all-reduce time hidden under computation: {:.0}%",
+            shares.join(", "),
+            overlap * 100.0
+        );
+    }
+    if !recoveries.is_empty() {
+        println!(
+            "recovered from {} device failure(s); finished on {}",
+            recoveries.len(),
+            final_names.join(", ")
+        );
+    }
+    if let Some(path) = &args.profile {
+        println!(
+            "timeline: {} (open it in https://ui.perfetto.dev)",
+            path.display()
+        );
+    }
+    if let Some(path) = &args.plot {
+        println!("plot: {}", path.display());
+    }
+    if let Some(last) = kept.last() {
+        println!("latest checkpoint: {}", last.display());
+    }
+    Ok(true)
+}
+
+/// The devices named by `--devices` (each must provide the model's operations), or by
+/// default every device that does, saying which were left out.
+fn select(registry: &Registry, args: &TrainArgs, config: &TrainConfig) -> Result<Vec<Device>> {
+    let explicit = args.devices.is_some() || std::env::var_os(xpu::DEVICES_ENV).is_some();
+    let sel = match &args.devices {
+        Some(text) => xpu::DeviceSelector::parse(text)?,
+        None => xpu::selector_from_env("*")?,
+    };
+    let devices = registry.devices(&sel)?;
+    if explicit {
+        return Ok(devices);
+    }
+    let mut kept = Vec::new();
+    for d in devices {
+        match unsupported_op(config, &d)? {
+            None => kept.push(d),
+            Some(op) => eprintln!(
+                "xpu train: leaving out {}: it does not provide {op} on f32",
+                d.id()
+            ),
+        }
+    }
+    Ok(kept)
+}
