@@ -139,29 +139,43 @@ pub enum Fault {
     /// stream, copy, operation, synchronisation and memory query returns
     /// [`crate::Error::DeviceLost`]. It does not come back.
     Lost,
+    /// The device becomes a straggler: every operation its streams run from now on
+    /// takes this much longer (replacing an earlier slowdown; zero ends it). Results
+    /// do not change.
+    Slow(Duration),
 }
 
-/// The state of a device that [`Fault::Lost`] can reach: one switch a backend shares
-/// between the device and its streams, checked wherever they start work.
+/// The faults injected into a device: one state a backend shares between the device
+/// and its streams, checked wherever they start work.
 #[derive(Debug)]
-pub struct LostSwitch {
+pub struct FaultState {
     /// The device's id, for messages.
     device: String,
     lost: std::sync::atomic::AtomicBool,
+    /// Nanoseconds added to every operation ([`Fault::Slow`]).
+    delay_ns: std::sync::atomic::AtomicU64,
 }
 
-impl LostSwitch {
-    /// A switch of the working device `device` (its id, for messages).
-    pub fn new(device: impl Into<String>) -> Arc<LostSwitch> {
-        Arc::new(LostSwitch {
+impl FaultState {
+    /// The state of the healthy device `device` (its id, for messages).
+    pub fn new(device: impl Into<String>) -> Arc<FaultState> {
+        Arc::new(FaultState {
             device: device.into(),
             lost: std::sync::atomic::AtomicBool::new(false),
+            delay_ns: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
-    /// Loses the device, for good.
-    pub fn lose(&self) {
-        self.lost.store(true, std::sync::atomic::Ordering::Release);
+    /// Applies `fault` from now on.
+    pub fn inject(&self, fault: Fault) {
+        use std::sync::atomic::Ordering;
+        match fault {
+            Fault::Lost => self.lost.store(true, Ordering::Release),
+            Fault::Slow(d) => self.delay_ns.store(
+                u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
+                Ordering::Release,
+            ),
+        }
     }
 
     /// Whether the device has been lost.
@@ -178,6 +192,11 @@ impl LostSwitch {
             });
         }
         Ok(())
+    }
+
+    /// The time to add to each operation (zero unless the device is a straggler).
+    pub fn delay(&self) -> Duration {
+        Duration::from_nanos(self.delay_ns.load(std::sync::atomic::Ordering::Acquire))
     }
 }
 

@@ -9,7 +9,9 @@
 //! calibrated", which placement answers by spreading such tasks over devices to measure
 //! them. A measurement far from its footprint's mean (more than [`RELEARN_FACTOR`] × or
 //! less than 1/[`RELEARN_FACTOR`] of it) is held out as an outlier; [`RELEARN_AFTER`] of
-//! them in a row replace the history: the device or the code changed.
+//! them in a row replace the history: the device or the code changed. A smaller
+//! change moves the mean by itself: past [`MEMORY`] samples it is exponentially
+//! weighted, so a device that slows down (a straggler) is soon predicted slower.
 //!
 //! Models are saved as JSON under `XPU_CACHE_DIR/perfmodels/` (one file per codelet) and
 //! loaded at start-up, so they survive restarts.
@@ -31,6 +33,11 @@ pub const MIN_FOOTPRINTS: usize = 3;
 pub const RELEARN_FACTOR: f64 = 4.0;
 /// Consecutive misses after which a footprint's history restarts.
 pub const RELEARN_AFTER: u32 = 3;
+/// Samples a history averages plainly; after that the mean and deviation are
+/// exponentially weighted with weight `1 / MEMORY` for the newest sample, so that a
+/// gradual change of speed (too small to be a miss) is followed within a few times
+/// this many samples.
+pub const MEMORY: u64 = 16;
 
 /// The history of one footprint.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -71,16 +78,26 @@ impl History {
     fn include(&mut self, seconds: f64) {
         self.count += 1;
         let delta = seconds - self.mean;
-        self.mean += delta / self.count as f64;
-        self.m2 += delta * (seconds - self.mean);
+        if self.count <= MEMORY {
+            self.mean += delta / self.count as f64;
+            self.m2 += delta * (seconds - self.mean);
+            return;
+        }
+        // Exponentially weighted from here (West, 1979): the history follows a device
+        // whose speed drifts (a straggler) instead of averaging it away.
+        let alpha = 1.0 / MEMORY as f64;
+        let variance = self.m2 / (MEMORY - 1) as f64;
+        self.mean += alpha * delta;
+        self.m2 = (1.0 - alpha) * (variance + alpha * delta * delta) * (MEMORY - 1) as f64;
     }
 
-    /// The standard deviation of the samples, in seconds.
+    /// The standard deviation of the samples (of about the last [`MEMORY`]), in
+    /// seconds.
     pub fn deviation(&self) -> f64 {
         if self.count < 2 {
             0.0
         } else {
-            (self.m2 / (self.count - 1) as f64).sqrt()
+            (self.m2 / (self.count.min(MEMORY) - 1) as f64).sqrt()
         }
     }
 }
@@ -395,6 +412,20 @@ mod tests {
         }
         assert_eq!(h.count, u64::from(RELEARN_AFTER), "{h:?}");
         assert!((h.mean - 100.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_device_that_slows_down_gradually_is_followed() {
+        let mut h = History::default();
+        for _ in 0..200 {
+            h.add(1.0);
+        }
+        // Twice as slow: not a miss, but the mean gets there.
+        for _ in 0..3 * MEMORY {
+            h.add(2.0);
+        }
+        assert!(h.mean > 1.9 && h.mean < 2.0, "{h:?}");
+        assert!(h.deviation() < 0.5, "{h:?}");
     }
 
     #[test]

@@ -143,6 +143,51 @@ fn train_survives_an_injected_device_failure() {
     std::fs::remove_file(&plot).unwrap();
 }
 
+/// A device slowed down for real mid-run (every operation 2 ms longer) is found by
+/// the rebalancing, reported as a straggler and given a smaller share (here none: it
+/// is left out); the losses do not change.
+#[test]
+fn train_finds_a_straggler_and_rebalances_it() {
+    let common = [
+        "train",
+        "--model",
+        "mlp",
+        "--devices",
+        "host:0,1",
+        "--steps",
+        "40",
+        "--json",
+    ];
+    let (code, out, err) = run(&mut xpu(&common));
+    assert_eq!(code, 0, "{out}{err}");
+    let (_, calm) = lines(&out);
+    let mut args = common.to_vec();
+    args.extend_from_slice(&["--inject-fault", "host:1@12:slow=2ms"]);
+    let (code, out, err) = run(&mut xpu(&args));
+    assert_eq!(code, 0, "{out}{err}");
+    let events: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let straggler = events
+        .iter()
+        .find_map(|v| v.get("straggler"))
+        .unwrap_or_else(|| panic!("no straggler reported: {out}"))
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(straggler.starts_with("host:1 slowed down"), "{straggler}");
+    let (steps, summary) = lines(&out);
+    let before = steps.iter().find(|s| s["step"] == 10).unwrap();
+    let after = steps.last().unwrap();
+    assert_eq!(before["shares"], serde_json::json!([4, 4]), "{out}");
+    assert!(
+        after["shares"].as_array().unwrap()[0].as_u64().unwrap() > 4,
+        "{out}"
+    );
+    assert_eq!(summary["final_loss"], calm["final_loss"]);
+}
+
 /// The last device failing stops the run with an error that names the latest
 /// checkpoint on disk.
 #[test]

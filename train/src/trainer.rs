@@ -221,6 +221,10 @@ fn model_of(config: &TrainConfig) -> Result<(Box<dyn Model>, Box<dyn Dataset>)> 
     })
 }
 
+/// How many times slower than before, against the others, a device must become to be
+/// reported as a straggler.
+pub const STRAGGLER_FACTOR: f64 = 1.5;
+
 /// What one step did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepReport {
@@ -241,6 +245,9 @@ pub struct StepReport {
     /// Floating-point operations of the step's matrix products, on all replicas (the
     /// model FLOPs of a utilisation figure).
     pub matmul_flops: u64,
+    /// Devices the rebalancing after this step found slower than at the one before,
+    /// against the others: each with how much, and its new share.
+    pub stragglers: Vec<String>,
 }
 
 /// Data-parallel training of one model over a set of devices.
@@ -257,6 +264,8 @@ pub struct Trainer {
     step: u64,
     /// Input tokens of one global batch.
     tokens_per_step: u64,
+    /// Each device's predicted time of a micro-batch at the last rebalancing.
+    predicted: Vec<(String, f64)>,
 }
 
 impl Trainer {
@@ -276,7 +285,17 @@ impl Trainer {
                 )));
             }
         }
-        let sched = Scheduler::new(devices, SchedulerOptions::from_env()?)?;
+        // The devices' speeds are learned afresh in every run (the first steps
+        // calibrate them): a speed from an earlier run, under other load or an
+        // injected fault, would misplace the first steps and could leave a device
+        // out for good.
+        let sched = Scheduler::new(
+            devices,
+            SchedulerOptions {
+                no_persist: true,
+                ..SchedulerOptions::from_env()?
+            },
+        )?;
         let comm = if devices.len() > 1 {
             Some(Communicator::new(
                 devices.to_vec(),
@@ -352,6 +371,7 @@ impl Trainer {
             micro_batch_tasks: Vec::new(),
             step: 0,
             tokens_per_step,
+            predicted: Vec::new(),
         })
     }
 
@@ -556,9 +576,14 @@ impl Trainer {
             .iter()
             .map(|r| r.device.id().to_string())
             .collect();
-        let mut left_out = Vec::new();
+        let (mut left_out, mut stragglers) = (Vec::new(), Vec::new());
         if every > 0 && (step <= every || step.is_multiple_of(every)) {
-            left_out = self.rebalance()?;
+            (left_out, stragglers) = self.rebalance()?;
+            if step <= every {
+                // Early predictions still move as the models calibrate: a change
+                // then is no slowdown.
+                stragglers.clear();
+            }
         }
         Ok(StepReport {
             step,
@@ -569,6 +594,7 @@ impl Trainer {
             seconds: start.elapsed().as_secs_f64(),
             tokens: self.tokens_per_step,
             matmul_flops: self.matmul_flops().saturating_sub(flops_before),
+            stragglers,
         })
     }
 
@@ -678,10 +704,11 @@ impl Trainer {
     /// A device whose share would be no micro-batch at all is left out of the group
     /// (it would only slow the all-reduce and the update down): its replica is dropped
     /// and the communicator re-formed over the others. Returns those left out, with
-    /// the reason.
-    fn rebalance(&mut self) -> Result<Vec<String>> {
+    /// the reason, and the stragglers: devices predicted [`STRAGGLER_FACTOR`] times
+    /// slower than at the last rebalancing, relative to the others.
+    fn rebalance(&mut self) -> Result<(Vec<String>, Vec<String>)> {
         if self.micro_batch_tasks.is_empty() || self.replicas.len() < 2 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let predicted: Vec<Option<f64>> = self
             .replicas
@@ -695,7 +722,7 @@ impl Trainer {
             })
             .collect();
         if !predicted.iter().all(Option::is_some) {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let weights: Vec<Option<f64>> = predicted.iter().map(|p| p.map(|t| 1.0 / t)).collect();
         let total = self.config.global_batch / self.config.micro_batch;
@@ -706,6 +733,17 @@ impl Trainer {
             .min_by(|a, b| a.1.unwrap_or(f64::MAX).total_cmp(&b.1.unwrap_or(f64::MAX)))
             .map_or(0, |(i, _)| i);
         let fastest_name = self.replicas[fastest].device.id().to_string();
+        let slowed = self.slowdowns(&predicted);
+        let names: Vec<String> = self
+            .replicas
+            .iter()
+            .map(|r| r.device.id().to_string())
+            .collect();
+        self.predicted = names
+            .iter()
+            .zip(&predicted)
+            .map(|(n, p)| (n.clone(), p.unwrap_or(0.0)))
+            .collect();
         let mut left_out = Vec::new();
         let mut keep = Vec::new();
         let mut kept_weights = Vec::new();
@@ -733,8 +771,63 @@ impl Trainer {
                 None
             };
         }
-        self.shares = split::proportional(total, &kept_weights);
-        Ok(left_out)
+        let before = std::mem::replace(&mut self.shares, split::proportional(total, &kept_weights));
+        let stragglers = slowed
+            .into_iter()
+            .map(|(i, was, now)| {
+                let name = &names[i];
+                let share = self
+                    .replicas
+                    .iter()
+                    .position(|r| r.device.id().to_string() == *name)
+                    .map_or(0, |k| self.shares[k]);
+                format!(
+                    "{name} slowed down: a micro-batch takes it {:.2} ms, {:.1}× the {:.2} ms of before; its share goes from {} to {share} of {total} micro-batches",
+                    now * 1e3,
+                    now / was,
+                    was * 1e3,
+                    before.get(i).copied().unwrap_or(0)
+                )
+            })
+            .collect();
+        Ok((left_out, stragglers))
+    }
+
+    /// The replicas (by index) whose predicted micro-batch time rose by
+    /// [`STRAGGLER_FACTOR`] or more since the last rebalancing, relative to the median
+    /// change of the others (a machine that slows down as a whole has no straggler):
+    /// `(index, before, now)` in seconds.
+    fn slowdowns(&self, predicted: &[Option<f64>]) -> Vec<(usize, f64, f64)> {
+        let ratios: Vec<Option<(f64, f64)>> = self
+            .replicas
+            .iter()
+            .zip(predicted)
+            .map(|(r, now)| {
+                let name = r.device.id().to_string();
+                let was = self.predicted.iter().find(|(n, _)| *n == name)?.1;
+                let now = (*now)?;
+                (was > 0.0).then_some((was, now))
+            })
+            .collect();
+        let mut out = Vec::new();
+        for (i, ratio) in ratios.iter().enumerate() {
+            let Some((was, now)) = *ratio else { continue };
+            let mut others: Vec<f64> = ratios
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .filter_map(|(_, r)| r.map(|(w, n)| n / w))
+                .collect();
+            if others.is_empty() {
+                continue;
+            }
+            others.sort_by(f64::total_cmp);
+            let median = others[others.len() / 2].max(1.0);
+            if now / was >= STRAGGLER_FACTOR * median {
+                out.push((i, was, now));
+            }
+        }
+        out
     }
 
     /// Unregisters a dropped replica's buffers.

@@ -4,7 +4,7 @@ use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use xpu_hal::backend::{DeviceImpl, Fault, LostSwitch, StreamImpl};
+use xpu_hal::backend::{DeviceImpl, Fault, FaultState, StreamImpl};
 use xpu_hal::{
     Capabilities, DType, DeviceInfo, DeviceKind, Error, KernelDesc, KernelFormat, KernelImpl,
     KernelSource, MemoryInfo, RawAllocation, Result,
@@ -22,8 +22,8 @@ pub struct HostDevice {
     streams_created: AtomicU64,
     cpu: CpuFacts,
     threads: Arc<OpThreads>,
-    /// Set by an injected [`Fault::Lost`]; shared with the streams.
-    lost: Arc<LostSwitch>,
+    /// Injected faults; shared with the streams.
+    lost: Arc<FaultState>,
 }
 
 /// What the host says about its processor, for the device's name and vendor.
@@ -62,7 +62,7 @@ impl HostDevice {
             streams_created: AtomicU64::new(0),
             cpu: CpuFacts::read(),
             threads: OpThreads::new(threads),
-            lost: LostSwitch::new(format!("host:{index}")),
+            lost: FaultState::new(format!("host:{index}")),
         }
     }
 
@@ -174,7 +174,7 @@ impl DeviceImpl for HostDevice {
 
     fn inject_fault(&self, fault: Fault) -> Result<()> {
         match fault {
-            Fault::Lost => self.lost.lose(),
+            Fault::Lost | Fault::Slow(_) => self.lost.inject(fault),
             other => {
                 return Err(Error::unsupported(format!(
                     "the host backend cannot inject {other:?}"

@@ -43,7 +43,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::{Backoff, CachePadded};
-use xpu_hal::backend::LostSwitch;
+use xpu_hal::backend::FaultState;
 use xpu_hal::{Error, Result};
 
 use crate::event::HostEvent;
@@ -108,12 +108,13 @@ pub(crate) struct Timeline {
     done_cv: Condvar,
     /// The device's id, for messages.
     pub(crate) device: String,
-    /// The device's health: once lost, nothing more runs or is accepted.
-    lost: Arc<LostSwitch>,
+    /// The device's injected faults: once lost, nothing more runs or is accepted;
+    /// slowed, every job takes longer.
+    lost: Arc<FaultState>,
 }
 
 impl Timeline {
-    fn new(device: String, lost: Arc<LostSwitch>) -> Self {
+    fn new(device: String, lost: Arc<FaultState>) -> Self {
         Timeline {
             jobs: Mutex::new(Jobs {
                 queue: VecDeque::new(),
@@ -374,7 +375,7 @@ pub(crate) struct Queue {
 
 impl Queue {
     /// Starts a worker thread named `name` for a stream of the device `lost` watches.
-    pub(crate) fn start(device: String, name: String, lost: Arc<LostSwitch>) -> Result<Self> {
+    pub(crate) fn start(device: String, name: String, lost: Arc<FaultState>) -> Result<Self> {
         let timeline = Arc::new(Timeline::new(device, lost));
         let worker_timeline = timeline.clone();
         std::thread::Builder::new()
@@ -437,6 +438,11 @@ fn run(job: Job, timeline: &Timeline) {
                 timeline.set_error(e);
                 return;
             }
+            let delay = timeline.lost.delay();
+            if !delay.is_zero() {
+                // An injected straggler: the work takes longer, its result is the same.
+                std::thread::sleep(delay);
+            }
             match catch_unwind(AssertUnwindSafe(work)) {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => timeline.set_error(e),
@@ -468,7 +474,7 @@ mod tests {
         let queue = Queue::start(
             "host:test".into(),
             "xpu-test-queue".into(),
-            LostSwitch::new("host:test"),
+            FaultState::new("host:test"),
         )
         .unwrap();
         let timeline = queue.timeline().clone();
@@ -520,7 +526,7 @@ mod tests {
         let queue = Queue::start(
             "host:test".into(),
             "xpu-test-queue".into(),
-            LostSwitch::new("host:test"),
+            FaultState::new("host:test"),
         )
         .unwrap();
         let timeline = queue.timeline().clone();

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use xpu_hal::backend::{BatchOp, BuiltinOp, EventImpl, LostSwitch, StreamImpl};
+use xpu_hal::backend::{BatchOp, BuiltinOp, EventImpl, FaultState, StreamImpl};
 use xpu_hal::ops::{Op, RawTensor};
 use xpu_hal::{
     Error, Event, HostArg, HostKernelContext, HostSlice, KeptBatch, KernelDesc, KernelImpl,
@@ -32,7 +32,7 @@ impl HostStream {
         device: String,
         name: String,
         threads: Arc<OpThreads>,
-        lost: Arc<LostSwitch>,
+        lost: Arc<FaultState>,
     ) -> Result<Self> {
         Ok(HostStream {
             queue: Queue::start(device, name, lost)?,

@@ -112,6 +112,33 @@ fn an_injected_loss_fails_queued_work_and_every_later_call() {
     assert_eq!(s1.read(&b).unwrap(), vec![3u8; 16]);
 }
 
+/// An injected slowdown makes every operation take at least that much longer and
+/// changes no result; zero ends it.
+#[test]
+fn an_injected_slowdown_delays_work_and_keeps_results() {
+    use std::time::{Duration, Instant};
+    use xpu_hal::backend::Fault;
+    let d = device(1 << 20);
+    let s = d.create_stream().unwrap();
+    let a = d.allocate(64).unwrap();
+    d.inject_fault(Fault::Slow(Duration::from_millis(20)))
+        .unwrap();
+    let t = Instant::now();
+    for v in 1..=3u8 {
+        s.fill(&a, Scalar::U8(v)).unwrap();
+    }
+    s.synchronize().unwrap();
+    assert!(
+        t.elapsed() >= Duration::from_millis(60),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(s.read(&a).unwrap(), vec![3u8; 64]);
+    d.inject_fault(Fault::Slow(Duration::ZERO)).unwrap();
+    s.fill(&a, Scalar::U8(9)).unwrap();
+    assert_eq!(s.read(&a).unwrap(), vec![9u8; 64]);
+}
+
 #[test]
 fn a_panicking_kernel_becomes_an_error_and_the_stream_lives_on() {
     let d = device(1 << 20);

@@ -27,7 +27,7 @@
  *       it only if it lies within struct_size. Nobody ever requires struct_size to
  *       *equal* their own size, only to reach the struct's MIN_SIZE macro, its size
  *       in the version that introduced it (1.0 for most; 1.1 for the structs of the
- *       standard operations).
+ *       standard operations; 1.2 for xpu_device_fault_args).
  *     - A function pointer in xpu_plugin_api that is NULL or beyond its struct_size is
  *       absent. Functions marked REQUIRED must be present.
  *   Optional features live in extensions: a chain of structs, each starting with
@@ -82,7 +82,7 @@ extern "C" {
 #endif
 
 #define XPU_PLUGIN_ABI_MAJOR 1
-#define XPU_PLUGIN_ABI_MINOR 1
+#define XPU_PLUGIN_ABI_MINOR 2
 
 /* The symbol every plugin exports (type xpu_plugin_get_api_fn). */
 #define XPU_PLUGIN_ENTRY_SYMBOL "xpu_plugin_get_api"
@@ -651,6 +651,46 @@ typedef struct xpu_device_ops_args {
 } xpu_device_ops_args;
 #define XPU_DEVICE_OPS_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_device_ops_args, count)
 
+/* ------------------------------------------------- fault injection (1.2) --- */
+/*
+ * Testing only: device_inject_fault makes a device fail, from now on and for real, the
+ * way a real failure would, so that what runs above a plugin (recovery, elastic
+ * training, conformance cases) can be tested against a device that fails at a chosen
+ * moment. It is optional (NULL: the plugin has no fault injection, and the host reports
+ * that to whoever asked); a host reads it only from a plugin whose abi_minor is at
+ * least 2. A plugin that does not know the fault number, or cannot inject that fault on
+ * this device, returns XPU_ERROR_UNSUPPORTED naming the number and changes nothing.
+ *
+ * XPU_FAULT_LOST: the device is lost. From the moment the call returns:
+ *   - every later call on the device, its buffers, streams, events and kernels fails
+ *     with XPU_ERROR_DEVICE_LOST: memory_info, buffer_allocate, stream_create,
+ *     kernel_load; every enqueueing function (copies, builtin, op_enqueue,
+ *     kernel_launch, event_record, stream_wait_event, stream_wait_external);
+ *     stream_synchronize and stream_query; event_query and event_wait. Messages
+ *     should say that the fault was injected, so that nobody looks for a real one;
+ *   - work already enqueued on its streams and not yet run fails: it becomes the
+ *     stream's failure, reported by the next stream_synchronize / stream_query with
+ *     XPU_ERROR_DEVICE_LOST, and events recorded after it fail (a stream of another
+ *     device waiting on such an event fails its later work with XPU_ERROR_ABORTED, as
+ *     for any failed event). stream_synchronize still returns only once no work of
+ *     the stream runs any more, so host memory lent to a copy is released safely;
+ *   - the device never comes back: the failures above persist until it is closed.
+ *     The functions that release objects (buffer_free, stream_destroy, event_destroy,
+ *     kernel_destroy, device_close) keep working, so the host can clean up; the
+ *     plugin's other devices are not affected.
+ */
+typedef enum xpu_fault {
+  XPU_FAULT_LOST = 1 /* the device is lost for good */
+} xpu_fault;
+
+typedef struct xpu_device_fault_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_device* device; /* in */
+  uint32_t fault;     /* in: XPU_FAULT_* */
+} xpu_device_fault_args;
+#define XPU_DEVICE_FAULT_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_device_fault_args, fault)
+
 /* ------------------------------------------------------------ the table --- */
 
 typedef struct xpu_plugin_api {
@@ -706,6 +746,12 @@ typedef struct xpu_plugin_api {
    * them only when both are present; called once per open device, device_ops. */
   xpu_error* (*device_ops)(xpu_device_ops_args* args);
   xpu_error* (*op_enqueue)(xpu_op_args* args);
+
+  /* ABI 1.2, optional (NULL when absent), for testing only: makes the device fail as a
+   * real failure would, from now on (see "fault injection" above for what a lost device
+   * must then do). A fault number the plugin does not know is XPU_ERROR_UNSUPPORTED.
+   * Absent: the host reports that the plugin has no fault injection. */
+  xpu_error* (*device_inject_fault)(xpu_device_fault_args* args);
 } xpu_plugin_api;
 #define XPU_PLUGIN_API_MIN_SIZE XPU_STRUCT_SIZE(xpu_plugin_api, kernel_launch)
 

@@ -2,9 +2,10 @@
 
 use std::any::Any;
 use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use xpu_hal::backend::{DeviceImpl, StreamImpl};
+use xpu_hal::backend::{DeviceImpl, Fault, StreamImpl};
 use xpu_hal::{
     Capabilities, DType, DeviceInfo, DeviceKind, Error, KernelDesc, KernelFormat, KernelImpl,
     KernelSource, MemoryInfo, RawAllocation, Result,
@@ -40,6 +41,19 @@ pub(crate) struct DeviceShared {
     pub(crate) handle: Handle<xpu_device>,
     /// `plugin.<name>:<index>`, for messages.
     pub(crate) id: String,
+    /// Whether `Fault::Lost` was injected through this host (`device_inject_fault`).
+    /// The ABI 1.2 rules then promise that `stream_synchronize` returns only once no
+    /// work of the stream runs any more, even though it reports `DEVICE_LOST`.
+    injected_loss: AtomicBool,
+}
+
+impl DeviceShared {
+    /// Whether a `DEVICE_LOST` from `stream_synchronize` still means that the stream's
+    /// work has stopped, so that what it held may be released: only after a loss this
+    /// host injected (for a loss of its own, the plugin promises nothing).
+    pub(crate) fn work_stops_when_lost(&self) -> bool {
+        self.injected_loss.load(Ordering::Acquire)
+    }
 }
 
 impl Drop for DeviceShared {
@@ -84,6 +98,7 @@ impl PluginDevice {
             plugin,
             handle: Handle(args.device),
             id,
+            injected_loss: AtomicBool::new(false),
         });
         let (mut info, kernel_format) = properties(&shared)?;
         let extra = capabilities(&shared);
@@ -356,6 +371,38 @@ impl DeviceImpl for PluginDevice {
             Handle(args.kernel),
             fns.destroy,
         )))
+    }
+
+    fn inject_fault(&self, fault: Fault) -> Result<()> {
+        let plugin = &self.shared.plugin;
+        let Some(f) = plugin.table.inject_fault else {
+            let (major, minor) = plugin.abi;
+            return Err(Error::unsupported(format!(
+                "{}: the plugin `{}` ({}, ABI {major}.{minor}) has no fault injection (the optional ABI 1.2 function device_inject_fault), so the fault {fault:?} cannot be injected; test failures on a device whose plugin has it, such as the simulated NPU, or on a host device",
+                self.shared.id,
+                plugin.plugin_name,
+                plugin.path.display()
+            )));
+        };
+        let raw = match fault {
+            Fault::Lost => xpu_plugin_sdk::abi::fault::LOST,
+            other => {
+                return Err(Error::unsupported(format!(
+                    "{}: the fault {other:?} has no number in the plugin ABI {}.{}, so no plugin can inject it; inject `Lost` instead",
+                    self.shared.id, XPU_PLUGIN_ABI_MAJOR, XPU_PLUGIN_ABI_MINOR
+                )))
+            }
+        };
+        let mut args = xpu_device_fault_args::new();
+        args.device = self.shared.handle.0;
+        args.fault = raw;
+        // SAFETY: the device is open; the function was read from a table of ABI 1.2 or
+        // later that reaches it.
+        unsafe { plugin.call(f, &mut args, "device_inject_fault", &self.shared.id) }?;
+        if matches!(fault, Fault::Lost) {
+            self.shared.injected_loss.store(true, Ordering::Release);
+        }
+        Ok(())
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -47,7 +47,12 @@
 //! `abi_minor` is at least 1): the list becomes the device's `Capabilities::ops`
 //! (unknown operation numbers and dtypes an operation is not defined on are ignored,
 //! at most 1024 entries are read), and `run_op` passes each operation as an
-//! `xpu_op_args` with one `xpu_tensor` per operand, in the HAL's operand order.
+//! `xpu_op_args` with one `xpu_tensor` per operand, in the HAL's operand order; and,
+//! from ABI 1.2, fault injection (`device_inject_fault`, read only from a plugin whose
+//! `abi_minor` is at least 2): `DeviceImpl::inject_fault` passes the HAL's
+//! `Fault::Lost` as `XPU_FAULT_LOST`, and on a plugin without the function returns an
+//! `Unsupported` error naming the plugin. The plugin then fails the device's later calls with
+//! `DEVICE_LOST`, which maps onto `DeviceLost` like any other.
 //!
 //! A library that passed the checks is never unloaded, even when the last object of
 //! the plugin is gone: the ABI lets a destroyed stream finish in the background, and
@@ -87,7 +92,10 @@
 //! idle, or when an event recorded after them is seen complete — the HAL's contract on
 //! held resources and the header's on host memory. A dropped stream is synchronized
 //! before `stream_destroy`, so nothing it held is released while the plugin could
-//! still touch it.
+//! still touch it. A synchronize that reports `DeviceLost` leaves the work's fate
+//! unknown, so what it held stays held (and is leaked when the stream goes) — except
+//! after a loss this host injected, when the ABI 1.2 rules promise that synchronize
+//! returned only once the work had stopped.
 //!
 //! ## Waiting on other backends' events
 //!

@@ -89,6 +89,7 @@ abi_structs!(
     xpu_device_ops_args => count,
     xpu_op_args => params,
     xpu_tensor => range,
+    xpu_device_fault_args => fault,
 );
 
 // SAFETY: as above: a size, pointers, integers and optional function pointers.
@@ -192,6 +193,9 @@ pub(crate) struct Table {
     pub(crate) capabilities: Option<Func<xpu_capabilities_args>>,
     /// Only from a plugin of ABI 1.1 or later that has both functions.
     pub(crate) ops: Option<OpFns>,
+    /// `device_inject_fault`: only from a plugin of ABI 1.2 or later whose table reaches
+    /// it.
+    pub(crate) inject_fault: Option<Func<xpu_device_fault_args>>,
 }
 
 macro_rules! required {
@@ -299,6 +303,7 @@ impl Table {
                 (Some(list), Some(enqueue)) => Some(OpFns { list, enqueue }),
                 _ => None,
             },
+            inject_fault: api.device_inject_fault,
         })
     }
 }
@@ -423,6 +428,10 @@ impl Plugin {
         if minor < 1 {
             // Members a 1.0 plugin cannot have meant: whatever lies there is not read.
             table.ops = None;
+        }
+        if minor < 2 {
+            // Likewise the member of 1.2, for a 1.0 or 1.1 plugin.
+            table.inject_fault = None;
         }
         if api.name.is_null() {
             return Err(LoadErrorKind::InvalidName { name: None });

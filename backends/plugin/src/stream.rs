@@ -94,8 +94,9 @@ impl StreamShared {
         };
         // After synchronize returns, the work before it has run (or failed); only a lost
         // device leaves its fate unknown, and then its resources stay held until the
-        // stream is destroyed.
-        if !matches!(result, Err(Error::DeviceLost { .. })) {
+        // stream is destroyed — unless the loss was injected, after which the ABI
+        // promises that synchronize returns only once the work has stopped.
+        if !matches!(result, Err(Error::DeviceLost { .. })) || self.device.work_stops_when_lost() {
             self.release_through(target);
         }
         result
@@ -120,7 +121,9 @@ impl Drop for StreamShared {
                 &self.device.id,
             )
         };
-        if matches!(synchronized, Err(Error::DeviceLost { .. })) {
+        if matches!(synchronized, Err(Error::DeviceLost { .. }))
+            && !self.device.work_stops_when_lost()
+        {
             // The device may still be using the memory: leak it rather than free it.
             std::mem::forget(std::mem::take(&mut *lock(&self.held)));
         }

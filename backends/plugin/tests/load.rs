@@ -56,7 +56,7 @@ fn the_minimal_plugin_loads_and_describes_its_devices() {
     assert_eq!(backend.name(), "plugin.minimal");
     assert_eq!(backend.plugin_name(), "minimal");
     assert_eq!(backend.version(), "1.0.0");
-    assert_eq!(backend.abi_version(), (1, 1));
+    assert_eq!(backend.abi_version(), (1, 2));
     assert!(backend.has_kernels());
     let devices = backend.enumerate().unwrap();
     assert_eq!(devices.len(), 2);
@@ -109,7 +109,7 @@ fn listed_ops(backend: &PluginBackend) -> Vec<(OpKind, Vec<DType>)> {
 /// A plugin of ABI 1.0 has the smallest table a host accepts: whatever a newer host
 /// appended reads as absent — here the standard operations, whose functions lie in
 /// memory beyond its `struct_size` — and it works as before. A plugin claiming 1.3
-/// appends members this 1.1 host must ignore.
+/// appends members this 1.2 host must ignore.
 #[test]
 fn older_and_newer_minor_versions_load() {
     let old = PluginBackend::load(support::minimal_1_0()).unwrap();
@@ -117,7 +117,7 @@ fn older_and_newer_minor_versions_load() {
     assert!(listed_ops(&old).is_empty());
     round_trip(old);
     let current = PluginBackend::load(support::minimal()).unwrap();
-    assert_eq!(current.abi_version(), (1, 1));
+    assert_eq!(current.abi_version(), (1, 2));
     let f32_only = vec![DType::F32];
     assert_eq!(
         listed_ops(&current),
@@ -176,7 +176,7 @@ fn a_library_without_the_entry_point() {
 #[test]
 fn an_entry_point_returning_null() {
     let e = refused(&support::bad("NULL_TABLE"));
-    assert_eq!(e.cause(), &LoadErrorKind::Refused { host: (1, 1) });
+    assert_eq!(e.cause(), &LoadErrorKind::Refused { host: (1, 2) });
     assert!(e.to_string().contains("returned NULL"), "{e}");
 }
 
@@ -187,12 +187,12 @@ fn a_newer_major_version() {
         e.cause(),
         &LoadErrorKind::IncompatibleMajor {
             plugin: (2, 7),
-            host: (1, 1)
+            host: (1, 2)
         }
     );
     let text = e.to_string();
     assert!(
-        text.contains("ABI 2.7") && text.contains("ABI 1.1"),
+        text.contains("ABI 2.7") && text.contains("ABI 1.2"),
         "{text}"
     );
     assert!(text.contains("newer"), "{text}");
@@ -203,7 +203,7 @@ fn an_older_major_version() {
     let e = refused(&support::bad("OLDER_MAJOR"));
     let text = e.to_string();
     assert!(
-        text.contains("ABI 0.7") && text.contains("ABI 1.1"),
+        text.contains("ABI 0.7") && text.contains("ABI 1.2"),
         "{text}"
     );
     assert!(text.contains("older") && text.contains("rebuild"), "{text}");

@@ -1,5 +1,7 @@
-//! `--inject-fault DEVICE@STEP`: devices made to fail for real, through their backend,
-//! when a step begins.
+//! `--inject-fault DEVICE@STEP[:slow=DURATION]`: devices made to fail for real (lost,
+//! or a straggler), through their backend, when a step begins.
+
+use std::time::Duration;
 
 use xpu::backend::Fault;
 use xpu::{Device, Error, Result};
@@ -11,6 +13,8 @@ pub struct Planned {
     pub device: Device,
     /// The step it fails at (before that step's work is submitted).
     pub step: u64,
+    /// What happens to it.
+    pub fault: Fault,
     /// Whether it has been injected.
     pub done: bool,
 }
@@ -22,10 +26,19 @@ pub fn parse(texts: &[String], devices: &[Device], steps: u64) -> Result<Vec<Pla
         .map(|text| {
             let bad = |why: &str| {
                 Error::invalid(format!(
-                    "--inject-fault `{text}`: {why}; give DEVICE@STEP, e.g. host:1@40"
+                    "--inject-fault `{text}`: {why}; give DEVICE@STEP (lost) or DEVICE@STEP:slow=DURATION (a straggler), e.g. host:1@40 or plugin.simnpu:0@20:slow=2ms"
                 ))
             };
-            let (name, step) = text.rsplit_once('@').ok_or_else(|| bad("no `@`"))?;
+            let (name, when) = text.rsplit_once('@').ok_or_else(|| bad("no `@`"))?;
+            let (step, fault) = match when.split_once(':') {
+                None => (when, Fault::Lost),
+                Some((step, what)) => {
+                    let d = what
+                        .strip_prefix("slow=")
+                        .ok_or_else(|| bad(&format!("unknown fault `{what}`")))?;
+                    (step, Fault::Slow(duration(d).map_err(|why| bad(&why))?))
+                }
+            };
             let step: u64 = step
                 .parse()
                 .map_err(|_| bad("the step is not a whole number"))?;
@@ -45,19 +58,57 @@ pub fn parse(texts: &[String], devices: &[Device], steps: u64) -> Result<Vec<Pla
             Ok(Planned {
                 device: device.clone(),
                 step,
+                fault,
                 done: false,
             })
         })
         .collect()
 }
 
-/// Injects the faults due at `step` (each once), returning the devices made to fail.
-pub fn fire(planned: &mut [Planned], step: u64) -> Result<Vec<String>> {
+/// `500us`, `2ms`, `0.5s`: a duration of up to a minute.
+fn duration(text: &str) -> std::result::Result<Duration, String> {
+    let split = text
+        .find(|c: char| c.is_ascii_alphabetic())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale = match unit {
+        "us" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        _ => return Err(format!("`{text}` needs a unit: us, ms or s")),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{number}` is not a number"))?;
+    Duration::try_from_secs_f64(value * scale)
+        .ok()
+        .filter(|d| *d <= Duration::from_secs(60))
+        .ok_or_else(|| format!("`{text}` is not a delay from 0 to 60 s"))
+}
+
+/// Injects the faults due at `step` (each once), returning what was done to whom.
+pub fn fire(planned: &mut [Planned], step: u64) -> Result<Vec<(String, Fault)>> {
     let mut fired = Vec::new();
     for p in planned.iter_mut().filter(|p| !p.done && p.step == step) {
-        p.device.inject_fault(Fault::Lost)?;
+        p.device.inject_fault(p.fault)?;
         p.done = true;
-        fired.push(p.device.id().to_string());
+        fired.push((p.device.id().to_string(), p.fault));
     }
     Ok(fired)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_need_a_unit_and_a_sane_size() {
+        assert_eq!(duration("2ms"), Ok(Duration::from_millis(2)));
+        assert_eq!(duration("500us"), Ok(Duration::from_micros(500)));
+        assert_eq!(duration("0.5s"), Ok(Duration::from_millis(500)));
+        for bad in ["2", "ms", "-1ms", "2h", "1e9s", "NaNms", "infs"] {
+            assert!(duration(bad).is_err(), "{bad}");
+        }
+    }
 }

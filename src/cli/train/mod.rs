@@ -108,8 +108,10 @@ pub struct TrainArgs {
     pub plot: Option<PathBuf>,
     /// Make DEVICE fail for real (through its backend: host and sim-npu devices can)
     /// when step STEP begins, to see the run drop it and continue from the last
-    /// checkpoint on the others. Repeatable.
-    #[arg(long, value_name = "DEVICE@STEP")]
+    /// checkpoint on the others; with `:slow=DURATION` (e.g. `host:1@20:slow=2ms`) it
+    /// becomes a straggler instead, every operation taking that much longer, to see
+    /// its share rebalanced. Repeatable.
+    #[arg(long, value_name = "DEVICE@STEP[:slow=DURATION]")]
     pub inject_fault: Vec<String>,
 }
 
@@ -254,10 +256,17 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
     let mut recoveries = Vec::new();
     while trainer.steps_done() < args.steps {
         let next = trainer.steps_done() + 1;
-        for device in faults::fire(&mut faults, next)? {
+        for (device, fault) in faults::fire(&mut faults, next)? {
+            let (what, text) = match fault {
+                xpu::backend::Fault::Slow(d) => (
+                    format!("slow {} us", d.as_micros()),
+                    format!("every operation now takes {d:?} longer"),
+                ),
+                _ => ("lost".to_string(), "it fails".to_string()),
+            };
             reporter.event(
-                &format!("injecting a fault: {device} fails at step {next}"),
-                json!({"step": next, "inject_fault": device}),
+                &format!("injecting a fault at step {next}: {device}: {text}"),
+                json!({"step": next, "inject_fault": device, "fault": what}),
             );
         }
         let report = match trainer.step() {
@@ -332,6 +341,13 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
                 busy,
             });
             window = (0.0, 0, 0);
+        }
+        for why in &report.stragglers {
+            history.marks.push((report.step, "straggler".into()));
+            reporter.event(
+                &format!("straggler found after step {}: {why}", report.step),
+                json!({"step": report.step, "straggler": why}),
+            );
         }
         for why in &report.left_out {
             history.marks.push((report.step, "left out".into()));

@@ -22,7 +22,9 @@
  *      -I backends/plugin/include minimal.c -o libxpu_minimal.so
  *
  * Standard operations (ABI 1.1): relu, relu_backward and bias_add on f32, with any
- * strides (see the standard operations section).
+ * strides (see the standard operations section). Fault injection (ABI 1.2, optional,
+ * for testing only) is left out: device_inject_fault is NULL, and a host reports that
+ * this plugin has no fault injection.
  *
  * -DXPU_TEST_MINOR=N (N > 1) makes the plugin claim ABI 1.N and append two members to
  * its function table, as a plugin built against a newer header would; the host must
@@ -1350,7 +1352,7 @@ typedef struct minimal_api {
 typedef struct minimal_api {
   xpu_plugin_api base;
 } minimal_api;
-#define MINIMAL_API_SIZE XPU_STRUCT_SIZE(xpu_plugin_api, op_enqueue)
+#define MINIMAL_API_SIZE XPU_STRUCT_SIZE(xpu_plugin_api, device_inject_fault)
 #define MINIMAL_API_MINOR XPU_PLUGIN_ABI_MINOR
 #define MINIMAL_API_TAIL
 #endif
@@ -1403,6 +1405,7 @@ static const minimal_api api = {
         minimal_kernel_launch,
         minimal_device_ops,
         minimal_op_enqueue,
+        NULL, /* device_inject_fault (ABI 1.2): no fault injection */
     } MINIMAL_API_TAIL};
 
 XPU_PLUGIN_EXPORT const xpu_plugin_api* xpu_plugin_get_api(const xpu_host_info* host) {

@@ -11,7 +11,7 @@ use std::ffi::{c_char, c_void};
 /// `XPU_PLUGIN_ABI_MAJOR`.
 pub const XPU_PLUGIN_ABI_MAJOR: u32 = 1;
 /// `XPU_PLUGIN_ABI_MINOR`.
-pub const XPU_PLUGIN_ABI_MINOR: u32 = 1;
+pub const XPU_PLUGIN_ABI_MINOR: u32 = 2;
 /// `XPU_PLUGIN_ENTRY_SYMBOL`, NUL-terminated.
 pub const XPU_PLUGIN_ENTRY_SYMBOL: &[u8] = b"xpu_plugin_get_api\0";
 
@@ -754,6 +754,23 @@ args_struct!(
     }
 );
 
+/// `xpu_fault` values (ABI 1.2): the faults `device_inject_fault` makes a device
+/// suffer. A later fault gets the next number; none is ever reused.
+pub mod fault {
+    /// The device is lost for good.
+    pub const LOST: u32 = 1;
+}
+
+args_struct!(
+    /// `xpu_device_fault_args` (ABI 1.2).
+    xpu_device_fault_args {
+        /// in
+        device: *mut xpu_device,
+        /// in: `XPU_FAULT_*`
+        fault: u32,
+    }
+);
+
 /// A plugin function taking `A` and returning an error or null.
 pub type PluginFn<A> = Option<unsafe extern "C" fn(args: *mut A) -> *mut xpu_error>;
 
@@ -833,6 +850,8 @@ pub struct xpu_plugin_api {
     pub device_ops: PluginFn<xpu_device_ops_args>,
     /// Enqueues a standard operation (ABI 1.1, optional).
     pub op_enqueue: PluginFn<xpu_op_args>,
+    /// Makes a device fail as a real failure would, for testing (ABI 1.2, optional).
+    pub device_inject_fault: PluginFn<xpu_device_fault_args>,
 }
 
 // SAFETY: the table holds function pointers and pointers to static strings and

@@ -34,8 +34,8 @@ use crate::host::{ExternalWait, HostDestination, HostSource};
 use crate::plugin::{Device, Event, Plugin, Stream};
 use crate::struct_size;
 use crate::types::{
-    timeout_from_ns, Access, BinaryOp, BufferRange, Builtin, DType, DeviceProperties, KernelArg,
-    KernelCode, LaunchDims, Scalar,
+    timeout_from_ns, Access, BinaryOp, BufferRange, Builtin, DType, DeviceProperties, Fault,
+    KernelArg, KernelCode, LaunchDims, Scalar,
 };
 
 // ------------------------------------------------------------------ argument structs --
@@ -46,8 +46,8 @@ trait ArgStruct: Copy {
     const NAME: &'static str;
     const MIN_NAME: &'static str;
     const LAST: &'static str;
-    /// The ABI version that introduced the struct: "1.0", or "1.1" for the standard
-    /// operations'.
+    /// The ABI version that introduced the struct: "1.0", "1.1" for the standard
+    /// operations', "1.2" for fault injection's.
     const SINCE: &'static str;
     fn min_size() -> usize;
 }
@@ -95,6 +95,7 @@ arg_struct! {
     xpu_device_ops_args, count, "XPU_DEVICE_OPS_ARGS_MIN_SIZE", since "1.1";
     xpu_op_args, params, "XPU_OP_ARGS_MIN_SIZE", since "1.1";
     xpu_tensor, range, "XPU_TENSOR_MIN_SIZE", since "1.1";
+    xpu_device_fault_args, fault, "XPU_DEVICE_FAULT_ARGS_MIN_SIZE", since "1.2";
 }
 
 /// The caller's argument struct: a copy of the fields within its `struct_size` (the
@@ -519,6 +520,24 @@ unsafe extern "C" fn memory_info<P: Plugin>(args: *mut xpu_memory_info_args) -> 
         write_out!(a, xpu_memory_info_args, total, info.total);
         write_out!(a, xpu_memory_info_args, free, info.free);
         Ok(())
+    })
+}
+
+unsafe extern "C" fn device_inject_fault<P: Plugin>(
+    args: *mut xpu_device_fault_args,
+) -> *mut xpu_error {
+    guard("device_inject_fault", || {
+        // SAFETY: the host passes a valid struct (ABI contract).
+        let a = unsafe { read(args) }?;
+        // SAFETY: the host passes a device it opened.
+        let d = unsafe { device::<P>(a.v.device, "xpu_device_fault_args.device") }?;
+        let fault = Fault::from_raw(a.v.fault).ok_or_else(|| {
+            Error::unsupported(format!(
+                "xpu_device_fault_args.fault is {}, which is no xpu_fault this plugin knows (ABI {XPU_PLUGIN_ABI_MAJOR}.{XPU_PLUGIN_ABI_MINOR}); nothing was injected",
+                a.v.fault
+            ))
+        })?;
+        d.value.device.inject_fault(fault)
     })
 }
 
@@ -1255,7 +1274,9 @@ pub const fn capabilities_extension<P: Plugin>() -> xpu_capabilities_extension {
 }
 
 /// `P`'s function table (used by [`export_plugin!`](crate::export_plugin), which places
-/// it in a static). The optional functions are present as `P`'s constants say.
+/// it in a static). Event timing and kernels are present as `P`'s constants say; the
+/// standard operations (ABI 1.1) and fault injection (ABI 1.2) always are, and their
+/// trait defaults provide none.
 pub const fn api_table<P: Plugin>(
     capabilities: &'static xpu_capabilities_extension,
 ) -> xpu_plugin_api {
@@ -1265,7 +1286,7 @@ pub const fn api_table<P: Plugin>(
         };
     }
     xpu_plugin_api {
-        struct_size: struct_size!(xpu_plugin_api, op_enqueue),
+        struct_size: struct_size!(xpu_plugin_api, device_inject_fault),
         extensions: (capabilities as *const xpu_capabilities_extension).cast(),
         abi_major: XPU_PLUGIN_ABI_MAJOR,
         abi_minor: XPU_PLUGIN_ABI_MINOR,
@@ -1305,6 +1326,7 @@ pub const fn api_table<P: Plugin>(
         kernel_launch: if P::KERNELS { f!(kernel_launch) } else { None },
         device_ops: Some(std_ops::device_ops::<P> as unsafe extern "C" fn(_) -> _),
         op_enqueue: Some(std_ops::op_enqueue::<P> as unsafe extern "C" fn(_) -> _),
+        device_inject_fault: f!(device_inject_fault),
     }
 }
 

@@ -32,6 +32,9 @@
 //! - [`Op`], [`OpKind`], [`OpSupport`]: the standard operations of ABI 1.1, which a
 //!   device lists with [`Device::ops`] and runs with [`Stream::run_op`] (both optional;
 //!   the defaults provide none).
+//! - [`Fault`] and [`Device::inject_fault`]: fault injection of ABI 1.2, for testing
+//!   what runs above a plugin against a device that fails at a chosen moment (optional;
+//!   the default refuses with `Unsupported`).
 //!
 //! ## What the SDK does at the boundary, so that the plugin does not have to
 //!
@@ -239,7 +242,7 @@ pub use host::{ExternalSignal, ExternalWait, HostDestination, HostSource};
 pub use ops::{Distribution, Op, OpKind, OpParams, OpSupport, ReduceOp, Tensor};
 pub use plugin::{Device, Event, NoKernel, Plugin, Stream};
 pub use types::{
-    Access, BinaryOp, BufferRange, Builtin, DType, DeviceKind, DeviceProperties, KernelArg,
+    Access, BinaryOp, BufferRange, Builtin, DType, DeviceKind, DeviceProperties, Fault, KernelArg,
     KernelCode, LaunchDims, MemoryInfo, Scalar,
 };
 

@@ -16,7 +16,7 @@ use crate::handle::Handle;
 use crate::host::{ExternalWait, HostDestination, HostSource};
 use crate::ops::{Op, OpSupport};
 use crate::types::{
-    BufferRange, Builtin, DeviceProperties, KernelArg, KernelCode, LaunchDims, MemoryInfo,
+    BufferRange, Builtin, DeviceProperties, Fault, KernelArg, KernelCode, LaunchDims, MemoryInfo,
 };
 
 /// The plugin: its name and version, and its devices. One value per process, made by
@@ -98,6 +98,28 @@ pub trait Device<P: Plugin>: Send + Sync + 'static {
     /// the host. Default: none.
     fn ops(&self) -> Result<Vec<OpSupport>> {
         Ok(Vec::new())
+    }
+
+    /// Makes the device suffer `fault` from now on, for real, as the header's "fault
+    /// injection" section describes (ABI 1.2; for testing only). For [`Fault::Lost`]:
+    /// every later call on the device, its streams and its events fails with
+    /// [`ErrorCode::DeviceLost`](crate::ErrorCode::DeviceLost) — memory info,
+    /// allocations, stream creation, kernel loading, every enqueue, synchronize and
+    /// query, event queries and waits —, work already enqueued and not yet run fails
+    /// with it (it becomes the stream's failure), and the device never comes back.
+    /// Dropping buffers, streams, events and kernels, and closing the device, keep
+    /// working. Messages should say that the fault was injected.
+    ///
+    /// Refuse a fault the device cannot suffer with
+    /// [`ErrorCode::Unsupported`](crate::ErrorCode::Unsupported), changing nothing.
+    /// Default: `Unsupported`, for every fault.
+    ///
+    /// Guaranteed by the SDK: `fault` is a fault of this ABI version (an unknown number
+    /// is refused with `Unsupported` before this is called).
+    fn inject_fault(&self, fault: Fault) -> Result<()> {
+        Err(Error::unsupported(format!(
+            "this device has no fault injection (the fault `{fault}` was asked for); test failures on a device whose plugin implements it, such as the simulated NPU"
+        )))
     }
 
     /// Loads a kernel (only called when [`Plugin::KERNELS`] is true). Default:

@@ -176,6 +176,47 @@ impl Scalar {
     }
 }
 
+/// `xpu_fault` (ABI 1.2): a failure [`Device::inject_fault`](crate::Device::inject_fault)
+/// makes a device suffer, for testing what runs above the plugin.
+///
+/// Later minor versions may add faults, so a `match` on it needs a wildcard arm, which
+/// should refuse with [`ErrorCode::Unsupported`](crate::ErrorCode::Unsupported).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Fault {
+    /// `XPU_FAULT_LOST`: the device is lost for good. Every later call on it, its
+    /// streams and events fails with
+    /// [`ErrorCode::DeviceLost`](crate::ErrorCode::DeviceLost) (the release functions
+    /// keep working), work enqueued and not yet run fails with it, and it never comes
+    /// back.
+    Lost,
+}
+
+impl Fault {
+    /// The C value (`XPU_FAULT_*`).
+    pub const fn raw(self) -> u32 {
+        match self {
+            Fault::Lost => abi::fault::LOST,
+        }
+    }
+
+    /// The fault of a C value, or `None` for a value this ABI version does not define.
+    pub const fn from_raw(raw: u32) -> Option<Self> {
+        match raw {
+            abi::fault::LOST => Some(Fault::Lost),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Fault::Lost => "lost",
+        })
+    }
+}
+
 /// `xpu_binary_op`: the operators of `binary` and `accumulate`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BinaryOp {

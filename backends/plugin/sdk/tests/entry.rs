@@ -6,7 +6,8 @@
 //! - `probe`: a small working plugin. Its streams run work at once; `fill` of `u8` and
 //!   host copies really execute, every other builtin and every launch is answered with
 //!   an `Unsupported` error whose message is the operation the SDK handed over, so the
-//!   tests can see what arrived. Filling with the byte `0xEE` panics.
+//!   tests can see what arrived. Filling with the byte `0xEE` panics. Its devices accept
+//!   injected faults and count them in [`INJECTED`].
 //! - `panicky`: `device_count` panics.
 //! - `broken`: `Plugin::new` fails; it has neither kernels nor event timing.
 
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 use xpu_plugin_sdk::abi::*;
 use xpu_plugin_sdk::{
     struct_size, take_raw, BufferRange, Builtin, DType, Device, DeviceKind, DeviceProperties,
-    Error, ErrorCode, Event, ExternalWait, Handle, HostDestination, HostSource, KernelArg,
+    Error, ErrorCode, Event, ExternalWait, Fault, Handle, HostDestination, HostSource, KernelArg,
     KernelCode, LaunchDims, MemoryInfo, Plugin, Result, Scalar, Stream,
 };
 
@@ -38,6 +39,9 @@ struct ProbeStream {
 }
 struct ProbeEvent(Instant);
 struct ProbeKernel(String);
+
+/// Faults `Lost` injected into the probe's devices, by device index.
+static INJECTED: [AtomicU32; 2] = [AtomicU32::new(0), AtomicU32::new(0)];
 
 impl Plugin for Probe {
     const NAME: &'static CStr = c"probe";
@@ -99,6 +103,15 @@ impl Device<Probe> for ProbeDevice {
             device: self.0,
             external: Mutex::new(Vec::new()),
         })
+    }
+    fn inject_fault(&self, fault: Fault) -> Result<()> {
+        match fault {
+            Fault::Lost => {
+                INJECTED[self.0 as usize].fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+            other => Err(Error::unsupported(format!("probe cannot inject {other}"))),
+        }
     }
     fn load_kernel(&self, code: KernelCode<'_>) -> Result<ProbeKernel> {
         Ok(ProbeKernel(format!(
@@ -506,10 +519,15 @@ fn the_entry_accepts_any_minor_of_major_1_and_refuses_the_rest() {
 #[test]
 fn the_table_describes_the_plugin() {
     let api = probe();
-    assert_eq!(api.struct_size, struct_size!(xpu_plugin_api, op_enqueue));
-    assert_eq!((api.abi_major, api.abi_minor), (1, 1));
+    assert_eq!(
+        api.struct_size,
+        struct_size!(xpu_plugin_api, device_inject_fault)
+    );
+    assert_eq!((api.abi_major, api.abi_minor), (1, 2));
     // The standard operations' entry points are always there; the defaults provide none.
     assert!(api.device_ops.is_some() && api.op_enqueue.is_some());
+    // So is fault injection's; the default refuses.
+    assert!(api.device_inject_fault.is_some());
     assert_eq!(cstr(api.name), "probe");
     assert_eq!(cstr(api.version), "1.2.3");
     assert!(api.error_code.is_some() && api.error_message.is_some() && api.error_destroy.is_some());
@@ -684,6 +702,70 @@ fn devices_report_properties_memory_and_capabilities() {
         "size is 0",
     );
     close(api, d);
+}
+
+/// `device_inject_fault` (ABI 1.2): a known fault reaches the device's
+/// `inject_fault`; an unknown number, a small struct and a bad device are refused
+/// before it; the trait's default refuses every fault.
+#[test]
+fn injected_faults_reach_the_device_and_unknown_ones_are_refused() {
+    let api = probe();
+    let d = open(api, 1);
+    let before = INJECTED[1].load(Ordering::SeqCst);
+    let mut a: xpu_device_fault_args = args();
+    a.device = d;
+    a.fault = fault::LOST;
+    call(api.device_inject_fault, &mut a).unwrap();
+    assert_eq!(INJECTED[1].load(Ordering::SeqCst), before + 1);
+
+    a.fault = 99;
+    let e = expect_err(
+        api.device_inject_fault,
+        &mut a,
+        ErrorCode::Unsupported,
+        "xpu_device_fault_args.fault is 99",
+    );
+    assert!(e.message().contains("nothing was injected"), "{e}");
+    a.fault = 0;
+    expect_err(
+        api.device_inject_fault,
+        &mut a,
+        ErrorCode::Unsupported,
+        "fault is 0",
+    );
+    assert_eq!(INJECTED[1].load(Ordering::SeqCst), before + 1);
+
+    let mut small: xpu_device_fault_args = args();
+    small.device = d;
+    small.fault = fault::LOST;
+    small.struct_size = struct_size!(xpu_device_fault_args, device);
+    let e = expect_err(
+        api.device_inject_fault,
+        &mut small,
+        ErrorCode::InvalidArgument,
+        "XPU_DEVICE_FAULT_ARGS_MIN_SIZE",
+    );
+    assert!(e.message().contains("ABI 1.2"), "{e}");
+
+    let mut none: xpu_device_fault_args = args();
+    none.fault = fault::LOST;
+    expect_err(
+        api.device_inject_fault,
+        &mut none,
+        ErrorCode::InvalidArgument,
+        "xpu_device_fault_args.device is NULL",
+    );
+    assert_eq!(INJECTED[1].load(Ordering::SeqCst), before + 1);
+    close(api, d);
+
+    // The default of a device that does not override it.
+    let e =
+        <ProbeDevice as Device<Panicky>>::inject_fault(&ProbeDevice(0), Fault::Lost).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Unsupported);
+    assert!(e.message().contains("no fault injection"), "{e}");
+    assert_eq!(Fault::from_raw(fault::LOST), Some(Fault::Lost));
+    assert_eq!(Fault::Lost.raw(), fault::LOST);
+    assert_eq!(Fault::from_raw(2), None);
 }
 
 #[test]

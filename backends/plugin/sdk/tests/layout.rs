@@ -125,6 +125,7 @@ fn describe() -> Layout {
     });
     layout!(l, xpu_op_support { op => op, dtype_mask => dtype_mask });
     layout!(l, xpu_device_ops_args { device => device, ops => ops, count => count });
+    layout!(l, xpu_device_fault_args { extensions => extensions, device => device, fault => fault });
     layout!(l, xpu_plugin_api {
         struct_size => struct_size, extensions => extensions, abi_major => abi_major,
         abi_minor => abi_minor, name => name, version => version, error_code => error_code,
@@ -141,6 +142,7 @@ fn describe() -> Layout {
         stream_wait_external => stream_wait_external, event_elapsed => event_elapsed,
         kernel_load => kernel_load, kernel_destroy => kernel_destroy, kernel_launch => kernel_launch,
         device_ops => device_ops, op_enqueue => op_enqueue,
+        device_inject_fault => device_inject_fault,
     });
     constant!(l, "XPU_PLUGIN_ABI_MAJOR", XPU_PLUGIN_ABI_MAJOR);
     constant!(l, "XPU_PLUGIN_ABI_MINOR", XPU_PLUGIN_ABI_MINOR);
@@ -218,12 +220,18 @@ fn describe() -> Layout {
     constant!(l, "XPU_RANDOM_BITS", random_distribution::BITS);
     constant!(l, "XPU_RANDOM_UNIFORM", random_distribution::UNIFORM);
     constant!(l, "XPU_RANDOM_NORMAL", random_distribution::NORMAL);
+    constant!(l, "XPU_FAULT_LOST", fault::LOST);
     constant!(l, "XPU_TENSOR_MIN_SIZE", struct_size!(xpu_tensor, range));
     constant!(l, "XPU_OP_ARGS_MIN_SIZE", struct_size!(xpu_op_args, params));
     constant!(
         l,
         "XPU_DEVICE_OPS_ARGS_MIN_SIZE",
         struct_size!(xpu_device_ops_args, count)
+    );
+    constant!(
+        l,
+        "XPU_DEVICE_FAULT_ARGS_MIN_SIZE",
+        struct_size!(xpu_device_fault_args, fault)
     );
     constant!(
         l,

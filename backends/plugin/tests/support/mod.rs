@@ -117,7 +117,8 @@ pub fn build(name: &str, source: &Path, defines: &[&str]) -> PathBuf {
     out
 }
 
-/// The example C plugin, as shipped (ABI 1.1, with its standard operations).
+/// The example C plugin, as shipped (ABI 1.2, with its standard operations and without
+/// fault injection).
 pub fn minimal() -> PathBuf {
     build(
         "xpu_minimal",
@@ -144,6 +145,18 @@ pub fn minimal_minor(minor: u32) -> PathBuf {
         &crate_dir().join("examples/c-minimal/minimal.c"),
         &[&format!("XPU_TEST_MINOR={minor}")],
     )
+}
+
+/// The sim-npu plugin library next to this test binary (Cargo builds it into `deps/`,
+/// as a dev-dependency of this package).
+pub fn sim_npu() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let name = library_file("xpu_sim_npu");
+    [deps.join(&name), deps.join("..").join(&name)]
+        .into_iter()
+        .find(|p| p.exists())
+        .expect("the xpu-sim-npu plugin is built (it is a dev-dependency)")
 }
 
 /// One of the broken plugins of `tests/fixtures/bad.c` (`defect` is the macro without

@@ -4,7 +4,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use xpu_plugin_sdk::{
-    DType, Device, DeviceKind, DeviceProperties, Error, KernelCode, MemoryInfo, OpSupport, Result,
+    DType, Device, DeviceKind, DeviceProperties, Error, Fault, KernelCode, MemoryInfo, OpSupport,
+    Result,
 };
 
 use crate::arena::{Arena, Buffer, ALIGN};
@@ -84,6 +85,7 @@ impl Device<SimNpu> for SimDevice {
     }
 
     fn memory_info(&self) -> Result<MemoryInfo> {
+        self.health.check_call()?;
         Ok(MemoryInfo {
             total: self.arena.capacity(),
             free: self.arena.free_bytes(),
@@ -105,7 +107,23 @@ impl Device<SimNpu> for SimDevice {
         )
     }
 
+    fn inject_fault(&self, fault: Fault) -> Result<()> {
+        match fault {
+            // Streams and events share the health: their next call fails, and so does
+            // the work their workers have not run yet.
+            Fault::Lost => {
+                self.health.lose();
+                Ok(())
+            }
+            other => Err(Error::unsupported(format!(
+                "{} cannot suffer the fault `{other}`; it injects `lost` only",
+                id(self.index)
+            ))),
+        }
+    }
+
     fn load_kernel(&self, code: KernelCode<'_>) -> Result<Kernel> {
+        self.health.check_call()?;
         if code.format != bytecode::FORMAT {
             return Err(Error::unsupported(format!(
                 "{} loads `{}` kernels, not `{}`",

@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use xpu_plugin_sdk::{Error, Event, Result};
 
+use crate::health::Health;
+
 /// What the worker records when it reaches the event.
 pub(crate) struct Mark {
     done: Mutex<Option<(Instant, Result<()>)>>,
@@ -70,10 +72,13 @@ impl Mark {
 /// An event of the simulated NPU.
 pub struct SimEvent {
     pub(crate) mark: Arc<Mark>,
+    /// The device's health: queries and waits fail once it is lost.
+    pub(crate) health: Arc<Health>,
 }
 
 impl Event for SimEvent {
     fn query(&self) -> Result<bool> {
+        self.health.check_call()?;
         match &*self.mark.lock() {
             None => Ok(false),
             Some((_, outcome)) => outcome.clone().map(|()| true),
@@ -81,6 +86,7 @@ impl Event for SimEvent {
     }
 
     fn wait(&self, timeout: Option<Duration>) -> Result<()> {
+        self.health.check_call()?;
         match self.mark.wait(timeout) {
             Some(outcome) => outcome,
             None => Err(Error::timeout(format!(

@@ -1,12 +1,29 @@
-//! [`Health`]: whether a simulated device still works — the fault injection of
-//! `XPU_SIMNPU_LOSE_AFTER`, which loses a device after a number of operations, so that
-//! what runs above a plugin can be tested against a device that disappears mid-run.
+//! [`Health`]: whether a simulated device still works. Two kinds of fault injection
+//! lose a device, so that what runs above a plugin can be tested against a device that
+//! disappears mid-run:
+//!
+//! - `XPU_SIMNPU_LOSE_AFTER` loses it after a number of operations. From then on its
+//!   operations fail (the stream's error, `DeviceLost`), and so do allocations and new
+//!   streams; other calls are accepted, and a stream whose error was reported
+//!   synchronizes again.
+//! - `device_inject_fault` (ABI 1.2, [`Health::lose`]) loses it when the host asks, as
+//!   the header's rules for `XPU_FAULT_LOST` say: every later call on the device, its
+//!   streams and its events fails with `DeviceLost` ([`Health::check_call`]), work
+//!   queued and not yet run fails, and nothing makes it work again.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 use xpu_plugin_sdk::{Error, Result};
 
-/// A device's health, shared by the device and its streams.
+/// [`Health::state`]: the device works.
+const WORKING: u8 = 0;
+/// [`Health::state`]: lost after `XPU_SIMNPU_LOSE_AFTER` operations.
+const LOST_AFTER_OPS: u8 = 1;
+/// [`Health::state`]: lost through `device_inject_fault`.
+const LOST_INJECTED: u8 = 2;
+
+/// A device's health, shared by the device and its streams and events. Once lost, a
+/// device stays lost.
 pub(crate) struct Health {
     /// `plugin.simnpu:N`, for messages.
     name: String,
@@ -14,7 +31,8 @@ pub(crate) struct Health {
     ops: AtomicU64,
     /// Lost once this many have run (`None`: never).
     lose_after: Option<u64>,
-    lost: AtomicBool,
+    /// [`WORKING`], or how the device was lost.
+    state: AtomicU8,
 }
 
 impl Health {
@@ -23,19 +41,46 @@ impl Health {
             name,
             ops: AtomicU64::new(0),
             lose_after,
-            lost: AtomicBool::new(false),
+            state: AtomicU8::new(WORKING),
         }
     }
 
-    /// An error when the device is lost.
+    /// Loses the device now and for good: the fault `device_inject_fault` injects. It
+    /// also turns a loss by `XPU_SIMNPU_LOSE_AFTER` into an injected one, whose rules
+    /// are stricter: the host that asked relies on them.
+    pub(crate) fn lose(&self) {
+        self.state.store(LOST_INJECTED, Ordering::Release);
+    }
+
+    /// An error when the device is lost, saying how it was lost.
     pub(crate) fn check(&self) -> Result<()> {
-        if self.lost.load(Ordering::Acquire) {
-            return Err(Error::device_lost(format!(
+        match self.state.load(Ordering::Acquire) {
+            WORKING => Ok(()),
+            LOST_INJECTED => Err(Error::device_lost(format!(
+                "{} was lost: a fault was injected (device_inject_fault); it does not come back, use the other devices",
+                self.name
+            ))),
+            _ => Err(Error::device_lost(format!(
                 "{} was lost (XPU_SIMNPU_LOSE_AFTER)",
                 self.name
-            )));
+            ))),
         }
-        Ok(())
+    }
+
+    /// An error when every call on the device must fail: after an injected loss (the
+    /// header's rules for `XPU_FAULT_LOST`). A device lost by `XPU_SIMNPU_LOSE_AFTER`
+    /// passes: it fails its operations, allocations and stream creations only ([`check`]
+    /// and [`operate`]), so that its failures surface the way they always have, through
+    /// the work that runs on it.
+    ///
+    /// [`check`]: Health::check
+    /// [`operate`]: Health::operate
+    pub(crate) fn check_call(&self) -> Result<()> {
+        if self.state.load(Ordering::Acquire) == LOST_INJECTED {
+            self.check()
+        } else {
+            Ok(())
+        }
     }
 
     /// Counts one operation about to run; an error when the device is, or now
@@ -44,8 +89,55 @@ impl Health {
         self.check()?;
         let n = self.ops.fetch_add(1, Ordering::AcqRel) + 1;
         if self.lose_after.is_some_and(|limit| n > limit) {
-            self.lost.store(true, Ordering::Release);
+            // Unless it was lost already (an injected loss stays one).
+            let _ = self.state.compare_exchange(
+                WORKING,
+                LOST_AFTER_OPS,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
         }
         self.check()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xpu_plugin_sdk::ErrorCode;
+
+    #[test]
+    fn a_lost_device_says_how_it_was_lost_and_stays_lost() {
+        let counted = Health::new("plugin.simnpu:0".into(), Some(1));
+        assert!(counted.operate().is_ok());
+        let e = counted.operate().unwrap_err();
+        assert_eq!(e.code(), ErrorCode::DeviceLost);
+        assert!(e.message().contains("XPU_SIMNPU_LOSE_AFTER"), "{e}");
+        // Calls other than operations pass, until a loss is injected too.
+        assert!(counted.check_call().is_ok());
+        counted.lose();
+        let e = counted.check_call().unwrap_err();
+        assert_eq!(e.code(), ErrorCode::DeviceLost);
+        assert!(e.message().contains("injected"), "{e}");
+        // An injected loss stays one.
+        assert!(counted
+            .operate()
+            .unwrap_err()
+            .message()
+            .contains("injected"));
+
+        let injected = Health::new("plugin.simnpu:1".into(), None);
+        assert!(injected.check().is_ok());
+        injected.lose();
+        assert_eq!(
+            injected.check_call().unwrap_err().code(),
+            ErrorCode::DeviceLost
+        );
+        let e = injected.operate().unwrap_err();
+        assert_eq!(e.code(), ErrorCode::DeviceLost);
+        assert!(e.message().contains("plugin.simnpu:1"), "{e}");
+        assert!(e.message().contains("injected"), "{e}");
+        assert!(!e.message().contains("XPU_SIMNPU_LOSE_AFTER"), "{e}");
+        assert!(injected.check().is_err());
     }
 }

@@ -28,6 +28,15 @@
 //! A malformed value makes `device_count` fail with an `InvalidArgument` error naming
 //! the variable.
 //!
+//! Besides `XPU_SIMNPU_LOSE_AFTER`, whose lost device fails the operations (and the
+//! allocations and new streams) asked of it from then on, a host can lose a device at a
+//! moment of its choosing through `device_inject_fault` (ABI 1.2,
+//! `xpu_hal::Device::inject_fault`, `xpu train --inject-fault`). Such a device is lost
+//! as the header's rules for `XPU_FAULT_LOST` say: every later call on it, its streams
+//! and its events fails with `DeviceLost`, work queued on its streams fails instead of
+//! running, and it never comes back. Either way the message says which of the two lost
+//! it.
+//!
 //! ## Shape
 //!
 //! - [`SimNpu`] — the [`Plugin`]: the configuration and device
@@ -46,6 +55,7 @@
 //!   work before it.
 //! - `ops` — the builtin operations, computed with the host backend's functions
 //!   (`xpu_hal::reference`) so that results agree bit for bit with the reference.
+//! - `health` — whether the device still works: the two fault injections above.
 //! - `std_ops` — every standard operation (ABI 1.1: matmul, activations, softmax,
 //!   cross-entropy, layer norm, gather/scatter-add, reductions, optimizers, random
 //!   numbers, dropout) on every dtype it is defined on, computed by the HAL's reference

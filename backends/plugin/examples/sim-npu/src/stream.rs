@@ -12,6 +12,12 @@
 //! error; until `synchronize` or `query` reports it, later work is skipped and events
 //! complete with an `Aborted` error naming the cause. After the report the stream
 //! runs work again. Dropping the stream lets the queued work finish first.
+//!
+//! A lost device ([`Health`]) fails the operations that reach the worker with
+//! `DeviceLost`. After an injected loss more is true: every later call fails with
+//! `DeviceLost`, queued work fails with it instead of running (the first such job
+//! becomes the stream's error, events complete with `DeviceLost`), and reporting the
+//! error does not make the stream usable again.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -113,6 +119,7 @@ impl SimStream {
     }
 
     fn push(&self, job: Job) -> Result<()> {
+        self.shared.health.check_call()?;
         let mut s = self.shared.lock();
         if s.closed {
             return Err(Error::internal(format!(
@@ -179,7 +186,10 @@ fn run_worker(shared: &Shared) {
 fn execute(shared: &Shared, job: Job, failed: Option<&Error>) -> Result<()> {
     match job {
         Job::Mark(mark) => {
+            // A device lost by an injected fault fails its events with the loss itself.
+            let outcome = shared.health.check_call();
             mark.complete(match failed {
+                _ if outcome.is_err() => outcome,
                 None => Ok(()),
                 Some(e) => Err(Error::aborted(format!(
                     "work before this event on {} failed: {e}",
@@ -206,14 +216,22 @@ fn execute(shared: &Shared, job: Job, failed: Option<&Error>) -> Result<()> {
             }
             outcome
         }
-        Job::WaitEvent(event) => match event.mark.wait(None) {
-            Some(Err(e)) => Err(Error::aborted(format!(
-                "{} waited for an event whose work failed: {e}",
-                shared.name
-            ))),
-            _ => Ok(()),
-        },
-        Job::WaitExternal(wait) => wait.wait(),
+        // Waits on a device lost by an injected fault fail like the rest of its work (an
+        // external event is then released without being waited for).
+        Job::WaitEvent(event) => {
+            shared.health.check_call()?;
+            match event.mark.wait(None) {
+                Some(Err(e)) => Err(Error::aborted(format!(
+                    "{} waited for an event whose work failed: {e}",
+                    shared.name
+                ))),
+                _ => Ok(()),
+            }
+        }
+        Job::WaitExternal(wait) => {
+            shared.health.check_call()?;
+            wait.wait()
+        }
     }
 }
 
@@ -264,6 +282,8 @@ impl Stream<SimNpu> for SimStream {
     }
 
     fn run_op(&self, op: Op<Buffer>) -> Result<()> {
+        // A device lost by an injected fault refuses before looking at the operation.
+        self.shared.health.check_call()?;
         let op = crate::std_ops::prepare(op)?;
         self.run(self.config.latency, move || crate::std_ops::execute(&op))
     }
@@ -274,6 +294,7 @@ impl Stream<SimNpu> for SimStream {
         dims: LaunchDims,
         args: Vec<KernelArg<Buffer>>,
     ) -> Result<()> {
+        self.shared.health.check_call()?;
         let function = kernel.function.clone();
         check_launch(&function, &args)?;
         let invocations = dims.invocations();
@@ -310,7 +331,10 @@ impl Stream<SimNpu> for SimStream {
     fn record_event(&self) -> Result<SimEvent> {
         let mark = Mark::new(self.shared.name.clone());
         self.push(Job::Mark(mark.clone()))?;
-        Ok(SimEvent { mark })
+        Ok(SimEvent {
+            mark,
+            health: self.shared.health.clone(),
+        })
     }
 
     fn wait_event(&self, event: &Handle<SimEvent>) -> Result<()> {
@@ -327,7 +351,12 @@ impl Stream<SimNpu> for SimStream {
         while s.completed < target {
             s = self.shared.done.wait(s).unwrap_or_else(|p| p.into_inner());
         }
-        s.error.take().map_or(Ok(()), Err)
+        // The work has stopped either way; a device lost by an injected fault stays
+        // lost after its error was reported.
+        match s.error.take() {
+            Some(e) => Err(e),
+            None => self.shared.health.check_call(),
+        }
     }
 
     fn query(&self) -> Result<bool> {
@@ -335,6 +364,7 @@ impl Stream<SimNpu> for SimStream {
         if let Some(e) = s.error.take() {
             return Err(e);
         }
+        self.shared.health.check_call()?;
         Ok(s.completed >= s.submitted)
     }
 }

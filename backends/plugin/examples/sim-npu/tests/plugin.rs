@@ -21,9 +21,10 @@ fn the_table_and_properties_describe_a_simulated_npu() {
     let api = api();
     assert_eq!(cstr(api.name), "simnpu");
     assert_eq!(cstr(api.version), env!("CARGO_PKG_VERSION"));
-    assert_eq!((api.abi_major, api.abi_minor), (1, 1));
+    assert_eq!((api.abi_major, api.abi_minor), (1, 2));
     assert!(api.event_elapsed.is_some() && api.kernel_load.is_some());
     assert!(api.device_ops.is_some() && api.op_enqueue.is_some());
+    assert!(api.device_inject_fault.is_some());
 
     assert_eq!(device_count().unwrap(), 2);
     let e = open(2).unwrap_err();
@@ -413,6 +414,124 @@ fn a_failure_aborts_later_work_until_it_is_reported() {
     destroy_stream(s);
     destroy_stream(other);
     close(d);
+}
+
+/// Asserts that `r` failed with `DEVICE_LOST` saying the fault was injected into `device`.
+fn assert_injected_loss<T: std::fmt::Debug>(r: R<T>, device: &str, what: &str) {
+    let e = r.expect_err(what);
+    assert_eq!(e.code(), ErrorCode::DeviceLost, "{what}: {e}");
+    assert!(e.message().contains(device), "{what}: {e}");
+    assert!(e.message().contains("injected"), "{what}: {e}");
+}
+
+/// `device_inject_fault` with `XPU_FAULT_LOST` (ABI 1.2): the work queued behind a held
+/// wait fails instead of running, every later call on the device, its streams and its
+/// events fails with `DEVICE_LOST` for good, the release functions still work, and the
+/// other device is not affected.
+#[test]
+fn an_injected_loss_fails_queued_work_and_every_later_call() {
+    let (d0, d1) = (open(0).unwrap(), open(1).unwrap());
+    let (b0, b1) = (alloc(d0, 256).unwrap(), alloc(d1, 256).unwrap());
+    let (s0, s1) = (stream(d0), stream(d1));
+    let data = pattern(7, 256);
+    write(s1, range(b1, 0, 256), &data).unwrap();
+    let before = record(s1);
+    event_wait(before, u64::MAX).unwrap();
+
+    // Queued behind an external wait the test holds: a copy back, and an event.
+    let gate = Gate::new();
+    wait_external(s1, &gate).unwrap();
+    let mut out = vec![0xAAu8; 256];
+    read_async(s1, range(b1, 0, 256), &mut out).unwrap();
+    let after = record(s1);
+    // A stream of the other device waits on the event after the loss.
+    wait_event(s0, after).unwrap();
+
+    inject_fault(d1, fault::LOST).unwrap();
+    gate.open(0);
+    assert_injected_loss(sync(s1), "plugin.simnpu:1", "synchronize after the loss");
+    assert_eq!(out, vec![0xAA; 256], "the queued copy must not have run");
+    assert_eq!(*gate.released.lock().unwrap(), 1);
+    assert_injected_loss(event_wait(after, u64::MAX), "plugin.simnpu:1", "event_wait");
+    assert_injected_loss(event_done(before), "plugin.simnpu:1", "event_query");
+    // The other device's stream fails the work after its wait, as for any failed event,
+    // and then works again.
+    let e = sync(s0).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Aborted, "{e}");
+    assert!(e.message().contains("injected"), "{e}");
+
+    // Every later call on the lost device fails, and keeps failing.
+    assert_injected_loss(sync(s1), "plugin.simnpu:1", "a second synchronize");
+    assert_injected_loss(query(s1), "plugin.simnpu:1", "stream_query");
+    assert_injected_loss(try_memory(d1), "plugin.simnpu:1", "memory_info");
+    assert_injected_loss(alloc(d1, 64), "plugin.simnpu:1", "buffer_allocate");
+    assert_injected_loss(try_stream(d1), "plugin.simnpu:1", "stream_create");
+    assert_injected_loss(try_record(s1), "plugin.simnpu:1", "event_record");
+    assert_injected_loss(
+        write_async(s1, range(b1, 0, 4), &[1, 2, 3, 4]),
+        "plugin.simnpu:1",
+        "copy_host_to_device",
+    );
+    assert_injected_loss(
+        read_async(s1, range(b1, 0, 4), &mut [0; 4]),
+        "plugin.simnpu:1",
+        "copy_device_to_host",
+    );
+    assert_injected_loss(
+        copy(s1, range(b1, 0, 4), range(b1, 8, 4)),
+        "plugin.simnpu:1",
+        "copy_device_to_device",
+    );
+    let mut fill = Op::new(builtin_kind::FILL, dtype::U8, range(b1, 0, 16));
+    fill.scalar[0] = 3;
+    assert_injected_loss(builtin(s1, &fill), "plugin.simnpu:1", "builtin");
+    assert_injected_loss(
+        wait_event(s1, before),
+        "plugin.simnpu:1",
+        "stream_wait_event",
+    );
+    let refused = Gate::new();
+    assert_injected_loss(
+        wait_external(s1, &refused),
+        "plugin.simnpu:1",
+        "stream_wait_external",
+    );
+    // A refused external event is released, by the SDK's thread, without a wait.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while *refused.released.lock().unwrap() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the refused external event was not released"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let code = bytecode::axpy().encode().unwrap();
+    assert_injected_loss(
+        kernel_load(d1, c"simnpu-bytecode", &code, c"axpy"),
+        "plugin.simnpu:1",
+        "kernel_load",
+    );
+    // Injecting again changes nothing; an unknown fault is refused.
+    inject_fault(d1, fault::LOST).unwrap();
+    let e = inject_fault(d0, 99).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Unsupported, "{e}");
+    assert!(e.message().contains("99"), "{e}");
+
+    // The other device works.
+    sync(s0).unwrap();
+    write(s0, range(b0, 0, 256), &data).unwrap();
+    assert_eq!(read(s0, range(b0, 0, 256)).unwrap(), data);
+    assert_eq!(try_memory(d0).unwrap().0, 256 << 20);
+
+    // The release functions work on the lost device.
+    destroy_event(before);
+    destroy_event(after);
+    free(b1);
+    destroy_stream(s1);
+    close(d1);
+    free(b0);
+    destroy_stream(s0);
+    close(d0);
 }
 
 #[test]

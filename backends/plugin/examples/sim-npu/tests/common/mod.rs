@@ -101,6 +101,22 @@ pub fn capabilities(device: *mut xpu_device) -> Vec<String> {
         .collect()
 }
 
+/// `memory_info`, failing as the plugin does.
+pub fn try_memory(device: *mut xpu_device) -> R<(u64, u64)> {
+    let mut a: xpu_memory_info_args = args();
+    a.device = device;
+    call(api().memory_info, &mut a)?;
+    Ok((a.total, a.free))
+}
+
+/// `device_inject_fault` with fault number `fault` (ABI 1.2).
+pub fn inject_fault(device: *mut xpu_device, fault: u32) -> R<()> {
+    let mut a: xpu_device_fault_args = args();
+    a.device = device;
+    a.fault = fault;
+    call(api().device_inject_fault, &mut a)
+}
+
 pub fn alloc(device: *mut xpu_device, size: u64) -> R<*mut xpu_buffer> {
     let mut a: xpu_buffer_allocate_args = args();
     a.device = device;
@@ -120,6 +136,14 @@ pub fn stream(device: *mut xpu_device) -> *mut xpu_stream {
     a.device = device;
     call(api().stream_create, &mut a).unwrap();
     a.stream
+}
+
+/// `stream_create`, failing as the plugin does.
+pub fn try_stream(device: *mut xpu_device) -> R<*mut xpu_stream> {
+    let mut a: xpu_stream_create_args = args();
+    a.device = device;
+    call(api().stream_create, &mut a)?;
+    Ok(a.stream)
 }
 
 pub fn destroy_stream(stream: *mut xpu_stream) {
@@ -234,6 +258,25 @@ pub fn record(stream: *mut xpu_stream) -> *mut xpu_event {
     a.stream = stream;
     call(api().event_record, &mut a).unwrap();
     a.event
+}
+
+/// `event_record`, failing as the plugin does.
+pub fn try_record(stream: *mut xpu_stream) -> R<*mut xpu_event> {
+    let mut a: xpu_event_record_args = args();
+    a.stream = stream;
+    call(api().event_record, &mut a)?;
+    Ok(a.event)
+}
+
+/// Enqueues a device-to-host copy into `out`, which must stay alive and untouched until
+/// the stream is synchronized.
+pub fn read_async(stream: *mut xpu_stream, src: xpu_buffer_range, out: &mut [u8]) -> R<()> {
+    let mut a: xpu_copy_args = args();
+    a.stream = stream;
+    a.src = src;
+    a.host = out.as_mut_ptr().cast();
+    a.length = src.length;
+    call(api().copy_device_to_host, &mut a)
 }
 
 pub fn destroy_event(event: *mut xpu_event) {
