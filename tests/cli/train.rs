@@ -408,3 +408,41 @@ fn train_resumes_from_a_checkpoint_bit_for_bit_and_refuses_a_corrupt_one() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--compare-with`: the same steps on other devices, compared. Host devices give the
+/// same bits whatever the split; sim-npu rounds differently but within the documented
+/// tolerance.
+#[test]
+fn train_compares_with_another_device_mix() {
+    let plugin = sim_npu();
+    for (other, exact) in [("host:1", true), ("plugin.simnpu:0", false)] {
+        let (code, out, err) = run(&mut xpu(&[
+            "--plugin",
+            plugin.to_str().unwrap(),
+            "train",
+            "--model",
+            "mlp",
+            "--devices",
+            "host:0,1",
+            "--steps",
+            "20",
+            "--json",
+            "--compare-with",
+            other,
+        ]));
+        assert_eq!(code, 0, "{out}{err}");
+        let (_, summary) = lines(&out);
+        let c = &summary["compare"];
+        assert_eq!(c["devices"], serde_json::json!([other]), "{c}");
+        assert_eq!(c["matches"], true, "{c}");
+        assert_eq!(c["losses"]["elements"], 20, "{c}");
+        assert_eq!(c["weights"]["elements"], summary["parameters"], "{c}");
+        if exact {
+            assert_eq!(c["losses"]["max_abs_err"], 0.0, "{c}");
+            assert_eq!(c["weights"]["max_abs_err"], 0.0, "{c}");
+        } else {
+            assert!(c["losses"]["max_rel_err"].as_f64().unwrap() <= 1e-3, "{c}");
+            assert!(c["weights"]["cosine"].as_f64().unwrap() >= 0.9999, "{c}");
+        }
+    }
+}

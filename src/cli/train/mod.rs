@@ -2,10 +2,12 @@
 //! progress bar, lines or JSON objects while it runs and a summary at the end; a
 //! device that fails is dropped and the run continues from the last checkpoint.
 //!
+//! - `compare`: `--compare-with SEL`.
 //! - `faults`: `--inject-fault DEVICE@STEP`.
 //! - `output`: the progress bar, the lines and JSON objects, the timeline.
 //! - `plot`: `--plot FILE.svg`.
 
+mod compare;
 mod faults;
 mod output;
 mod plot;
@@ -113,6 +115,11 @@ pub struct TrainArgs {
     /// its share rebalanced. Repeatable.
     #[arg(long, value_name = "DEVICE@STEP[:slow=DURATION]")]
     pub inject_fault: Vec<String>,
+    /// Train the same steps again on these devices and report the precision of their
+    /// losses and final weights against the run's (exit status 1 when outside the
+    /// documented tolerance).
+    #[arg(long, value_name = "SEL")]
+    pub compare_with: Option<String>,
 }
 
 /// What the run has trained, for the summary and the plot.
@@ -203,6 +210,11 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
     let resume = args.resume.as_deref().map(Checkpoint::load).transpose()?;
     let devices = select(registry, args, &config)?;
     let mut faults = faults::parse(&args.inject_fault, &devices, args.steps)?;
+    let compare_devices = match &args.compare_with {
+        Some(text) => Some(registry.devices(&xpu::DeviceSelector::parse(text)?)?),
+        None => None,
+    };
+    let start_point = resume.clone();
     let start = Instant::now();
     let mut trainer = Trainer::new(&devices, config.clone())?;
     let reporter = Reporter::new(args.json, args.steps, 0);
@@ -389,6 +401,18 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
     let model_flops_per_s = history.flops as f64 / history.seconds.max(1e-9);
     let mfu = model_flops_per_s / peak_sum.max(1.0);
     let tokens_per_s = history.tokens as f64 / history.seconds.max(1e-9);
+    let comparison = match &compare_devices {
+        Some(other) => Some(compare::compare(
+            other,
+            &config,
+            start_point.as_ref(),
+            args.steps,
+            &history.losses,
+            &compare::weights(&trainer)?,
+        )?),
+        None => None,
+    };
+    let matched = comparison.as_ref().is_none_or(compare::Comparison::matches);
     let stats = trainer.scheduler().stats();
     let final_names: Vec<String> = final_devices.iter().map(|d| d.id().to_string()).collect();
     if let Some(path) = &args.plot {
@@ -428,10 +452,11 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
                 "overlap_frac": overlap,
                 "peak_memory_bytes": peak,
                 "recoveries": recoveries.len(),
+                "compare": comparison.as_ref().map(compare::Comparison::to_json),
                 "checkpoints": kept.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
             })
         );
-        return Ok(true);
+        return Ok(matched);
     }
     println!(
         "done: {} steps in {elapsed:.1} s (first step after {:.2} s); final loss {final_loss:.4}; accuracy {:.1}% of the labels of {} held-out examples",
@@ -476,7 +501,10 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
     if let Some(last) = kept.last() {
         println!("latest checkpoint: {}", last.display());
     }
-    Ok(true)
+    if let Some(c) = &comparison {
+        c.print();
+    }
+    Ok(matched)
 }
 
 /// The devices named by `--devices` (each must provide the model's operations), or by
