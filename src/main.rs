@@ -281,6 +281,10 @@ enum BenchCommand {
     /// Placement policies on devices that differ (any backends), with transfers: eager and
     /// dmda in alternating rounds, and HEFT planned on dmda's learned costs and replayed.
     Placement(cli::sched_bench::placement::PlacementArgs),
+    /// Training throughput: the trainer against the same model run without the
+    /// scheduler, two host devices against one, and host + a half-speed sim-npu
+    /// against the host alone, in interleaved rounds.
+    Train(cli::bench_train::BenchTrainArgs),
 }
 
 fn selector(arg: Option<String>, default: &str) -> Result<DeviceSelector> {
@@ -432,6 +436,10 @@ fn run(cli: Cli) -> Result<bool> {
         Some(Command::Bench(BenchCommand::Scheduler(args))) => {
             let devices = registry.devices(&selector(args.devices.clone(), "host:*")?)?;
             cli::sched_bench::run(devices, &args)
+        }
+        Some(Command::Bench(BenchCommand::Train(args))) => {
+            cli::bench_train::run(&registry, &args)?;
+            Ok(true)
         }
         Some(Command::Bench(BenchCommand::Placement(args))) => {
             let devices = registry.devices(&selector(args.devices.clone(), "host:0,1")?)?;

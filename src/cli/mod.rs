@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_ops;
+pub mod bench_train;
 pub mod collectives;
 pub mod compare;
 pub mod conformance;

@@ -446,3 +446,37 @@ fn train_compares_with_another_device_mix() {
         }
     }
 }
+
+/// `xpu bench train` prints each figure beside its reference from the same run.
+#[test]
+fn bench_train_prints_each_figure_beside_its_reference() {
+    let plugin = sim_npu();
+    let (code, out, err) = run(&mut xpu(&[
+        "--plugin",
+        plugin.to_str().unwrap(),
+        "bench",
+        "train",
+        "--model",
+        "mlp",
+        "--steps",
+        "2",
+        "--rounds",
+        "1",
+        "--json",
+    ]));
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let figures = v["figures"].as_array().unwrap();
+    assert_eq!(figures.len(), 3, "{v}");
+    for f in figures {
+        assert!(f["tokens_per_s"]["mean"].as_f64().unwrap() > 0.0, "{f}");
+        assert!(
+            f["reference_tokens_per_s"]["p50"].as_f64().unwrap() > 0.0,
+            "{f}"
+        );
+        assert!(f["ratio"].as_f64().unwrap() > 0.0, "{f}");
+    }
+    let (code, _, err) = run(&mut xpu(&["bench", "train", "--model", "gpt"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("choose transformer or mlp"), "{err}");
+}

@@ -7,10 +7,13 @@
 //! - [`checkpoint`]: checkpoints written atomically on a thread of their own, verified
 //!   when read.
 //! - [`data`]: the synthetic task, generated from the seed and the example's position.
+//! - [`direct`]: the same training on one device without the scheduler, to measure
+//!   what the scheduler costs.
 //! - [`elastic`]: surviving a device failure — the group re-formed from the survivors,
 //!   continuing from the last checkpoint.
 //! - [`params`]: parameters in buckets, and their initial values from the seed.
 //! - [`peak`]: a device's matrix-product peak, the denominator of the utilisation.
+//! - `exec`: where a model's operations go — the scheduler, or one stream directly.
 //! - `replica`: one device's handles and the layers as tasks pinned to it.
 //! - `mlp`: the MLP over modular addition.
 //! - `transformer`: the decoder-only transformer reversing digits.
@@ -24,7 +27,9 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod direct;
 pub mod elastic;
+mod exec;
 mod mlp;
 mod model;
 pub mod params;

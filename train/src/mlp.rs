@@ -6,7 +6,9 @@
 
 use xpu_hal::ops::{Op, OpKind};
 use xpu_hal::{DType, Result};
-use xpu_scheduler::{Handle, Scheduler};
+use xpu_scheduler::Handle;
+
+use crate::exec::Exec;
 
 use crate::model::{MicroBatch, Model};
 use crate::params::{Init, ParamLayout, ParamSpec, Slot};
@@ -133,7 +135,7 @@ impl Model for Mlp {
         self.shape.micro_batch
     }
 
-    fn forward(&self, sched: &Scheduler, r: &Replica, mb: &MicroBatch) -> Result<()> {
+    fn forward(&self, sched: &dyn Exec, r: &Replica, mb: &MicroBatch) -> Result<()> {
         let MlpShape {
             classes: p,
             embed: d,
@@ -190,7 +192,7 @@ impl Model for Mlp {
 
     fn backward(
         &self,
-        sched: &Scheduler,
+        sched: &dyn Exec,
         r: &Replica,
         mb: &MicroBatch,
         bucket: usize,

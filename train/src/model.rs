@@ -2,7 +2,9 @@
 //! its forward and backward passes over one micro-batch as tasks on a replica.
 
 use xpu_hal::Result;
-use xpu_scheduler::{Handle, Scheduler};
+use xpu_scheduler::Handle;
+
+use crate::exec::Exec;
 
 use crate::params::ParamLayout;
 use crate::replica::Replica;
@@ -40,17 +42,12 @@ pub(crate) trait Model: Send + Sync {
     fn loss_rows(&self) -> u64;
 
     /// The forward pass, ending with the per-row losses.
-    fn forward(&self, sched: &Scheduler, r: &Replica, mb: &MicroBatch) -> Result<()>;
+    fn forward(&self, sched: &dyn Exec, r: &Replica, mb: &MicroBatch) -> Result<()>;
 
     /// The part of the backward pass that finishes the gradients of `bucket` (called for
     /// the last bucket first, after [`Model::forward`]). Gradients accumulate.
-    fn backward(
-        &self,
-        sched: &Scheduler,
-        r: &Replica,
-        mb: &MicroBatch,
-        bucket: usize,
-    ) -> Result<()>;
+    fn backward(&self, sched: &dyn Exec, r: &Replica, mb: &MicroBatch, bucket: usize)
+        -> Result<()>;
 
     /// The scratch buffer holding the logits `[loss_rows, classes]` after the forward
     /// pass, and the number of classes.

@@ -25,12 +25,10 @@
 //! reported loss is the mean of the per-row losses, summed on the host in example
 //! order.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use xpu_collectives::{CommOptions, Communicator, ReduceOp};
-use xpu_hal::ops::Op;
 use xpu_hal::{DType, Device, Error, HostBuffer, Result, Scalar};
 use xpu_scheduler::{Builtin, Codelet, Scheduler, SchedulerOptions, Task};
 
@@ -38,7 +36,7 @@ use crate::checkpoint::Checkpoint;
 use crate::data::{Dataset, ModularAddition, Reverse};
 use crate::mlp::{Mlp, MlpShape};
 use crate::model::{MicroBatch, Model};
-use crate::replica::{view, Replica};
+use crate::replica::Replica;
 use crate::split;
 use crate::transformer::{Transformer, TransformerShape};
 
@@ -83,6 +81,11 @@ pub struct TrainConfig {
     /// Steps between re-splitting the batch from the learned speeds, which is also
     /// done after each of the first that many steps (0: never).
     pub rebalance_every: u64,
+    /// When a device lacks a standard operation the model needs, run that operation
+    /// of its replica on the first device of the group that has it (the scheduler
+    /// moves the data) instead of refusing the device.
+    #[serde(default)]
+    pub allow_fallback: bool,
 }
 
 impl Default for TrainConfig {
@@ -101,6 +104,7 @@ impl Default for TrainConfig {
             heads: 4,
             layers: 2,
             rebalance_every: 10,
+            allow_fallback: false,
         }
     }
 }
@@ -168,12 +172,53 @@ impl TrainConfig {
 
 /// The first standard operation the model needs that `device` does not provide.
 fn missing_op(model: &dyn Model, device: &Device) -> Option<xpu_hal::ops::OpKind> {
+    missing_ops(model, device).first().copied()
+}
+
+/// The standard operations the model needs that `device` does not provide.
+fn missing_ops(model: &dyn Model, device: &Device) -> Vec<xpu_hal::ops::OpKind> {
     let caps = device.capabilities();
     model
         .ops()
         .iter()
         .copied()
-        .find(|k| !caps.supports_op(*k, DType::F32))
+        .filter(|k| !caps.supports_op(*k, DType::F32))
+        .collect()
+}
+
+/// For each device, where each operation it lacks runs instead: the first device of
+/// `devices` that provides it (with `allow`), else the error naming the operation.
+fn fallbacks(
+    model: &dyn Model,
+    devices: &[Device],
+    allow: bool,
+) -> Result<Vec<Vec<(xpu_hal::ops::OpKind, Device)>>> {
+    devices
+        .iter()
+        .map(|d| {
+            missing_ops(model, d)
+                .into_iter()
+                .map(|op| {
+                    if !allow {
+                        return Err(Error::unsupported(format!(
+                            "{} does not provide the standard operation {op} on f32, which the model needs; choose other devices (`xpu devices` lists what each provides), or let another device of the group run it with --allow-fallback",
+                            d.id()
+                        )));
+                    }
+                    devices
+                        .iter()
+                        .find(|o| o.capabilities().supports_op(op, DType::F32))
+                        .map(|o| (op, o.clone()))
+                        .ok_or_else(|| {
+                            Error::unsupported(format!(
+                                "{} does not provide the standard operation {op} on f32 and no device of the group does; add one that does (`xpu devices` lists what each provides)",
+                                d.id()
+                            ))
+                        })
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// The first standard operation the model of `config` needs that `device` does not
@@ -187,7 +232,7 @@ pub fn unsupported_op(
 }
 
 /// The model and task of `config`.
-fn model_of(config: &TrainConfig) -> Result<(Box<dyn Model>, Box<dyn Dataset>)> {
+pub(crate) fn model_of(config: &TrainConfig) -> Result<(Box<dyn Model>, Box<dyn Dataset>)> {
     Ok(match config.model {
         ModelKind::Mlp => (
             Box::new(Mlp::new(MlpShape {
@@ -277,14 +322,7 @@ impl Trainer {
             return Err(Error::invalid("no device to train on; select at least one"));
         }
         let (model, data) = model_of(&config)?;
-        for d in devices {
-            if let Some(op) = missing_op(model.as_ref(), d) {
-                return Err(Error::unsupported(format!(
-                    "{} does not provide the standard operation {op} on f32, which the model needs; choose other devices (`xpu devices` lists what each provides)",
-                    d.id()
-                )));
-            }
-        }
+        let mut fallback = fallbacks(model.as_ref(), devices, config.allow_fallback)?.into_iter();
         // The devices' speeds are learned afresh in every run (the first steps
         // calibrate them): a speed from an earlier run, under other load or an
         // injected fault, would misplace the first steps and could leave a device
@@ -304,59 +342,18 @@ impl Trainer {
         } else {
             None
         };
-        let layout = model.layout().clone();
-        let initial = layout.initial_values(config.seed);
         let micro_batches = config.global_batch / config.micro_batch;
-        let rows = model.loss_rows();
-        // Every labelled row of the global batch weighs the same in the mean loss.
-        let targets = config.global_batch * data.targets_per_example();
         let mut replicas = Vec::with_capacity(devices.len());
         for (sched_index, device) in devices.iter().enumerate() {
-            let mut params = Vec::new();
-            let (mut grad_slots, mut grads) = (Vec::new(), Vec::new());
-            let (mut m, mut v) = (Vec::new(), Vec::new());
-            for values in &initial {
-                params.push(sched.register(HostBuffer::from_bytes(bytemuck::cast_slice(values))?)?);
-                let zeros = vec![0u8; values.len() * 4];
-                grad_slots.push(sched.create(zeros.len() as u64 * micro_batches)?);
-                grads.push(sched.create(zeros.len() as u64)?);
-                m.push(sched.register(HostBuffer::from_bytes(&zeros)?)?);
-                v.push(sched.register(HostBuffer::from_bytes(&zeros)?)?);
-            }
-            let scratch = model
-                .scratch()
-                .into_iter()
-                .map(|e| sched.create(e * 4))
-                .collect::<Result<Vec<_>>>()?;
-            let constants = model
-                .constants()
-                .iter()
-                .map(|c| sched.register(HostBuffer::from_bytes(bytemuck::cast_slice(c))?))
-                .collect::<Result<Vec<_>>>()?;
-            let ones = sched.register(HostBuffer::from_bytes(bytemuck::cast_slice(
-                &vec![1.0f32; rows as usize],
-            ))?)?;
-            let dloss = sched.register(HostBuffer::from_bytes(bytemuck::cast_slice(
-                &vec![1.0f32 / (targets as f32); rows as usize],
-            ))?)?;
-            let loss = sched.create(micro_batches * rows * 4)?;
-            replicas.push(Replica {
-                device: device.clone(),
+            replicas.push(Replica::new(
+                &sched,
+                device,
                 sched_index,
-                params,
-                grad_slots,
-                grads,
-                bucket_elements: layout.bucket_elements.clone(),
-                m,
-                v,
-                scratch,
-                constants,
-                ones,
-                dloss,
-                loss,
-                recording: Mutex::new(None),
-                matmul_flops: AtomicU64::new(0),
-            });
+                model.as_ref(),
+                data.as_ref(),
+                &config,
+                fallback.next().unwrap_or_default(),
+            )?);
         }
         let shares = split::proportional(micro_batches, &vec![None; devices.len()]);
         let tokens_per_step = data.examples(0, 1).tokens.len() as u64 * config.global_batch;
@@ -517,38 +514,8 @@ impl Trainer {
         // The micro-batches' gradients summed in micro-batch order, and the update, on
         // every replica.
         let step = self.step + 1;
-        let micro_batches = self.config.global_batch / n;
         for r in &self.replicas {
-            for (b, &elements) in self.model.layout().bucket_elements.iter().enumerate() {
-                r.run(
-                    &self.sched,
-                    "sum_micro_batches",
-                    Op::Reduce {
-                        x: view(r.grad_slots[b], 0, &[micro_batches, elements])?,
-                        y: view(r.grads[b], 0, &[1, elements])?,
-                        op: xpu_hal::ops::ReduceOp::Sum,
-                        axis: 0,
-                    },
-                )?;
-                r.run(
-                    &self.sched,
-                    "adamw",
-                    Op::AdamW {
-                        param: view(r.params[b], 0, &[elements])?,
-                        grad: view(r.grads[b], 0, &[elements])?,
-                        m: view(r.m[b], 0, &[elements])?,
-                        v: view(r.v[b], 0, &[elements])?,
-                        lr: self.config.lr,
-                        beta1: 0.9,
-                        beta2: 0.999,
-                        eps: 1e-8,
-                        weight_decay: self.config.weight_decay,
-                        step: u32::try_from(step).map_err(|_| {
-                            Error::invalid("more than 2^32 steps: AdamW's step count is 32-bit")
-                        })?,
-                    },
-                )?;
-            }
+            r.update(&self.sched, &self.config, step)?;
         }
         // The losses, in example order.
         let rows = self.model.loss_rows();
@@ -832,18 +799,8 @@ impl Trainer {
 
     /// Unregisters a dropped replica's buffers.
     fn release(&self, r: &Replica) -> Result<()> {
-        let all = r
-            .params
-            .iter()
-            .chain(&r.grad_slots)
-            .chain(&r.grads)
-            .chain(&r.m)
-            .chain(&r.v)
-            .chain(&r.scratch)
-            .chain(&r.constants)
-            .chain([&r.ones, &r.dloss, &r.loss]);
-        for h in all {
-            self.sched.unregister(*h)?;
+        for h in r.handles() {
+            self.sched.unregister(h)?;
         }
         Ok(())
     }

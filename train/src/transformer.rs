@@ -12,8 +12,10 @@
 //! projection, then the blocks from the last to the first, then the embeddings.
 
 use xpu_hal::ops::{Layout, Op, OpKind};
-use xpu_hal::{BinaryOp, DType, Error, Result};
-use xpu_scheduler::{Builtin, Codelet, Handle, Scheduler, Task, TensorRef};
+use xpu_hal::{DType, Error, Result};
+use xpu_scheduler::{Handle, TensorRef};
+
+use crate::exec::Exec;
 
 use crate::model::{MicroBatch, Model};
 use crate::params::{Init, ParamLayout, ParamSpec, Slot};
@@ -253,20 +255,15 @@ impl Transformer {
         view(buf, h * b * t * t, &[b, t, t])
     }
 
-    fn add(&self, sched: &Scheduler, r: &Replica, a: Handle, b: Handle, out: Handle) -> Result<()> {
-        let add = Codelet::from_builtin(Builtin::Binary {
-            op: BinaryOp::Sum,
-            dtype: DType::F32,
-        });
-        sched.submit(Task::new(&add).read(a).read(b).write(out).on(&r.device))?;
-        Ok(())
+    fn add(&self, sched: &dyn Exec, r: &Replica, a: Handle, b: Handle, out: Handle) -> Result<()> {
+        sched.add(&r.device, a, b, out)
     }
 
     /// `y = layer_norm(x)·gamma + beta`, keeping the row statistics.
     #[allow(clippy::too_many_arguments)]
     fn norm(
         &self,
-        sched: &Scheduler,
+        sched: &dyn Exec,
         r: &Replica,
         name: &str,
         x: Handle,
@@ -297,7 +294,7 @@ impl Transformer {
     #[allow(clippy::too_many_arguments)]
     fn norm_backward(
         &self,
-        sched: &Scheduler,
+        sched: &dyn Exec,
         r: &Replica,
         mb: &MicroBatch,
         name: &str,
@@ -342,7 +339,7 @@ impl Transformer {
         Ok(())
     }
 
-    fn block_forward(&self, sched: &Scheduler, r: &Replica, l: u64) -> Result<()> {
+    fn block_forward(&self, sched: &dyn Exec, r: &Replica, l: u64) -> Result<()> {
         let TransformerShape {
             context: t,
             width: d,
@@ -473,13 +470,7 @@ impl Transformer {
 
     /// The backward pass of block `l`: from the gradient of its output in `DX` to the
     /// gradient of its input, left in `DX` again.
-    fn block_backward(
-        &self,
-        sched: &Scheduler,
-        r: &Replica,
-        mb: &MicroBatch,
-        l: u64,
-    ) -> Result<()> {
+    fn block_backward(&self, sched: &dyn Exec, r: &Replica, mb: &MicroBatch, l: u64) -> Result<()> {
         let TransformerShape {
             context: t,
             width: d,
@@ -726,7 +717,7 @@ impl Model for Transformer {
         self.rows()
     }
 
-    fn forward(&self, sched: &Scheduler, r: &Replica, mb: &MicroBatch) -> Result<()> {
+    fn forward(&self, sched: &dyn Exec, r: &Replica, mb: &MicroBatch) -> Result<()> {
         let TransformerShape {
             vocab: v,
             context: t,
@@ -798,7 +789,7 @@ impl Model for Transformer {
 
     fn backward(
         &self,
-        sched: &Scheduler,
+        sched: &dyn Exec,
         r: &Replica,
         mb: &MicroBatch,
         bucket: usize,

@@ -213,3 +213,23 @@ fn losing_the_last_device_stops_with_the_last_checkpoint_named() {
         "{e}"
     );
 }
+
+/// The direct path (one stream, no scheduler) trains the same model to the same bits:
+/// the bench that compares their speed compares the same work.
+#[test]
+fn the_direct_path_gives_the_scheduled_trajectory() {
+    for config in [TrainConfig::default(), TrainConfig::transformer()] {
+        let config = TrainConfig {
+            rebalance_every: 0,
+            ..config
+        };
+        let devices = host("host:0");
+        let mut scheduled = Trainer::new(&devices, config.clone()).unwrap();
+        let mut direct = xpu_train::direct::DirectTrainer::new(&devices[0], config).unwrap();
+        for _ in 0..4 {
+            let s = scheduled.step().unwrap();
+            assert_eq!(direct.tokens_per_step(), s.tokens);
+            assert_eq!(direct.step().unwrap(), s.loss);
+        }
+    }
+}

@@ -120,6 +120,11 @@ pub struct TrainArgs {
     /// documented tolerance).
     #[arg(long, value_name = "SEL")]
     pub compare_with: Option<String>,
+    /// When a device lacks an operation the model needs, run that operation on
+    /// another device of the group instead of refusing the device (the scheduler
+    /// moves the data both ways).
+    #[arg(long)]
+    pub allow_fallback: bool,
 }
 
 /// What the run has trained, for the summary and the plot.
@@ -167,6 +172,7 @@ fn config_of(args: &TrainArgs) -> TrainConfig {
         hidden: args.hidden,
         heads: args.heads,
         layers: args.layers,
+        allow_fallback: args.allow_fallback,
         ..base
     }
 }
@@ -516,7 +522,7 @@ fn select(registry: &Registry, args: &TrainArgs, config: &TrainConfig) -> Result
         None => xpu::selector_from_env("*")?,
     };
     let devices = registry.devices(&sel)?;
-    if explicit {
+    if explicit || args.allow_fallback {
         return Ok(devices);
     }
     let mut kept = Vec::new();

@@ -1,0 +1,343 @@
+//! `xpu bench train`: what training on the runtime costs and what its parallelism pays,
+//! each figure beside its reference measured in the same run, in interleaved rounds
+//! (mean and median of the rounds' tokens per second):
+//!
+//! - **overhead**: `xpu train`'s trainer on `host:0` against the same model run
+//!   directly on the host device's stream, without the scheduler
+//!   ([`xpu_train::direct`]);
+//! - **two devices**: the trainer on `host:0,1` against `host:0` alone at the same
+//!   global batch, and the share of the all-reduce hidden under computation;
+//! - **heterogeneous**: `host:0` with `plugin.simnpu:0` slowed (an injected
+//!   straggler fault) to half the host's speed against `host:0` alone.
+//!
+//! With `--busy`, a competing busy process runs throughout.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use xpu::backend::Fault;
+use xpu::{Device, DeviceSelector, Error, Registry, Result};
+use xpu_train::direct::DirectTrainer;
+use xpu_train::{TrainConfig, Trainer};
+
+/// The options of `xpu bench train`.
+#[derive(clap::Args, Debug)]
+pub struct BenchTrainArgs {
+    /// The model: `transformer` or `mlp`.
+    #[arg(long, default_value = "transformer")]
+    pub model: String,
+    /// Steps per round and path.
+    #[arg(long, default_value_t = 10)]
+    pub steps: u64,
+    /// Interleaved rounds.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    /// Run a competing busy process throughout.
+    #[arg(long)]
+    pub busy: bool,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Something that trains a step at a time.
+trait Stepper {
+    /// One step; its input tokens.
+    fn step(&mut self) -> Result<u64>;
+}
+
+impl Stepper for Trainer {
+    fn step(&mut self) -> Result<u64> {
+        Ok(Trainer::step(self)?.tokens)
+    }
+}
+
+impl Stepper for DirectTrainer {
+    fn step(&mut self) -> Result<u64> {
+        DirectTrainer::step(self)?;
+        Ok(self.tokens_per_step())
+    }
+}
+
+/// Tokens per second of `steps` steps.
+fn round(s: &mut dyn Stepper, steps: u64) -> Result<f64> {
+    let t = Instant::now();
+    let mut tokens = 0;
+    for _ in 0..steps {
+        tokens += s.step()?;
+    }
+    Ok(tokens as f64 / t.elapsed().as_secs_f64().max(1e-9))
+}
+
+/// Mean and median.
+fn stats(v: &[f64]) -> (f64, f64) {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let mean = s.iter().sum::<f64>() / s.len().max(1) as f64;
+    let p50 = if s.is_empty() {
+        f64::NAN
+    } else if s.len() % 2 == 1 {
+        s[s.len() / 2]
+    } else {
+        (s[s.len() / 2 - 1] + s[s.len() / 2]) / 2.0
+    };
+    (mean, p50)
+}
+
+/// One comparison's figures.
+struct Row {
+    name: &'static str,
+    xpu: (f64, f64),
+    reference_name: String,
+    reference: (f64, f64),
+    target: f64,
+    extra: Option<(String, f64)>,
+}
+
+impl Row {
+    fn ratio(&self) -> f64 {
+        self.xpu.0 / self.reference.0.max(1e-12)
+    }
+}
+
+/// `a` and `b` measured in interleaved rounds, after a warm-up step each.
+fn compare(
+    a: &mut dyn Stepper,
+    b: &mut dyn Stepper,
+    args: &BenchTrainArgs,
+) -> Result<((f64, f64), (f64, f64))> {
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
+    round(a, args.steps)?;
+    round(b, args.steps)?;
+    for _ in 0..args.rounds {
+        ta.push(round(a, args.steps)?);
+        tb.push(round(b, args.steps)?);
+    }
+    Ok((stats(&ta), stats(&tb)))
+}
+
+/// A busy process competing for the cores, killed when dropped.
+struct Busy(Child);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn one(registry: &Registry, sel: &str) -> Result<Option<Device>> {
+    Ok(registry
+        .devices(&DeviceSelector::parse(sel)?)
+        .ok()
+        .and_then(|mut d| (!d.is_empty()).then(|| d.remove(0))))
+}
+
+/// Seconds of one micro-batch on `trainer`'s devices: a step's time over its
+/// micro-batches (the median of a few steps).
+fn micro_batch_seconds(trainer: &mut Trainer, micro_batches: u64) -> Result<f64> {
+    let mut t = Vec::new();
+    for _ in 0..5 {
+        t.push(trainer.step()?.seconds / micro_batches as f64);
+    }
+    Ok(stats(&t).1)
+}
+
+/// Makes `npu` run at about `host_mb / speed` per micro-batch through an injected
+/// slowdown, measured: its slowdown per operation is found from two settings. Returns
+/// the slowdown and the speed reached (its micro-batch time over the host's).
+fn throttle(
+    npu: &Device,
+    config: &TrainConfig,
+    host_mb: f64,
+    speed: f64,
+) -> Result<(Duration, f64)> {
+    let micro_batches = config.global_batch / config.micro_batch;
+    let mut alone = Trainer::new(std::slice::from_ref(npu), config.clone())?;
+    let fast = micro_batch_seconds(&mut alone, micro_batches)?;
+    let probe = Duration::from_micros(100);
+    npu.inject_fault(Fault::Slow(probe))?;
+    let slow = micro_batch_seconds(&mut alone, micro_batches)?;
+    let per_delay = (slow - fast) / probe.as_secs_f64();
+    let want = host_mb / speed;
+    let delay = if want > fast && per_delay > 0.0 {
+        Duration::from_secs_f64((want - fast) / per_delay)
+    } else {
+        Duration::ZERO
+    };
+    npu.inject_fault(Fault::Slow(delay))?;
+    let reached = micro_batch_seconds(&mut alone, micro_batches)?;
+    Ok((delay, host_mb / reached))
+}
+
+/// Runs `xpu bench train`.
+pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
+    let config = match args.model.as_str() {
+        "transformer" => TrainConfig::transformer(),
+        "mlp" => TrainConfig::default(),
+        other => {
+            return Err(Error::invalid(format!(
+                "--model {other}: choose transformer or mlp"
+            )))
+        }
+    };
+    if args.steps == 0 || args.rounds == 0 || args.steps > 100_000 || args.rounds > 1000 {
+        return Err(Error::invalid(
+            "--steps (1 to 100000) and --rounds (1 to 1000) must be positive",
+        ));
+    }
+    let _busy = if args.busy {
+        Some(Busy(
+            Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .stdout(Stdio::null())
+                .spawn()
+                .map_err(|e| Error::invalid(format!("could not start a busy process: {e}")))?,
+        ))
+    } else {
+        None
+    };
+    let host0 =
+        one(registry, "host:0")?.ok_or_else(|| Error::invalid("xpu bench train needs host:0"))?;
+    let threads = host0
+        .info()
+        .extra
+        .iter()
+        .find_map(|e| e.strip_prefix("threads="))
+        .unwrap_or("?")
+        .to_string();
+    let micro_batches = config.global_batch / config.micro_batch;
+    let mut rows = Vec::new();
+    // The scheduler's overhead.
+    let mut single = Trainer::new(std::slice::from_ref(&host0), config.clone())?;
+    let mut direct = DirectTrainer::new(&host0, config.clone())?;
+    let (xpu_t, direct_t) = compare(&mut single, &mut direct, args)?;
+    rows.push(Row {
+        name: "trainer on host:0 vs the same ops without the scheduler",
+        xpu: xpu_t,
+        reference_name: "direct on host:0".into(),
+        reference: direct_t,
+        target: 0.8,
+        extra: None,
+    });
+    // Two host devices.
+    let mut skipped = Vec::new();
+    match one(registry, "host:1")? {
+        Some(host1) => {
+            let mut two = Trainer::new(&[host0.clone(), host1], config.clone())?;
+            let (two_t, one_t) = compare(&mut two, &mut single, args)?;
+            two.scheduler().start_profiling()?;
+            round(&mut two, args.steps)?;
+            let overlap = two
+                .scheduler()
+                .stop_profiling()?
+                .overlap_fraction(|s| s.name == "all_reduce");
+            rows.push(Row {
+                name: "trainer on host:0,1 vs host:0, same global batch",
+                xpu: two_t,
+                reference_name: "trainer on host:0".into(),
+                reference: one_t,
+                target: 1.5,
+                extra: Some(("overlap_frac (target 0.5)".into(), overlap)),
+            });
+        }
+        None => skipped.push("two devices: no host:1".to_string()),
+    }
+    // Host with a sim-npu at half its speed.
+    match one(registry, "plugin.simnpu:0")? {
+        Some(npu) => 'npu: {
+            let host_mb = micro_batch_seconds(&mut single, micro_batches)?;
+            let (delay, speed) = match throttle(&npu, &config, host_mb, 0.5) {
+                Ok(done) => done,
+                Err(e @ Error::Unsupported { .. }) => {
+                    skipped.push(format!(
+                        "heterogeneous: cannot slow plugin.simnpu:0 down: {e}"
+                    ));
+                    break 'npu;
+                }
+                Err(e) => return Err(e),
+            };
+            let mut mixed = Trainer::new(&[host0.clone(), npu.clone()], config.clone())?;
+            let (mixed_t, one_t) = compare(&mut mixed, &mut single, args)?;
+            npu.inject_fault(Fault::Slow(Duration::ZERO))?;
+            rows.push(Row {
+                name: "trainer on host:0 + plugin.simnpu:0 at half speed vs host:0",
+                xpu: mixed_t,
+                reference_name: "trainer on host:0".into(),
+                reference: one_t,
+                target: 1.2,
+                extra: Some((
+                    format!(
+                        "simnpu speed / host (slowed by {} us per operation)",
+                        delay.as_micros()
+                    ),
+                    speed,
+                )),
+            });
+        }
+        None => skipped.push(
+            "heterogeneous: no plugin.simnpu:0 (load it with --plugin libxpu_sim_npu.so)".into(),
+        ),
+    }
+    if args.json {
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "name": r.name,
+                    "tokens_per_s": {"mean": r.xpu.0, "p50": r.xpu.1},
+                    "reference": r.reference_name,
+                    "reference_tokens_per_s": {"mean": r.reference.0, "p50": r.reference.1},
+                    "ratio": r.ratio(),
+                    "target": r.target,
+                    "extra": r.extra.as_ref().map(|(k, v)| json!({"name": k, "value": v})),
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "model": args.model,
+                "steps_per_round": args.steps,
+                "rounds": args.rounds,
+                "busy": args.busy,
+                "host_threads_per_device": threads,
+                "figures": rows,
+                "skipped": skipped,
+            })
+        );
+        return Ok(());
+    }
+    println!(
+        "xpu bench train: {} , {} steps per round, {} interleaved rounds, {threads} thread(s) per host device{}",
+        args.model,
+        args.steps,
+        args.rounds,
+        if args.busy { ", a busy process competing" } else { "" }
+    );
+    println!(
+        "{:<62} {:>12} {:>12} {:>12} {:>12} {:>7} {:>7}",
+        "tokens/s", "xpu mean", "xpu p50", "ref mean", "ref p50", "ratio", "target"
+    );
+    for r in &rows {
+        println!(
+            "{:<62} {:>12.0} {:>12.0} {:>12.0} {:>12.0} {:>7.2} {:>7.2}",
+            r.name,
+            r.xpu.0,
+            r.xpu.1,
+            r.reference.0,
+            r.reference.1,
+            r.ratio(),
+            r.target
+        );
+        println!("  reference: {}", r.reference_name);
+        if let Some((k, v)) = &r.extra {
+            println!("  {k}: {v:.2}");
+        }
+    }
+    for s in &skipped {
+        println!("skipped: {s}");
+    }
+    Ok(())
+}
