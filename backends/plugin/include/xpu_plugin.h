@@ -653,10 +653,10 @@ typedef struct xpu_device_ops_args {
 
 /* ------------------------------------------------- fault injection (1.2) --- */
 /*
- * Testing only: device_inject_fault makes a device fail, from now on and for real, the
- * way a real failure would, so that what runs above a plugin (recovery, elastic
- * training, conformance cases) can be tested against a device that fails at a chosen
- * moment. It is optional (NULL: the plugin has no fault injection, and the host reports
+ * Testing only: device_inject_fault makes a device fail (or straggle), from now on and
+ * for real, the way a real failure would, so that what runs above a plugin (recovery,
+ * elastic training, load balancing, conformance cases) can be tested against a device
+ * that fails or slows down at a chosen moment. It is optional (NULL: the plugin has no fault injection, and the host reports
  * that to whoever asked); a host reads it only from a plugin whose abi_minor is at
  * least 2. A plugin that does not know the fault number, or cannot inject that fault on
  * this device, returns XPU_ERROR_UNSUPPORTED naming the number and changes nothing.
@@ -678,9 +678,21 @@ typedef struct xpu_device_ops_args {
  *     The functions that release objects (buffer_free, stream_destroy, event_destroy,
  *     kernel_destroy, device_close) keep working, so the host can clean up; the
  *     plugin's other devices are not affected.
+ *
+ * XPU_FAULT_SLOW: the device becomes a straggler. From the moment the call returns,
+ * every operation its streams run (copies, builtin, op_enqueue, kernel_launch),
+ * including work enqueued earlier that has not started yet, takes delay_ns nanoseconds
+ * longer than it otherwise would:
+ *   - the delay is spent where the work runs, on the stream's timeline (so events and
+ *     event_elapsed see it), never in the enqueueing call, which returns as before;
+ *   - results do not change, and neither does anything else about the device;
+ *   - a later XPU_FAULT_SLOW replaces the delay; delay_ns 0 ends the slowdown;
+ *   - a lost device stays lost: XPU_FAULT_SLOW on it changes nothing.
+ * Other faults ignore delay_ns (set it to 0).
  */
 typedef enum xpu_fault {
-  XPU_FAULT_LOST = 1 /* the device is lost for good */
+  XPU_FAULT_LOST = 1, /* the device is lost for good */
+  XPU_FAULT_SLOW = 2  /* the device is a straggler: delay_ns added to every operation */
 } xpu_fault;
 
 typedef struct xpu_device_fault_args {
@@ -688,8 +700,9 @@ typedef struct xpu_device_fault_args {
   const xpu_extension_base* extensions;
   xpu_device* device; /* in */
   uint32_t fault;     /* in: XPU_FAULT_* */
+  uint64_t delay_ns;  /* in, XPU_FAULT_SLOW: nanoseconds added to every operation from now on (0 ends the slowdown) */
 } xpu_device_fault_args;
-#define XPU_DEVICE_FAULT_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_device_fault_args, fault)
+#define XPU_DEVICE_FAULT_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_device_fault_args, delay_ns)
 
 /* ------------------------------------------------------------ the table --- */
 
@@ -748,8 +761,8 @@ typedef struct xpu_plugin_api {
   xpu_error* (*op_enqueue)(xpu_op_args* args);
 
   /* ABI 1.2, optional (NULL when absent), for testing only: makes the device fail as a
-   * real failure would, from now on (see "fault injection" above for what a lost device
-   * must then do). A fault number the plugin does not know is XPU_ERROR_UNSUPPORTED.
+   * real failure would, from now on (see "fault injection" above for what a lost or slow
+   * device must then do). A fault number the plugin does not know is XPU_ERROR_UNSUPPORTED.
    * Absent: the host reports that the plugin has no fault injection. */
   xpu_error* (*device_inject_fault)(xpu_device_fault_args* args);
 } xpu_plugin_api;

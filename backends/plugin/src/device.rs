@@ -384,11 +384,15 @@ impl DeviceImpl for PluginDevice {
                 plugin.path.display()
             )));
         };
-        let raw = match fault {
-            Fault::Lost => xpu_plugin_sdk::abi::fault::LOST,
+        let (raw, delay_ns) = match fault {
+            Fault::Lost => (xpu_plugin_sdk::abi::fault::LOST, 0),
+            Fault::Slow(delay) => (
+                xpu_plugin_sdk::abi::fault::SLOW,
+                u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX),
+            ),
             other => {
                 return Err(Error::unsupported(format!(
-                    "{}: the fault {other:?} has no number in the plugin ABI {}.{}, so no plugin can inject it; inject `Lost` instead",
+                    "{}: the fault {other:?} has no number in the plugin ABI {}.{}, so no plugin can inject it; inject `Lost` or `Slow` instead",
                     self.shared.id, XPU_PLUGIN_ABI_MAJOR, XPU_PLUGIN_ABI_MINOR
                 )))
             }
@@ -396,6 +400,7 @@ impl DeviceImpl for PluginDevice {
         let mut args = xpu_device_fault_args::new();
         args.device = self.shared.handle.0;
         args.fault = raw;
+        args.delay_ns = delay_ns;
         // SAFETY: the device is open; the function was read from a table of ABI 1.2 or
         // later that reaches it.
         unsafe { plugin.call(f, &mut args, "device_inject_fault", &self.shared.id) }?;

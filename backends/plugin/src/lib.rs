@@ -50,9 +50,11 @@
 //! `xpu_op_args` with one `xpu_tensor` per operand, in the HAL's operand order; and,
 //! from ABI 1.2, fault injection (`device_inject_fault`, read only from a plugin whose
 //! `abi_minor` is at least 2): `DeviceImpl::inject_fault` passes the HAL's
-//! `Fault::Lost` as `XPU_FAULT_LOST`, and on a plugin without the function returns an
-//! `Unsupported` error naming the plugin. The plugin then fails the device's later calls with
-//! `DEVICE_LOST`, which maps onto `DeviceLost` like any other.
+//! `Fault::Lost` as `XPU_FAULT_LOST` and `Fault::Slow(delay)` as `XPU_FAULT_SLOW` with
+//! `delay_ns` (saturating at `u64::MAX`), and on a plugin without the function returns
+//! an `Unsupported` error naming the plugin. After a loss the plugin fails the device's
+//! later calls with `DEVICE_LOST`, which maps onto `DeviceLost` like any other; a slow
+//! device runs its streams' operations that much later, with unchanged results.
 //!
 //! A library that passed the checks is never unloaded, even when the last object of
 //! the plugin is gone: the ABI lets a destroyed stream finish in the background, and

@@ -89,7 +89,7 @@ abi_structs!(
     xpu_device_ops_args => count,
     xpu_op_args => params,
     xpu_tensor => range,
-    xpu_device_fault_args => fault,
+    xpu_device_fault_args => delay_ns,
 );
 
 // SAFETY: as above: a size, pointers, integers and optional function pointers.

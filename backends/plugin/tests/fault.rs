@@ -2,7 +2,8 @@
 //! HAL's `Device::inject_fault` on a device of the simulated NPU (its real shared
 //! library, loaded as a plugin) loses that device for real — every later call on it
 //! returns `DeviceLost`, work queued before the injection fails — while its other device
-//! keeps working; plugins without fault injection (ABI 1.0, a 1.2 plugin that leaves
+//! keeps working, or makes it a straggler whose operations take longer with unchanged
+//! results; plugins without fault injection (ABI 1.0, a 1.2 plugin that leaves
 //! the function NULL, and tables that misdeclare it) answer `Unsupported`, naming the
 //! plugin, without the plugin being called.
 #![cfg(unix)]
@@ -12,6 +13,7 @@ mod support;
 
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use xpu_hal::backend::{Backend, DeviceImpl, Fault};
 use xpu_hal::{
@@ -116,8 +118,13 @@ fn an_injected_loss_fails_every_later_call_on_that_device_only() {
     // It does not come back.
     assert_lost(s1.synchronize(), "a second synchronize");
     assert_lost(d1.allocate(64), "a second allocate");
-    // Injecting again is harmless.
+    // Injecting again is harmless, and a slowdown does not bring it back.
     d1.inject_fault(Fault::Lost).unwrap();
+    d1.inject_fault(Fault::Slow(Duration::from_millis(1)))
+        .unwrap();
+    d1.inject_fault(Fault::Slow(Duration::ZERO)).unwrap();
+    assert_lost(d1.allocate(64), "allocate after a slowdown");
+    assert_lost(s1.synchronize(), "synchronize after a slowdown");
 
     // The other device of the same plugin is not affected.
     round_trip(&d0);
@@ -127,6 +134,45 @@ fn an_injected_loss_fails_every_later_call_on_that_device_only() {
     let a0 = d0.allocate(64).unwrap();
     s0.fill(&a0, Scalar::U8(3)).unwrap();
     assert_eq!(s0.read(&a0).unwrap(), vec![3u8; 64]);
+}
+
+/// (d) `Fault::Slow(20 ms)` on `plugin.simnpu:0` makes it a straggler: three
+/// operations then a synchronize take at least 60 ms, and the data are right;
+/// `Fault::Slow(0)` ends the slowdown, and results stay right.
+#[test]
+fn an_injected_slowdown_delays_every_operation_until_zero_ends_it() {
+    let setup = Setup::new();
+    let d0 = setup.device("plugin.simnpu", 0);
+    let d1 = setup.device("plugin.simnpu", 1);
+    let a = d0.allocate(4096).unwrap();
+    let b = d0.allocate(4096).unwrap();
+    let s = d0.create_stream().unwrap();
+
+    d0.inject_fault(Fault::Slow(Duration::from_millis(20)))
+        .unwrap();
+    let start = Instant::now();
+    s.fill(&a, Scalar::U8(7)).unwrap();
+    s.copy(&a, &b).unwrap();
+    s.fill(&a, Scalar::U8(9)).unwrap();
+    s.synchronize().unwrap();
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(60),
+        "three operations on a device slowed by 20 ms took {took:?}"
+    );
+    assert_eq!(s.read(&a).unwrap(), vec![9u8; 4096]);
+    assert_eq!(s.read(&b).unwrap(), vec![7u8; 4096]);
+    // The plugin's other device is not slowed, and works.
+    round_trip(&d1);
+
+    // A zero delay ends the slowdown; results stay right.
+    d0.inject_fault(Fault::Slow(Duration::ZERO)).unwrap();
+    s.fill(&b, Scalar::U8(3)).unwrap();
+    s.copy(&b, &a).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(s.read(&a).unwrap(), vec![3u8; 4096]);
+    assert_eq!(s.read(&b).unwrap(), vec![3u8; 4096]);
+    round_trip(&d0);
 }
 
 /// A host kernel that blocks its stream until [`Gate::open`].
@@ -211,25 +257,27 @@ fn work_queued_before_the_injection_fails_with_the_loss() {
     assert_lost(s1.synchronize(), "a later synchronize");
 }
 
-/// Injects `Lost` into device 0 of the plugin at `path`, expecting `Unsupported` naming
+/// Injects `Lost` and `Slow` into device 0 of the plugin at `path`, expecting `Unsupported` naming
 /// the plugin and its missing function, and checks the device still works.
 fn refuses_injection(path: &Path, plugin: &str) {
     let backend = Arc::new(PluginBackend::load(path).unwrap());
     let device = backend.create_plugin_device(0).unwrap();
-    let e = DeviceImpl::inject_fault(&device, Fault::Lost).unwrap_err();
-    println!("{e}");
-    assert!(matches!(e, Error::Unsupported { .. }), "{plugin}: {e}");
-    let text = e.to_string();
-    assert!(
-        text.contains(&format!("plugin `{plugin}`")),
-        "{plugin}: {text}"
-    );
-    assert!(text.contains("no fault injection"), "{plugin}: {text}");
-    assert!(text.contains("device_inject_fault"), "{plugin}: {text}");
-    assert!(
-        !text.contains("device_inject_fault was called"),
-        "{plugin}: the plugin's function was called: {text}"
-    );
+    for fault in [Fault::Lost, Fault::Slow(Duration::from_millis(20))] {
+        let e = DeviceImpl::inject_fault(&device, fault).unwrap_err();
+        println!("{e}");
+        assert!(matches!(e, Error::Unsupported { .. }), "{plugin}: {e}");
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("plugin `{plugin}`")),
+            "{plugin}: {text}"
+        );
+        assert!(text.contains("no fault injection"), "{plugin}: {text}");
+        assert!(text.contains("device_inject_fault"), "{plugin}: {text}");
+        assert!(
+            !text.contains("device_inject_fault was called"),
+            "{plugin}: the plugin's function was called: {text}"
+        );
+    }
     drop(device);
     let mut registry = Registry::new();
     let name = backend.name().to_string();

@@ -76,10 +76,10 @@ fn frame(out: &mut String, top: f64, title: &str, y: (f64, f64), x_max: f64, y_f
         esc(title)
     );
     for (v, py) in [(y.1, top), (y.0, top + PANEL)] {
-        let label = if y_fmt == "%" {
-            format!("{:.0}%", v * 100.0)
-        } else {
-            format!("{v:.2}")
+        let label = match y_fmt {
+            "%" => format!("{:.0}%", v * 100.0),
+            "log" => format!("1e{v:.0}"),
+            _ => format!("{v:.2}"),
         };
         let _ = writeln!(
             out,
@@ -110,13 +110,33 @@ pub fn svg(s: &Series<'_>) -> String {
         esc(s.title)
     );
     let x_max = s.losses.iter().map(|p| p.0).max().unwrap_or(1) as f64;
-    // Loss.
-    let finite = s.losses.iter().map(|p| p.1).filter(|v| v.is_finite());
-    let y_max = finite.clone().fold(f64::MIN, f64::max).max(0.0);
+    // Loss, on a logarithmic scale when it spans more than two decades.
+    let positive: Vec<f64> = s
+        .losses
+        .iter()
+        .map(|p| p.1)
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .collect();
+    let (lo, hi) = positive
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), &v| (a.min(v), b.max(v)));
     let top = TOP + 10.0;
-    frame(&mut out, top, "loss", (0.0, y_max), x_max, "");
-    let points: Vec<(f64, f64)> = s.losses.iter().map(|&(x, y)| (x as f64, y)).collect();
-    polyline(&mut out, &points, (x_max, 0.0, y_max), top, "#333");
+    if !positive.is_empty() && hi / lo > 100.0 {
+        let (a, b) = (lo.log10().floor(), hi.log10().ceil());
+        frame(&mut out, top, "loss (log scale)", (a, b), x_max, "log");
+        let points: Vec<(f64, f64)> = s
+            .losses
+            .iter()
+            .filter(|p| p.1 > 0.0)
+            .map(|&(x, y)| (x as f64, y.log10()))
+            .collect();
+        polyline(&mut out, &points, (x_max, a, b), top, "#333");
+    } else {
+        let y_max = if positive.is_empty() { 1.0 } else { hi };
+        frame(&mut out, top, "loss", (0.0, y_max), x_max, "");
+        let points: Vec<(f64, f64)> = s.losses.iter().map(|&(x, y)| (x as f64, y)).collect();
+        polyline(&mut out, &points, (x_max, 0.0, y_max), top, "#333");
+    }
     // Busy shares.
     let top2 = top + PANEL + GAP;
     frame(
@@ -179,5 +199,14 @@ mod tests {
         assert!(text.contains("host:&lt;0&gt;") && text.contains("t &amp; u"));
         assert_eq!(text.matches("<polyline").count(), 2);
         assert!(text.contains("host:1 lost"));
+        // Four decades of loss: a logarithmic axis.
+        let falling: Vec<(u64, f64)> = (1..=20).map(|s| (s, 10f64.powi(-(s as i32) / 5))).collect();
+        let text = svg(&Series {
+            title: "t",
+            losses: &falling,
+            busy: &[],
+            marks: &[],
+        });
+        assert!(text.contains("loss (log scale)") && text.contains("1e-4"), "{text}");
     }
 }

@@ -759,6 +759,9 @@ args_struct!(
 pub mod fault {
     /// The device is lost for good.
     pub const LOST: u32 = 1;
+    /// The device is a straggler: `delay_ns` is added to every operation its streams
+    /// run from now on (0 ends the slowdown).
+    pub const SLOW: u32 = 2;
 }
 
 args_struct!(
@@ -768,6 +771,9 @@ args_struct!(
         device: *mut xpu_device,
         /// in: `XPU_FAULT_*`
         fault: u32,
+        /// in, `XPU_FAULT_SLOW`: nanoseconds added to every operation from now on (0
+        /// ends the slowdown)
+        delay_ns: u64,
     }
 );
 

@@ -95,7 +95,7 @@ arg_struct! {
     xpu_device_ops_args, count, "XPU_DEVICE_OPS_ARGS_MIN_SIZE", since "1.1";
     xpu_op_args, params, "XPU_OP_ARGS_MIN_SIZE", since "1.1";
     xpu_tensor, range, "XPU_TENSOR_MIN_SIZE", since "1.1";
-    xpu_device_fault_args, fault, "XPU_DEVICE_FAULT_ARGS_MIN_SIZE", since "1.2";
+    xpu_device_fault_args, delay_ns, "XPU_DEVICE_FAULT_ARGS_MIN_SIZE", since "1.2";
 }
 
 /// The caller's argument struct: a copy of the fields within its `struct_size` (the
@@ -531,7 +531,7 @@ unsafe extern "C" fn device_inject_fault<P: Plugin>(
         let a = unsafe { read(args) }?;
         // SAFETY: the host passes a device it opened.
         let d = unsafe { device::<P>(a.v.device, "xpu_device_fault_args.device") }?;
-        let fault = Fault::from_raw(a.v.fault).ok_or_else(|| {
+        let fault = Fault::from_raw(a.v.fault, a.v.delay_ns).ok_or_else(|| {
             Error::unsupported(format!(
                 "xpu_device_fault_args.fault is {}, which is no xpu_fault this plugin knows (ABI {XPU_PLUGIN_ABI_MAJOR}.{XPU_PLUGIN_ABI_MINOR}); nothing was injected",
                 a.v.fault

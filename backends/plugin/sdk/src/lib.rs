@@ -33,8 +33,8 @@
 //!   device lists with [`Device::ops`] and runs with [`Stream::run_op`] (both optional;
 //!   the defaults provide none).
 //! - [`Fault`] and [`Device::inject_fault`]: fault injection of ABI 1.2, for testing
-//!   what runs above a plugin against a device that fails at a chosen moment (optional;
-//!   the default refuses with `Unsupported`).
+//!   what runs above a plugin against a device that is lost or slows down at a chosen
+//!   moment (optional; the default refuses with `Unsupported`).
 //!
 //! ## What the SDK does at the boundary, so that the plugin does not have to
 //!

@@ -108,7 +108,12 @@ pub trait Device<P: Plugin>: Send + Sync + 'static {
     /// query, event queries and waits —, work already enqueued and not yet run fails
     /// with it (it becomes the stream's failure), and the device never comes back.
     /// Dropping buffers, streams, events and kernels, and closing the device, keep
-    /// working. Messages should say that the fault was injected.
+    /// working. Messages should say that the fault was injected. For
+    /// [`Fault::Slow`]: every operation the device's streams run from now on (copies,
+    /// builtins, standard operations, launches; work enqueued earlier and not yet
+    /// started included) takes that much longer, spent where the work runs — never in
+    /// the enqueueing call — and with unchanged results; a later `Slow` replaces the
+    /// delay, a zero delay ends it, and a lost device stays lost.
     ///
     /// Refuse a fault the device cannot suffer with
     /// [`ErrorCode::Unsupported`](crate::ErrorCode::Unsupported), changing nothing.

@@ -190,20 +190,46 @@ pub enum Fault {
     /// keep working), work enqueued and not yet run fails with it, and it never comes
     /// back.
     Lost,
+    /// `XPU_FAULT_SLOW` with its `delay_ns`: the device becomes a straggler. Every
+    /// operation its streams run from now on (work enqueued earlier and not yet started
+    /// included) takes this much longer, spent where the work runs and never in the
+    /// enqueueing call; results do not change. It replaces an earlier slowdown, and
+    /// [`Duration::ZERO`] ends it. A lost device stays lost.
+    Slow(Duration),
 }
 
 impl Fault {
-    /// The C value (`XPU_FAULT_*`).
+    /// The C value (`XPU_FAULT_*`); [`delay_ns`](Fault::delay_ns) is the struct's other
+    /// field.
     pub const fn raw(self) -> u32 {
         match self {
             Fault::Lost => abi::fault::LOST,
+            Fault::Slow(_) => abi::fault::SLOW,
         }
     }
 
-    /// The fault of a C value, or `None` for a value this ABI version does not define.
-    pub const fn from_raw(raw: u32) -> Option<Self> {
+    /// The C struct's `delay_ns`: the delay of [`Fault::Slow`] in nanoseconds
+    /// (saturating at `u64::MAX`), and 0 for every other fault.
+    pub const fn delay_ns(self) -> u64 {
+        match self {
+            Fault::Slow(delay) => {
+                let ns = delay.as_nanos();
+                if ns > u64::MAX as u128 {
+                    u64::MAX
+                } else {
+                    ns as u64
+                }
+            }
+            Fault::Lost => 0,
+        }
+    }
+
+    /// The fault of a C value and the struct's `delay_ns` (read by
+    /// [`Fault::Slow`] only), or `None` for a value this ABI version does not define.
+    pub const fn from_raw(raw: u32, delay_ns: u64) -> Option<Self> {
         match raw {
             abi::fault::LOST => Some(Fault::Lost),
+            abi::fault::SLOW => Some(Fault::Slow(Duration::from_nanos(delay_ns))),
             _ => None,
         }
     }
@@ -211,9 +237,10 @@ impl Fault {
 
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Fault::Lost => "lost",
-        })
+        match self {
+            Fault::Lost => f.write_str("lost"),
+            Fault::Slow(delay) => write!(f, "slow by {delay:?} per operation"),
+        }
     }
 }
 

@@ -7,7 +7,8 @@
 //!   host copies really execute, every other builtin and every launch is answered with
 //!   an `Unsupported` error whose message is the operation the SDK handed over, so the
 //!   tests can see what arrived. Filling with the byte `0xEE` panics. Its devices accept
-//!   injected faults and count them in [`INJECTED`].
+//!   injected faults: they count losses in [`INJECTED`] and record slowdowns in
+//!   [`SLOWED`].
 //! - `panicky`: `device_count` panics.
 //! - `broken`: `Plugin::new` fails; it has neither kernels nor event timing.
 
@@ -42,6 +43,8 @@ struct ProbeKernel(String);
 
 /// Faults `Lost` injected into the probe's devices, by device index.
 static INJECTED: [AtomicU32; 2] = [AtomicU32::new(0), AtomicU32::new(0)];
+/// Faults `Slow` injected into the probe's devices: device index and delay, in order.
+static SLOWED: Mutex<Vec<(u32, Duration)>> = Mutex::new(Vec::new());
 
 impl Plugin for Probe {
     const NAME: &'static CStr = c"probe";
@@ -108,6 +111,10 @@ impl Device<Probe> for ProbeDevice {
         match fault {
             Fault::Lost => {
                 INJECTED[self.0 as usize].fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+            Fault::Slow(delay) => {
+                SLOWED.lock().unwrap().push((self.0, delay));
                 Ok(())
             }
             other => Err(Error::unsupported(format!("probe cannot inject {other}"))),
@@ -705,8 +712,9 @@ fn devices_report_properties_memory_and_capabilities() {
 }
 
 /// `device_inject_fault` (ABI 1.2): a known fault reaches the device's
-/// `inject_fault`; an unknown number, a small struct and a bad device are refused
-/// before it; the trait's default refuses every fault.
+/// `inject_fault` (`XPU_FAULT_SLOW` with its `delay_ns`); an unknown number, a small
+/// struct (one that stops at `fault`, before `delay_ns`, included) and a bad device
+/// are refused before it; the trait's default refuses every fault.
 #[test]
 fn injected_faults_reach_the_device_and_unknown_ones_are_refused() {
     let api = probe();
@@ -717,6 +725,16 @@ fn injected_faults_reach_the_device_and_unknown_ones_are_refused() {
     a.fault = fault::LOST;
     call(api.device_inject_fault, &mut a).unwrap();
     assert_eq!(INJECTED[1].load(Ordering::SeqCst), before + 1);
+
+    a.fault = fault::SLOW;
+    a.delay_ns = 20_000_000;
+    call(api.device_inject_fault, &mut a).unwrap();
+    a.delay_ns = 0;
+    call(api.device_inject_fault, &mut a).unwrap();
+    assert_eq!(
+        *SLOWED.lock().unwrap(),
+        vec![(1, Duration::from_millis(20)), (1, Duration::ZERO)]
+    );
 
     a.fault = 99;
     let e = expect_err(
@@ -746,6 +764,28 @@ fn injected_faults_reach_the_device_and_unknown_ones_are_refused() {
         "XPU_DEVICE_FAULT_ARGS_MIN_SIZE",
     );
     assert!(e.message().contains("ABI 1.2"), "{e}");
+    // A struct that ends at `fault` lacks `delay_ns`, which 1.2 introduced with it: it is
+    // refused like any other too-small struct, whatever the fault number.
+    for number in [fault::SLOW, fault::LOST] {
+        let mut short: xpu_device_fault_args = args();
+        short.device = d;
+        short.fault = number;
+        short.delay_ns = 20_000_000;
+        short.struct_size = struct_size!(xpu_device_fault_args, fault);
+        let e = expect_err(
+            api.device_inject_fault,
+            &mut short,
+            ErrorCode::InvalidArgument,
+            "XPU_DEVICE_FAULT_ARGS_MIN_SIZE",
+        );
+        assert!(e.message().contains("ABI 1.2"), "{e}");
+        assert!(
+            e.message()
+                .contains("XPU_STRUCT_SIZE(xpu_device_fault_args, delay_ns)"),
+            "{e}"
+        );
+    }
+    assert_eq!(SLOWED.lock().unwrap().len(), 2, "nothing more was injected");
 
     let mut none: xpu_device_fault_args = args();
     none.fault = fault::LOST;
@@ -763,9 +803,29 @@ fn injected_faults_reach_the_device_and_unknown_ones_are_refused() {
         <ProbeDevice as Device<Panicky>>::inject_fault(&ProbeDevice(0), Fault::Lost).unwrap_err();
     assert_eq!(e.code(), ErrorCode::Unsupported);
     assert!(e.message().contains("no fault injection"), "{e}");
-    assert_eq!(Fault::from_raw(fault::LOST), Some(Fault::Lost));
+    let e = <ProbeDevice as Device<Panicky>>::inject_fault(
+        &ProbeDevice(0),
+        Fault::Slow(Duration::from_millis(20)),
+    )
+    .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Unsupported);
+    assert!(e.message().contains("slow by 20ms"), "{e}");
+
+    // The mapping between the C values and `Fault`.
+    assert_eq!(Fault::from_raw(fault::LOST, 0), Some(Fault::Lost));
+    assert_eq!(Fault::from_raw(fault::LOST, 7), Some(Fault::Lost));
     assert_eq!(Fault::Lost.raw(), fault::LOST);
-    assert_eq!(Fault::from_raw(2), None);
+    assert_eq!(Fault::Lost.delay_ns(), 0);
+    let slow = Fault::Slow(Duration::from_millis(20));
+    assert_eq!(Fault::from_raw(fault::SLOW, 20_000_000), Some(slow));
+    assert_eq!((slow.raw(), slow.delay_ns()), (fault::SLOW, 20_000_000));
+    assert_eq!(
+        Fault::from_raw(fault::SLOW, 0),
+        Some(Fault::Slow(Duration::ZERO))
+    );
+    assert_eq!(Fault::Slow(Duration::MAX).delay_ns(), u64::MAX);
+    assert_eq!(Fault::from_raw(0, 0), None);
+    assert_eq!(Fault::from_raw(3, 0), None);
 }
 
 #[test]

@@ -125,7 +125,7 @@ fn describe() -> Layout {
     });
     layout!(l, xpu_op_support { op => op, dtype_mask => dtype_mask });
     layout!(l, xpu_device_ops_args { device => device, ops => ops, count => count });
-    layout!(l, xpu_device_fault_args { extensions => extensions, device => device, fault => fault });
+    layout!(l, xpu_device_fault_args { extensions => extensions, device => device, fault => fault, delay_ns => delay_ns });
     layout!(l, xpu_plugin_api {
         struct_size => struct_size, extensions => extensions, abi_major => abi_major,
         abi_minor => abi_minor, name => name, version => version, error_code => error_code,
@@ -221,6 +221,7 @@ fn describe() -> Layout {
     constant!(l, "XPU_RANDOM_UNIFORM", random_distribution::UNIFORM);
     constant!(l, "XPU_RANDOM_NORMAL", random_distribution::NORMAL);
     constant!(l, "XPU_FAULT_LOST", fault::LOST);
+    constant!(l, "XPU_FAULT_SLOW", fault::SLOW);
     constant!(l, "XPU_TENSOR_MIN_SIZE", struct_size!(xpu_tensor, range));
     constant!(l, "XPU_OP_ARGS_MIN_SIZE", struct_size!(xpu_op_args, params));
     constant!(
@@ -231,7 +232,7 @@ fn describe() -> Layout {
     constant!(
         l,
         "XPU_DEVICE_FAULT_ARGS_MIN_SIZE",
-        struct_size!(xpu_device_fault_args, fault)
+        struct_size!(xpu_device_fault_args, delay_ns)
     );
     constant!(
         l,

@@ -115,8 +115,14 @@ impl Device<SimNpu> for SimDevice {
                 self.health.lose();
                 Ok(())
             }
+            // The streams' workers sleep the delay before each operation from now on;
+            // a lost device stays lost.
+            Fault::Slow(delay) => {
+                self.health.slow(delay);
+                Ok(())
+            }
             other => Err(Error::unsupported(format!(
-                "{} cannot suffer the fault `{other}`; it injects `lost` only",
+                "{} cannot suffer the fault `{other}`; it injects `lost` and `slow` only",
                 id(self.index)
             ))),
         }

@@ -1,6 +1,6 @@
-//! [`Health`]: whether a simulated device still works. Two kinds of fault injection
-//! lose a device, so that what runs above a plugin can be tested against a device that
-//! disappears mid-run:
+//! [`Health`]: whether a simulated device still works, and how fast. Two kinds of
+//! fault injection lose a device, so that what runs above a plugin can be tested
+//! against a device that disappears mid-run:
 //!
 //! - `XPU_SIMNPU_LOSE_AFTER` loses it after a number of operations. From then on its
 //!   operations fail (the stream's error, `DeviceLost`), and so do allocations and new
@@ -10,8 +10,14 @@
 //!   the header's rules for `XPU_FAULT_LOST` say: every later call on the device, its
 //!   streams and its events fails with `DeviceLost` ([`Health::check_call`]), work
 //!   queued and not yet run fails, and nothing makes it work again.
+//!
+//! A third makes it a straggler: `device_inject_fault` with `XPU_FAULT_SLOW`
+//! ([`Health::slow`]) adds a delay to every operation its streams run from then on,
+//! slept by the stream's worker in [`Health::operate`] before the work, so the
+//! enqueueing thread never waits and results do not change.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::time::Duration;
 
 use xpu_plugin_sdk::{Error, Result};
 
@@ -33,6 +39,8 @@ pub(crate) struct Health {
     lose_after: Option<u64>,
     /// [`WORKING`], or how the device was lost.
     state: AtomicU8,
+    /// Nanoseconds added to every operation (`XPU_FAULT_SLOW`; 0: none).
+    delay_ns: AtomicU64,
 }
 
 impl Health {
@@ -42,7 +50,21 @@ impl Health {
             ops: AtomicU64::new(0),
             lose_after,
             state: AtomicU8::new(WORKING),
+            delay_ns: AtomicU64::new(0),
         }
+    }
+
+    /// Makes the device a straggler: every operation that starts from now on takes
+    /// `delay` longer ([`operate`](Health::operate)), replacing an earlier delay; zero
+    /// ends the slowdown. A lost device stays lost.
+    pub(crate) fn slow(&self, delay: Duration) {
+        let ns = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
+        self.delay_ns.store(ns, Ordering::Release);
+    }
+
+    /// The delay [`slow`](Health::slow) set, zero when the device is not slow.
+    pub(crate) fn delay(&self) -> Duration {
+        Duration::from_nanos(self.delay_ns.load(Ordering::Acquire))
     }
 
     /// Loses the device now and for good: the fault `device_inject_fault` injects. It
@@ -84,9 +106,15 @@ impl Health {
     }
 
     /// Counts one operation about to run; an error when the device is, or now
-    /// becomes, lost.
+    /// becomes, lost. Called by a stream's worker only: on a straggler it first sleeps
+    /// the delay [`slow`](Health::slow) set, so the operation starts that much later (a
+    /// loss injected meanwhile still fails it).
     pub(crate) fn operate(&self) -> Result<()> {
         self.check()?;
+        let delay = self.delay();
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
         let n = self.ops.fetch_add(1, Ordering::AcqRel) + 1;
         if self.lose_after.is_some_and(|limit| n > limit) {
             // Unless it was lost already (an injected loss stays one).
@@ -139,5 +167,36 @@ mod tests {
         assert!(e.message().contains("injected"), "{e}");
         assert!(!e.message().contains("XPU_SIMNPU_LOSE_AFTER"), "{e}");
         assert!(injected.check().is_err());
+    }
+
+    #[test]
+    fn a_straggler_sleeps_in_operate_until_the_delay_ends_and_a_lost_device_stays_lost() {
+        let health = Health::new("plugin.simnpu:0".into(), None);
+        assert!(health.delay().is_zero());
+        health.slow(Duration::from_millis(5));
+        assert_eq!(health.delay(), Duration::from_millis(5));
+        // Only the worker's `operate` waits; the other checks do not.
+        let start = std::time::Instant::now();
+        health.check_call().unwrap();
+        health.check().unwrap();
+        health.operate().unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(5));
+        health.slow(Duration::ZERO);
+        assert!(health.delay().is_zero());
+        health.operate().unwrap();
+        // A delay too long for u64 nanoseconds saturates.
+        health.slow(Duration::MAX);
+        assert_eq!(health.delay(), Duration::from_nanos(u64::MAX));
+
+        health.lose();
+        health.slow(Duration::from_millis(1));
+        let e = health.operate().unwrap_err();
+        assert_eq!(e.code(), ErrorCode::DeviceLost);
+        assert!(e.message().contains("injected"), "{e}");
+        health.slow(Duration::ZERO);
+        assert_eq!(
+            health.check_call().unwrap_err().code(),
+            ErrorCode::DeviceLost
+        );
     }
 }

@@ -35,7 +35,11 @@
 //! as the header's rules for `XPU_FAULT_LOST` say: every later call on it, its streams
 //! and its events fails with `DeviceLost`, work queued on its streams fails instead of
 //! running, and it never comes back. Either way the message says which of the two lost
-//! it.
+//! it. `device_inject_fault` with `XPU_FAULT_SLOW` (`xpu_hal::Fault::Slow`) instead
+//! makes a device a straggler: every copy, builtin, standard operation and launch its
+//! streams run from then on takes that much longer — the stream's worker sleeps the
+//! delay before the work, the enqueueing call does not wait — with unchanged results,
+//! until a delay of zero ends it.
 //!
 //! ## Shape
 //!
@@ -55,7 +59,8 @@
 //!   work before it.
 //! - `ops` — the builtin operations, computed with the host backend's functions
 //!   (`xpu_hal::reference`) so that results agree bit for bit with the reference.
-//! - `health` — whether the device still works: the two fault injections above.
+//! - `health` — whether the device still works, and how slow it is: the fault
+//!   injections above.
 //! - `std_ops` — every standard operation (ABI 1.1: matmul, activations, softmax,
 //!   cross-entropy, layer norm, gather/scatter-add, reductions, optimizers, random
 //!   numbers, dropout) on every dtype it is defined on, computed by the HAL's reference

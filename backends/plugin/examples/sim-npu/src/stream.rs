@@ -18,6 +18,10 @@
 //! `DeviceLost`, queued work fails with it instead of running (the first such job
 //! becomes the stream's error, events complete with `DeviceLost`), and reporting the
 //! error does not make the stream usable again.
+//!
+//! A straggler ([`Health::slow`]) makes the worker sleep the injected delay before
+//! every job that computes or copies ([`Health::operate`]), on top of its simulated
+//! time; enqueueing does not wait, and results do not change.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -217,7 +221,7 @@ fn execute(shared: &Shared, job: Job, failed: Option<&Error>) -> Result<()> {
             outcome
         }
         // Waits on a device lost by an injected fault fail like the rest of its work (an
-        // external event is then released without being waited for).
+        // external event is still handed back through the SDK, which waits for it first).
         Job::WaitEvent(event) => {
             shared.health.check_call()?;
             match event.mark.wait(None) {

@@ -451,7 +451,17 @@ fn an_injected_loss_fails_queued_work_and_every_later_call() {
     gate.open(0);
     assert_injected_loss(sync(s1), "plugin.simnpu:1", "synchronize after the loss");
     assert_eq!(out, vec![0xAA; 256], "the queued copy must not have run");
-    assert_eq!(*gate.released.lock().unwrap(), 1);
+    // The worker dropped the failed wait; the SDK's thread gives the event back once
+    // the host's `wait` returns, which may be just after the synchronize.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while *gate.released.lock().unwrap() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the external event behind the loss was not released"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(*gate.released.lock().unwrap(), 1, "released exactly once");
     assert_injected_loss(event_wait(after, u64::MAX), "plugin.simnpu:1", "event_wait");
     assert_injected_loss(event_done(before), "plugin.simnpu:1", "event_query");
     // The other device's stream fails the work after its wait, as for any failed event,
@@ -511,8 +521,16 @@ fn an_injected_loss_fails_queued_work_and_every_later_call() {
         "plugin.simnpu:1",
         "kernel_load",
     );
-    // Injecting again changes nothing; an unknown fault is refused.
+    // Injecting again changes nothing, nor does a slowdown; an unknown fault is refused.
     inject_fault(d1, fault::LOST).unwrap();
+    inject_slow(d1, 1_000_000).unwrap();
+    inject_slow(d1, 0).unwrap();
+    assert_injected_loss(sync(s1), "plugin.simnpu:1", "synchronize after a slowdown");
+    assert_injected_loss(
+        alloc(d1, 64),
+        "plugin.simnpu:1",
+        "allocate after a slowdown",
+    );
     let e = inject_fault(d0, 99).unwrap_err();
     assert_eq!(e.code(), ErrorCode::Unsupported, "{e}");
     assert!(e.message().contains("99"), "{e}");
@@ -532,6 +550,67 @@ fn an_injected_loss_fails_queued_work_and_every_later_call() {
     free(b0);
     destroy_stream(s0);
     close(d0);
+}
+
+/// `device_inject_fault` with `XPU_FAULT_SLOW` (ABI 1.2): a builtin, a kernel launch and
+/// a copy each take the 20 ms delay longer on the stream's timeline (events see at least
+/// 60 ms between them), with unchanged results; `delay_ns` 0 ends the slowdown.
+#[test]
+fn an_injected_slowdown_delays_every_operation_on_the_worker() {
+    let d = open(0).unwrap();
+    let s = stream(d);
+    let code = bytecode::axpy().encode().unwrap();
+    let k = kernel_load(d, c"simnpu-bytecode", &code, c"axpy").unwrap();
+    let n = 64u64;
+    let (x, y, z) = (
+        alloc(d, 4 * n).unwrap(),
+        alloc(d, 4 * n).unwrap(),
+        alloc(d, 4 * n).unwrap(),
+    );
+    let xs: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    write(s, range(x, 0, 4 * n), &f32s(&xs)).unwrap();
+    let kargs = [
+        scalar_arg(Scalar::F32(2.0)),
+        buffer_arg(range(x, 0, 4 * n), access::READ),
+        buffer_arg(range(y, 0, 4 * n), access::READ_WRITE),
+    ];
+    let mut fill = Op::new(builtin_kind::FILL, dtype::F32, range(y, 0, 4 * n));
+    fill.scalar[..4].copy_from_slice(&1.0f32.to_le_bytes());
+
+    for delay_ns in [20_000_000, 0] {
+        inject_slow(d, delay_ns).unwrap();
+        let start = record(s);
+        // y = 1; y = 2x + y; z = y.
+        builtin(s, &fill).unwrap();
+        launch(s, k, [1, 1, 1], [64, 1, 1], &kargs).unwrap();
+        copy(s, range(y, 0, 4 * n), range(z, 0, 4 * n)).unwrap();
+        let end = record(s);
+        sync(s).unwrap();
+        if delay_ns > 0 {
+            let took = elapsed_ns(start, end).unwrap();
+            assert!(
+                took >= 3 * delay_ns,
+                "three slowed operations took {took} ns"
+            );
+        }
+        let got = from_f32s(&read(s, range(z, 0, 4 * n)).unwrap());
+        for (i, v) in got.iter().enumerate() {
+            assert_eq!(
+                *v,
+                2.0 * i as f32 + 1.0,
+                "element {i} (delay {delay_ns} ns)"
+            );
+        }
+        destroy_event(start);
+        destroy_event(end);
+    }
+
+    kernel_destroy(k);
+    for b in [x, y, z] {
+        free(b);
+    }
+    destroy_stream(s);
+    close(d);
 }
 
 #[test]

@@ -117,6 +117,15 @@ pub fn inject_fault(device: *mut xpu_device, fault: u32) -> R<()> {
     call(api().device_inject_fault, &mut a)
 }
 
+/// `device_inject_fault` with `XPU_FAULT_SLOW` and `delay_ns` (ABI 1.2).
+pub fn inject_slow(device: *mut xpu_device, delay_ns: u64) -> R<()> {
+    let mut a: xpu_device_fault_args = args();
+    a.device = device;
+    a.fault = fault::SLOW;
+    a.delay_ns = delay_ns;
+    call(api().device_inject_fault, &mut a)
+}
+
 pub fn alloc(device: *mut xpu_device, size: u64) -> R<*mut xpu_buffer> {
     let mut a: xpu_buffer_allocate_args = args();
     a.device = device;
