@@ -207,6 +207,9 @@ mod tests {
             busy: &[],
             marks: &[],
         });
-        assert!(text.contains("loss (log scale)") && text.contains("1e-4"), "{text}");
+        assert!(
+            text.contains("loss (log scale)") && text.contains("1e-4"),
+            "{text}"
+        );
     }
 }
