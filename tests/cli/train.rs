@@ -480,3 +480,52 @@ fn bench_train_prints_each_figure_beside_its_reference() {
     assert_eq!(code, 2);
     assert!(err.contains("choose transformer or mlp"), "{err}");
 }
+
+/// A device that lacks operations the model needs is refused naming the operation, or
+/// keeps its replica with `--allow-fallback`, the operations it lacks running on
+/// another device of the group: the losses stay the host's.
+#[test]
+fn train_falls_back_for_operations_a_device_lacks_only_when_allowed() {
+    let plugin = sim_npu();
+    let base = [
+        "--plugin",
+        plugin.to_str().unwrap(),
+        "train",
+        "--steps",
+        "3",
+        "--batch",
+        "8",
+        "--micro-batch",
+        "4",
+        "--log-every",
+        "1",
+        "--json",
+    ];
+    let go = |devices: &str, extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(&["--devices", devices]);
+        args.extend_from_slice(extra);
+        run(xpu(&args).env("XPU_SIMNPU_WITHOUT_OPS", "gelu,gelu_backward"))
+    };
+    let (code, out, err) = go("host:0;plugin.simnpu:0", &[]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("plugin.simnpu:0 does not provide the standard operation gelu")
+            && err.contains("--allow-fallback"),
+        "{err}"
+    );
+    let (code, out, err) = go("plugin.simnpu:0", &["--allow-fallback"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("no device of the group does"), "{err}");
+    let (code, out, err) = go("host:0;plugin.simnpu:0", &["--allow-fallback"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (mixed, _) = lines(&out);
+    let (code, out, err) = go("host:0", &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (host, _) = lines(&out);
+    assert_eq!(mixed.len(), host.len());
+    for (a, b) in mixed.iter().zip(&host) {
+        let (a, b) = (a["loss"].as_f64().unwrap(), b["loss"].as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-3 * b, "{a} against the host's {b}");
+    }
+}

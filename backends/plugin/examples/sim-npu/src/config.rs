@@ -34,6 +34,9 @@ pub struct SimConfig {
     /// many copies, builtins and launches; from then on its work and allocations fail
     /// with `DeviceLost`.
     pub lose_after: Option<(u32, u64)>,
+    /// Standard operations the devices do not list (to stand for a device that lacks
+    /// some): bit `n` set leaves out `XPU_OP_*` number `n`.
+    pub without_ops: u64,
 }
 
 impl Default for SimConfig {
@@ -44,6 +47,7 @@ impl Default for SimConfig {
             latency: Duration::ZERO,
             bandwidth: None,
             lose_after: None,
+            without_ops: 0,
         }
     }
 }
@@ -58,6 +62,7 @@ impl SimConfig {
     /// | `XPU_SIMNPU_LATENCY_US` | microseconds each operation takes at least | 0 |
     /// | `XPU_SIMNPU_BANDWIDTH_GBPS` | copy bandwidth in GB/s (10^9 bytes per second), or `unlimited` | unlimited |
     /// | `XPU_SIMNPU_LOSE_AFTER` | `DEVICE:OPS`: device `DEVICE` is lost after `OPS` operations (fault injection) | never |
+    /// | `XPU_SIMNPU_WITHOUT_OPS` | comma-separated standard operations (`gelu,gelu_backward`) the devices do not provide | none |
     ///
     /// An unset or empty variable takes the default; a malformed one is an
     /// `InvalidArgument` error naming it.
@@ -110,6 +115,19 @@ impl SimConfig {
                     "XPU_SIMNPU_LOSE_AFTER is `{v}`; set it to DEVICE:OPERATIONS, e.g. 1:40"
                 ))
             })?);
+        }
+        if let Some(v) = value("XPU_SIMNPU_WITHOUT_OPS") {
+            for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                let op = xpu_plugin_sdk::OpKind::ALL
+                    .iter()
+                    .find(|k| k.name() == name)
+                    .ok_or_else(|| {
+                        Error::invalid_argument(format!(
+                            "XPU_SIMNPU_WITHOUT_OPS names `{name}`, which is no standard operation; use names such as gelu or relu_backward"
+                        ))
+                    })?;
+                config.without_ops |= 1u64 << (op.raw() % 64);
+            }
         }
         Ok(config)
     }
@@ -187,9 +205,23 @@ mod tests {
             ("XPU_SIMNPU_LATENCY_US", "250"),
             ("XPU_SIMNPU_BANDWIDTH_GBPS", "2.5"),
             ("XPU_SIMNPU_LOSE_AFTER", "1:40"),
+            ("XPU_SIMNPU_WITHOUT_OPS", "gelu, relu_backward"),
         ])
         .unwrap();
         assert_eq!(c.lose_after, Some((1, 40)));
+        let (gelu, relu_bw) = (
+            xpu_plugin_sdk::OpKind::ALL
+                .iter()
+                .find(|k| k.name() == "gelu")
+                .unwrap()
+                .raw(),
+            xpu_plugin_sdk::OpKind::ALL
+                .iter()
+                .find(|k| k.name() == "relu_backward")
+                .unwrap()
+                .raw(),
+        );
+        assert_eq!(c.without_ops, (1 << gelu) | (1 << relu_bw));
         assert_eq!(c.devices, 5);
         assert_eq!(c.memory, 64 << 20);
         assert_eq!(c.latency, Duration::from_micros(250));
@@ -217,6 +249,7 @@ mod tests {
             ("XPU_SIMNPU_BANDWIDTH_GBPS", "fast"),
             ("XPU_SIMNPU_LOSE_AFTER", "40"),
             ("XPU_SIMNPU_LOSE_AFTER", "a:b"),
+            ("XPU_SIMNPU_WITHOUT_OPS", "gelu,warp"),
         ] {
             let e = from(&[(k, v)]).unwrap_err();
             assert_eq!(e.code(), xpu_plugin_sdk::ErrorCode::InvalidArgument);

@@ -81,7 +81,10 @@ impl Device<SimNpu> for SimDevice {
     }
 
     fn ops(&self) -> Result<Vec<OpSupport>> {
-        Ok(crate::std_ops::supported())
+        Ok(crate::std_ops::supported()
+            .into_iter()
+            .filter(|s| self.config.without_ops & (1u64 << (s.kind.raw() % 64)) == 0)
+            .collect())
     }
 
     fn memory_info(&self) -> Result<MemoryInfo> {

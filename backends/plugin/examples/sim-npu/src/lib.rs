@@ -24,6 +24,7 @@
 //! | `XPU_SIMNPU_LATENCY_US` | microseconds every copy, builtin and launch takes at least | 0 |
 //! | `XPU_SIMNPU_BANDWIDTH_GBPS` | copy bandwidth, GB/s (10^9 bytes/s), or `unlimited` | unlimited |
 //! | `XPU_SIMNPU_LOSE_AFTER` | `DEVICE:OPS`: fault injection, device `DEVICE` is lost after `OPS` operations | never |
+//! | `XPU_SIMNPU_WITHOUT_OPS` | comma-separated standard operations the devices do not provide (`gelu,gelu_backward`) | none |
 //!
 //! A malformed value makes `device_count` fail with an `InvalidArgument` error naming
 //! the variable.
