@@ -665,8 +665,9 @@ impl Trainer {
     }
 
     /// Re-splits the micro-batches in proportion to each device's predicted speed on
-    /// one micro-batch (the scheduler's learned models); unchanged while any device's
-    /// prediction is not calibrated yet.
+    /// one micro-batch (the scheduler's learned models, over the tasks every device's
+    /// models predict); unchanged while fewer than half of them are calibrated on
+    /// every device.
     ///
     /// A device whose share would be no micro-batch at all is left out of the group
     /// (it would only slow the all-reduce and the update down): its replica is dropped
@@ -677,17 +678,28 @@ impl Trainer {
         if self.micro_batch_tasks.is_empty() || self.replicas.len() < 2 {
             return Ok((Vec::new(), Vec::new()));
         }
-        let predicted: Vec<Option<f64>> = self
-            .replicas
-            .iter()
-            .map(|r| {
-                let mut total = 0.0;
-                for t in &self.micro_batch_tasks {
-                    total += self.sched.predict_task(t, r.sched_index)?;
+        // A micro-batch's time on each device, over the tasks every device's models
+        // already predict (a device calibrates some codelets later than others); at
+        // least half of them, or the split stays as it is.
+        let mut totals = vec![0.0f64; self.replicas.len()];
+        let mut counted = 0usize;
+        for t in &self.micro_batch_tasks {
+            let each: Option<Vec<f64>> = self
+                .replicas
+                .iter()
+                .map(|r| self.sched.predict_task(t, r.sched_index))
+                .collect();
+            if let Some(each) = each {
+                counted += 1;
+                for (total, p) in totals.iter_mut().zip(each) {
+                    *total += p;
                 }
-                (total > 0.0).then_some(total)
-            })
-            .collect();
+            }
+        }
+        if counted * 2 < self.micro_batch_tasks.len() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let predicted: Vec<Option<f64>> = totals.iter().map(|&t| (t > 0.0).then_some(t)).collect();
         if !predicted.iter().all(Option::is_some) {
             return Ok((Vec::new(), Vec::new()));
         }

@@ -233,3 +233,24 @@ fn the_direct_path_gives_the_scheduled_trajectory() {
         }
     }
 }
+
+/// A device far slower than the other gets a small share within a few steps: the
+/// models calibrate every codelet of a step quickly, and the split uses them.
+#[test]
+fn a_much_slower_device_gets_a_small_share_within_a_few_steps() {
+    use xpu_hal::backend::Fault;
+    let devices = host("host:0,1");
+    devices[1]
+        .inject_fault(Fault::Slow(std::time::Duration::from_millis(1)))
+        .unwrap();
+    let mut t = Trainer::new(&devices, TrainConfig::default()).unwrap();
+    for _ in 0..6 {
+        t.step().unwrap();
+    }
+    let shares = t.shares().to_vec();
+    let slow_share = if t.devices().len() == 1 { 0 } else { shares[1] };
+    assert!(slow_share <= 2, "{shares:?}");
+    devices[1]
+        .inject_fault(Fault::Slow(std::time::Duration::ZERO))
+        .unwrap();
+}

@@ -59,6 +59,10 @@ const WORKER_NAP: Duration = Duration::from_millis(2);
 const CALIBRATION_SAMPLES: u64 = 10;
 /// See [`CALIBRATION_SAMPLES`].
 const SAMPLE_EVERY: u64 = 32;
+/// While calibrating, timings on one stream not yet harvested, at most: enough that a
+/// program submitting many codelets at once (a training step) calibrates them all in
+/// a few rounds, few enough that samples do not arrive long after the fact.
+const TIMINGS_UNDER_WAY: u64 = 64;
 /// Assumed bytes per second of a copy to or from a device before any was measured.
 const DEFAULT_BANDWIDTH: f64 = 8e9;
 /// What handing data from one device to another costs beyond its bytes: an event the
