@@ -467,7 +467,7 @@ fn bench_train_prints_each_figure_beside_its_reference() {
     assert_eq!(code, 0, "{out}{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     let figures = v["figures"].as_array().unwrap();
-    assert_eq!(figures.len(), 3, "{v}");
+    assert_eq!(figures.len(), 4, "{v}");
     for f in figures {
         assert!(f["tokens_per_s"]["mean"].as_f64().unwrap() > 0.0, "{f}");
         assert!(
