@@ -145,31 +145,38 @@ fn micro_batch_seconds(trainer: &mut Trainer, micro_batches: u64) -> Result<f64>
     Ok(stats(&t).1)
 }
 
-/// Makes `npu` run at about `host_mb / speed` per micro-batch through an injected
-/// slowdown, measured: its slowdown per operation is found from two settings. Returns
-/// the slowdown and the speed reached (its micro-batch time over the host's).
+/// Makes `device` run at about `host_mb / speed` per micro-batch through an injected
+/// slowdown, found by the secant method over a few measured settings (a short sleep
+/// costs more than it asks for, so no single measurement predicts the rest). Returns
+/// the slowdown and the speed reached (the host's micro-batch time over its own).
 fn throttle(
-    npu: &Device,
+    device: &Device,
     config: &TrainConfig,
     host_mb: f64,
     speed: f64,
 ) -> Result<(Duration, f64)> {
     let micro_batches = config.global_batch / config.micro_batch;
-    let mut alone = Trainer::new(std::slice::from_ref(npu), config.clone())?;
-    let fast = micro_batch_seconds(&mut alone, micro_batches)?;
-    let probe = Duration::from_micros(100);
-    npu.inject_fault(Fault::Slow(probe))?;
-    let slow = micro_batch_seconds(&mut alone, micro_batches)?;
-    let per_delay = (slow - fast) / probe.as_secs_f64();
+    let mut alone = Trainer::new(std::slice::from_ref(device), config.clone())?;
     let want = host_mb / speed;
-    let delay = if want > fast && per_delay > 0.0 {
-        Duration::from_secs_f64((want - fast) / per_delay)
-    } else {
-        Duration::ZERO
+    let mut measure = |d: f64| -> Result<f64> {
+        device.inject_fault(Fault::Slow(Duration::from_secs_f64(d.max(0.0))))?;
+        micro_batch_seconds(&mut alone, micro_batches)
     };
-    npu.inject_fault(Fault::Slow(delay))?;
-    let reached = micro_batch_seconds(&mut alone, micro_batches)?;
-    Ok((delay, host_mb / reached))
+    let (mut d0, mut t0) = (0.0, measure(0.0)?);
+    if t0 >= want {
+        return Ok((Duration::ZERO, host_mb / t0));
+    }
+    let (mut d1, mut t1) = (100e-6, measure(100e-6)?);
+    for _ in 0..4 {
+        if (t1 - want).abs() <= 0.05 * want || t1 <= t0 {
+            break;
+        }
+        let next = (d1 + (want - t1) * (d1 - d0) / (t1 - t0)).clamp(0.0, 0.1);
+        (d0, t0) = (d1, t1);
+        d1 = next;
+        t1 = measure(d1)?;
+    }
+    Ok((Duration::from_secs_f64(d1.max(0.0)), host_mb / t1))
 }
 
 /// Runs `xpu bench train`.

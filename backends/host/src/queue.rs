@@ -111,6 +111,8 @@ pub(crate) struct Timeline {
     /// The device's injected faults: once lost, nothing more runs or is accepted;
     /// slowed, every job takes longer.
     lost: Arc<FaultState>,
+    /// Injected delay not slept yet (nanoseconds; only the job runner touches it).
+    owed_ns: AtomicU64,
 }
 
 impl Timeline {
@@ -135,6 +137,7 @@ impl Timeline {
             done_cv: Condvar::new(),
             device,
             lost,
+            owed_ns: AtomicU64::new(0),
         }
     }
 
@@ -441,7 +444,17 @@ fn run(job: Job, timeline: &Timeline) {
             let delay = timeline.lost.delay();
             if !delay.is_zero() {
                 // An injected straggler: the work takes longer, its result is the same.
-                std::thread::sleep(delay);
+                // Short delays are owed and slept in one go once they reach a
+                // millisecond: a sleep costs tens of microseconds more than it asks
+                // for, which would make every short delay far too long.
+                let owed = timeline.owed_ns.fetch_add(
+                    u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX),
+                    Ordering::Relaxed,
+                ) + u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
+                if owed >= 1_000_000 {
+                    timeline.owed_ns.store(0, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_nanos(owed));
+                }
             }
             match catch_unwind(AssertUnwindSafe(work)) {
                 Ok(Ok(())) => {}
