@@ -17,6 +17,20 @@ fn lines(out: &str) -> (Vec<serde_json::Value>, serde_json::Value) {
     (all, summary)
 }
 
+/// The standard output of `xpu args`, which must succeed.
+fn ok(args: &[&str]) -> String {
+    let (code, out, err) = run(&mut xpu(args));
+    assert_eq!(code, 0, "{args:?}: {out}{err}");
+    out
+}
+
+/// Every line of `out` as a JSON object (steps and events alike).
+fn objects(out: &str) -> Vec<serde_json::Value> {
+    out.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
 #[test]
 fn train_learns_modular_addition_on_host_devices() {
     let (code, out, err) = run(&mut xpu(&[
@@ -95,9 +109,7 @@ fn train_survives_an_injected_device_failure() {
         "--checkpoint-every",
         "10",
     ];
-    let (code, out, err) = run(&mut xpu(&common));
-    assert_eq!(code, 0, "{out}{err}");
-    let (undisturbed, calm) = lines(&out);
+    let (undisturbed, calm) = lines(&ok(&common));
     let mut args = common.to_vec();
     args.extend_from_slice(&[
         "--inject-fault",
@@ -105,12 +117,8 @@ fn train_survives_an_injected_device_failure() {
         "--plot",
         plot.to_str().unwrap(),
     ]);
-    let (code, out, err) = run(&mut xpu(&args));
-    assert_eq!(code, 0, "{out}{err}");
-    let events: Vec<serde_json::Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let out = ok(&args);
+    let events = objects(&out);
     let injected = events
         .iter()
         .find(|v| v.get("inject_fault").is_some())
@@ -158,17 +166,11 @@ fn train_finds_a_straggler_and_rebalances_it() {
         "40",
         "--json",
     ];
-    let (code, out, err) = run(&mut xpu(&common));
-    assert_eq!(code, 0, "{out}{err}");
-    let (_, calm) = lines(&out);
+    let (_, calm) = lines(&ok(&common));
     let mut args = common.to_vec();
     args.extend_from_slice(&["--inject-fault", "host:1@12:slow=2ms"]);
-    let (code, out, err) = run(&mut xpu(&args));
-    assert_eq!(code, 0, "{out}{err}");
-    let events: Vec<serde_json::Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let out = ok(&args);
+    let events = objects(&out);
     let straggler = events
         .iter()
         .find_map(|v| v.get("straggler"))

@@ -7,56 +7,18 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use xpu_hal::backend::Backend;
 use xpu_hal::{
-    Access, Device, DeviceId, Error, HostBuffer, KernelArg, KernelDesc, KernelParam, KernelSource,
-    LaunchDims, Registry, Scalar,
+    Access, Device, Error, HostBuffer, KernelArg, KernelDesc, KernelParam, KernelSource,
+    LaunchDims, Scalar,
 };
-use xpu_host::{HostBackend, HostConfig};
 use xpu_plugin::PluginBackend;
 
 const FORMAT: &str = "xpu-minimal-v1";
 
-struct Setup {
-    plugin: Arc<PluginBackend>,
-    registry: Registry,
-}
-
-impl Setup {
-    fn new() -> Setup {
-        let plugin = Arc::new(PluginBackend::load(support::minimal()).unwrap());
-        let mut registry = Registry::new();
-        registry.register(plugin.clone()).unwrap();
-        registry
-            .register(Arc::new(HostBackend::new(HostConfig {
-                devices: 1,
-                capacity: 64 << 20,
-            })))
-            .unwrap();
-        Setup { plugin, registry }
-    }
-
-    fn device(&self, backend: &str, index: u32) -> Device {
-        self.registry
-            .device(&DeviceId::new(backend, index))
-            .unwrap()
-    }
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            assert!(
-                self.plugin.diagnostics().is_empty(),
-                "{:?}",
-                self.plugin.diagnostics()
-            );
-        }
-    }
-}
+use support::Setup;
 
 fn kernel_desc(entry: &str, message: &str, params: Vec<KernelParam>) -> KernelDesc {
     let mut bytes = b"XMK1".to_vec();
@@ -95,7 +57,7 @@ fn bytes(values: &[i32]) -> Vec<u8> {
 
 #[test]
 fn native_kernels_launch_with_buffers_scalars_and_dims() {
-    let setup = Setup::new();
+    let setup = Setup::new(support::minimal());
     let device = setup.device("plugin.minimal", 0);
     let stream = device.create_stream().unwrap();
     let mix = device
@@ -172,7 +134,7 @@ fn native_kernels_launch_with_buffers_scalars_and_dims() {
 
 #[test]
 fn kernel_load_errors_name_the_kernel() {
-    let setup = Setup::new();
+    let setup = Setup::new(support::minimal());
     let device = setup.device("plugin.minimal", 1);
     let mut desc = kernel_desc("nope", "", vec![]);
     let e = device.load_kernel(desc.clone()).unwrap_err();
@@ -200,7 +162,7 @@ fn kernel_load_errors_name_the_kernel() {
 /// be done: by an event seen complete, or by synchronize.
 #[test]
 fn host_memory_is_held_until_the_work_is_known_to_be_done() {
-    let setup = Setup::new();
+    let setup = Setup::new(support::minimal());
     let device = setup.device("plugin.minimal", 0);
     let stream = device.create_stream().unwrap();
     let sleep = sleep_kernel(&device);
@@ -251,7 +213,7 @@ fn host_memory_is_held_until_the_work_is_known_to_be_done() {
 #[test]
 fn a_failing_kernel_reports_its_message_everywhere() {
     const MARKER: &str = "deliberate failure 0x51de";
-    let setup = Setup::new();
+    let setup = Setup::new(support::minimal());
     let device = setup.device("plugin.minimal", 0);
     let host = setup.device("host", 0);
     let stream = device.create_stream().unwrap();
@@ -282,7 +244,7 @@ fn a_failing_kernel_reports_its_message_everywhere() {
 #[test]
 fn a_failed_foreign_event_keeps_its_message() {
     const MARKER: &str = "host kernel failure 0xf0e1";
-    let setup = Setup::new();
+    let setup = Setup::new(support::minimal());
     let device = setup.device("plugin.minimal", 1);
     let host = setup.device("host", 0);
     let host_stream = host.create_stream().unwrap();
@@ -317,7 +279,7 @@ fn a_failed_foreign_event_keeps_its_message() {
 /// memory accounting comes back in full.
 #[test]
 fn objects_outlive_their_device_handle() {
-    let setup = Setup::new();
+    let setup = Setup::new(support::minimal());
     let device = setup.device("plugin.minimal", 1);
     let total = device.memory_info().unwrap().total;
     let stream = device.create_stream().unwrap();
@@ -351,7 +313,7 @@ fn objects_outlive_their_device_handle() {
 /// Many threads on one device: allocation, streams and events from all of them.
 #[test]
 fn threads_share_a_device() {
-    let setup = Setup::new();
+    let setup = Setup::new(support::minimal());
     let device = setup.device("plugin.minimal", 0);
     std::thread::scope(|s| {
         for t in 0..8u8 {

@@ -19,49 +19,9 @@ use xpu_hal::backend::{Backend, DeviceImpl, Fault};
 use xpu_hal::{
     Device, DeviceId, Error, HostBuffer, KernelDesc, KernelSource, LaunchDims, Registry, Scalar,
 };
-use xpu_host::{HostBackend, HostConfig};
 use xpu_plugin::PluginBackend;
 
-/// The simulated NPU's two devices and a host device, in one registry.
-struct Setup {
-    plugin: Arc<PluginBackend>,
-    registry: Registry,
-}
-
-impl Setup {
-    fn new() -> Setup {
-        let plugin = Arc::new(PluginBackend::load(support::sim_npu()).unwrap());
-        assert_eq!(plugin.abi_version(), (1, 2));
-        let mut registry = Registry::new();
-        registry.register(plugin.clone()).unwrap();
-        registry
-            .register(Arc::new(HostBackend::new(HostConfig {
-                devices: 1,
-                capacity: 64 << 20,
-            })))
-            .unwrap();
-        Setup { plugin, registry }
-    }
-
-    fn device(&self, backend: &str, index: u32) -> Device {
-        self.registry
-            .device(&DeviceId::new(backend, index))
-            .unwrap()
-    }
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        // The release functions keep working on a lost device: nothing to record.
-        if !std::thread::panicking() {
-            assert!(
-                self.plugin.diagnostics().is_empty(),
-                "{:?}",
-                self.plugin.diagnostics()
-            );
-        }
-    }
-}
+use support::Setup;
 
 /// Asserts that `what` failed with `DeviceLost` on `plugin.simnpu:1`, saying the fault
 /// was injected.
@@ -90,7 +50,8 @@ fn round_trip(device: &Device) {
 /// `DeviceLost`, for good; `plugin.simnpu:0` keeps working.
 #[test]
 fn an_injected_loss_fails_every_later_call_on_that_device_only() {
-    let setup = Setup::new();
+    let setup = Setup::new(support::sim_npu());
+    assert_eq!(setup.plugin.abi_version(), (1, 2));
     let d0 = setup.device("plugin.simnpu", 0);
     let d1 = setup.device("plugin.simnpu", 1);
     let a1 = d1.allocate(256).unwrap();
@@ -141,7 +102,7 @@ fn an_injected_loss_fails_every_later_call_on_that_device_only() {
 /// `Fault::Slow(0)` ends the slowdown, and results stay right.
 #[test]
 fn an_injected_slowdown_delays_every_operation_until_zero_ends_it() {
-    let setup = Setup::new();
+    let setup = Setup::new(support::sim_npu());
     let d0 = setup.device("plugin.simnpu", 0);
     let d1 = setup.device("plugin.simnpu", 1);
     let a = d0.allocate(4096).unwrap();
@@ -203,7 +164,7 @@ impl Gate {
 /// loss in its message.
 #[test]
 fn work_queued_before_the_injection_fails_with_the_loss() {
-    let setup = Setup::new();
+    let setup = Setup::new(support::sim_npu());
     let d1 = setup.device("plugin.simnpu", 1);
     let host = setup.device("host", 0);
     let gate = Arc::new(Gate::default());

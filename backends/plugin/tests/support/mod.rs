@@ -168,3 +168,49 @@ pub fn bad(defect: &str) -> PathBuf {
         &[&format!("BAD_{defect}")],
     )
 }
+
+/// A registry with one plugin (its library at `library`) and one host device; when
+/// dropped outside a panic, it checks that the plugin reported no diagnostics.
+pub struct Setup {
+    /// The plugin's backend.
+    pub plugin: std::sync::Arc<xpu_plugin::PluginBackend>,
+    /// The registry holding it and the host backend.
+    pub registry: xpu_hal::Registry,
+}
+
+impl Setup {
+    /// Loads `library` and registers it beside one host device of 64 MiB.
+    pub fn new(library: PathBuf) -> Setup {
+        use std::sync::Arc;
+        let plugin = Arc::new(xpu_plugin::PluginBackend::load(library).unwrap());
+        let mut registry = xpu_hal::Registry::new();
+        registry.register(plugin.clone()).unwrap();
+        registry
+            .register(Arc::new(xpu_host::HostBackend::new(xpu_host::HostConfig {
+                devices: 1,
+                capacity: 64 << 20,
+            })))
+            .unwrap();
+        Setup { plugin, registry }
+    }
+
+    /// Device `index` of `backend`.
+    pub fn device(&self, backend: &str, index: u32) -> xpu_hal::Device {
+        self.registry
+            .device(&xpu_hal::DeviceId::new(backend, index))
+            .unwrap()
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        use xpu_hal::backend::Backend;
+        if !std::thread::panicking() {
+            assert!(
+                self.plugin.diagnostics().is_empty(),
+                "{:?}",
+                self.plugin.diagnostics()
+            );
+        }
+    }
+}
