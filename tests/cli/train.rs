@@ -90,6 +90,18 @@ fn train_learns_modular_addition_on_host_devices() {
     }
 }
 
+/// 40 steps of the MLP on two host devices, as JSON.
+const MLP_ON_TWO_HOSTS: &[&str] = &[
+    "train",
+    "--model",
+    "mlp",
+    "--devices",
+    "host:0,1",
+    "--steps",
+    "40",
+    "--json",
+];
+
 /// A host device made to fail for real mid-run: the run says so, drops it, re-forms
 /// the group on the survivor from the last checkpoint, and ends with the undisturbed
 /// run's loss (bit for bit on host devices; the documented bound is 2%). The plot
@@ -97,20 +109,10 @@ fn train_learns_modular_addition_on_host_devices() {
 #[test]
 fn train_survives_an_injected_device_failure() {
     let plot = scratch("train-fault.svg");
-    let common = [
-        "train",
-        "--model",
-        "mlp",
-        "--devices",
-        "host:0,1",
-        "--steps",
-        "40",
-        "--json",
-        "--checkpoint-every",
-        "10",
-    ];
+    let mut common = MLP_ON_TWO_HOSTS.to_vec();
+    common.extend_from_slice(&["--checkpoint-every", "10"]);
     let (undisturbed, calm) = lines(&ok(&common));
-    let mut args = common.to_vec();
+    let mut args = common.clone();
     args.extend_from_slice(&[
         "--inject-fault",
         "host:1@25",
@@ -156,18 +158,8 @@ fn train_survives_an_injected_device_failure() {
 /// is left out); the losses do not change.
 #[test]
 fn train_finds_a_straggler_and_rebalances_it() {
-    let common = [
-        "train",
-        "--model",
-        "mlp",
-        "--devices",
-        "host:0,1",
-        "--steps",
-        "40",
-        "--json",
-    ];
-    let (_, calm) = lines(&ok(&common));
-    let mut args = common.to_vec();
+    let (_, calm) = lines(&ok(MLP_ON_TWO_HOSTS));
+    let mut args = MLP_ON_TWO_HOSTS.to_vec();
     args.extend_from_slice(&["--inject-fault", "host:1@12:slow=2ms"]);
     let out = ok(&args);
     let events = objects(&out);
