@@ -172,9 +172,8 @@ fn train_finds_a_straggler_and_rebalances_it() {
         .to_string();
     assert!(straggler.starts_with("host:1 slowed down"), "{straggler}");
     let (steps, summary) = lines(&out);
-    let before = steps.iter().find(|s| s["step"] == 10).unwrap();
+    // Far slower, host:1 ends with fewer micro-batches than host:0 (or none).
     let after = steps.last().unwrap();
-    assert_eq!(before["shares"], serde_json::json!([4, 4]), "{out}");
     assert!(
         after["shares"].as_array().unwrap()[0].as_u64().unwrap() > 4,
         "{out}"
