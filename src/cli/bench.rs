@@ -606,9 +606,9 @@ pub const CUDA_LAUNCH_ITERS: usize = 200;
 /// The mean and median of one side's per-round figures.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Stats {
-    /// From the mean of the rounds' seconds per operation.
+    /// From the mean of the rounds' figures (seconds per operation, tokens/s …).
     pub mean: f64,
-    /// From the median round's seconds per operation.
+    /// From the median round's figure.
     pub p50: f64,
 }
 
@@ -684,7 +684,7 @@ fn rounds_of(
 }
 
 /// Mean and median of `seconds`, each mapped through `to_unit`.
-fn stats(seconds: &mut [f64], to_unit: impl Fn(f64) -> f64) -> Stats {
+pub(crate) fn stats(seconds: &mut [f64], to_unit: impl Fn(f64) -> f64) -> Stats {
     let mean = seconds.iter().sum::<f64>() / seconds.len().max(1) as f64;
     Stats {
         mean: to_unit(mean),

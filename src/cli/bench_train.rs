@@ -17,6 +17,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+
+use crate::cli::bench::{median, stats, Stats};
 use xpu::backend::Fault;
 use xpu::{Device, DeviceSelector, Error, Registry, Result};
 use xpu_train::direct::DirectTrainer;
@@ -71,34 +73,19 @@ fn round(s: &mut dyn Stepper, steps: u64) -> Result<f64> {
     Ok(tokens as f64 / t.elapsed().as_secs_f64().max(1e-9))
 }
 
-/// Mean and median.
-fn stats(v: &[f64]) -> (f64, f64) {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let mean = s.iter().sum::<f64>() / s.len().max(1) as f64;
-    let p50 = if s.is_empty() {
-        f64::NAN
-    } else if s.len() % 2 == 1 {
-        s[s.len() / 2]
-    } else {
-        (s[s.len() / 2 - 1] + s[s.len() / 2]) / 2.0
-    };
-    (mean, p50)
-}
-
 /// One comparison's figures.
 struct Row {
     name: &'static str,
-    xpu: (f64, f64),
+    xpu: Stats,
     reference_name: String,
-    reference: (f64, f64),
+    reference: Stats,
     target: f64,
     extra: Option<(String, f64)>,
 }
 
 impl Row {
     fn ratio(&self) -> f64 {
-        self.xpu.0 / self.reference.0.max(1e-12)
+        self.xpu.mean / self.reference.mean.max(1e-12)
     }
 }
 
@@ -107,7 +94,7 @@ fn compare(
     a: &mut dyn Stepper,
     b: &mut dyn Stepper,
     args: &BenchTrainArgs,
-) -> Result<((f64, f64), (f64, f64))> {
+) -> Result<(Stats, Stats)> {
     let (mut ta, mut tb) = (Vec::new(), Vec::new());
     round(a, args.steps)?;
     round(b, args.steps)?;
@@ -115,7 +102,7 @@ fn compare(
         ta.push(round(a, args.steps)?);
         tb.push(round(b, args.steps)?);
     }
-    Ok((stats(&ta), stats(&tb)))
+    Ok((stats(&mut ta, |x| x), stats(&mut tb, |x| x)))
 }
 
 /// A busy process competing for the cores, killed when dropped.
@@ -142,7 +129,7 @@ fn micro_batch_seconds(trainer: &mut Trainer, micro_batches: u64) -> Result<f64>
     for _ in 0..5 {
         t.push(trainer.step()?.seconds / micro_batches as f64);
     }
-    Ok(stats(&t).1)
+    Ok(median(&mut t))
 }
 
 /// Makes `device` run at about `host_mb / speed` per micro-batch through an injected
@@ -304,9 +291,9 @@ pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
             .map(|r| {
                 json!({
                     "name": r.name,
-                    "tokens_per_s": {"mean": r.xpu.0, "p50": r.xpu.1},
+                    "tokens_per_s": r.xpu,
                     "reference": r.reference_name,
-                    "reference_tokens_per_s": {"mean": r.reference.0, "p50": r.reference.1},
+                    "reference_tokens_per_s": r.reference,
                     "ratio": r.ratio(),
                     "target": r.target,
                     "extra": r.extra.as_ref().map(|(k, v)| json!({"name": k, "value": v})),
@@ -342,10 +329,10 @@ pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
         println!(
             "{:<62} {:>12.0} {:>12.0} {:>12.0} {:>12.0} {:>7.2} {:>7.2}",
             r.name,
-            r.xpu.0,
-            r.xpu.1,
-            r.reference.0,
-            r.reference.1,
+            r.xpu.mean,
+            r.xpu.p50,
+            r.reference.mean,
+            r.reference.p50,
             r.ratio(),
             r.target
         );

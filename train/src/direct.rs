@@ -5,14 +5,14 @@
 
 use std::collections::HashMap;
 
-use xpu_hal::{Device, Error, Result, Scalar};
+use xpu_hal::{Device, Result, Scalar};
 use xpu_scheduler::{Handle, Scheduler, SchedulerOptions};
 
 use crate::data::Dataset;
 use crate::exec::Direct;
 use crate::model::{MicroBatch, Model};
 use crate::replica::Replica;
-use crate::trainer::{model_of, TrainConfig};
+use crate::trainer::{model_of, tokens_per_step, TrainConfig};
 
 /// Training of one replica straight on one device's stream.
 pub struct DirectTrainer {
@@ -72,7 +72,7 @@ impl DirectTrainer {
             inputs.push((pair[0], pair[1]));
         }
         stream.synchronize()?;
-        let tokens_per_step = data.examples(0, 1).tokens.len() as u64 * config.global_batch;
+        let tokens_per_step = tokens_per_step(data.as_ref(), &config);
         Ok(DirectTrainer {
             config,
             model,
@@ -91,20 +91,13 @@ impl DirectTrainer {
         self.tokens_per_step
     }
 
-    fn memory(&self, h: Handle) -> Result<&xpu_hal::Allocation> {
-        self.exec
-            .memory
-            .get(&h)
-            .ok_or_else(|| Error::invalid(format!("{h} has no allocation")))
-    }
-
     /// One step over the next global batch; returns the mean loss.
     pub fn step(&mut self) -> Result<f64> {
         let n = self.config.micro_batch;
         let r = &self.replica;
         let stream = &self.exec.stream;
         for g in &r.grad_slots {
-            stream.fill(self.memory(*g)?, Scalar::F32(0.0))?;
+            stream.fill(self.exec.allocation(*g)?, Scalar::F32(0.0))?;
         }
         let first = self.step * self.config.global_batch;
         let buckets = self.model.layout().specs.len();
@@ -112,8 +105,14 @@ impl DirectTrainer {
         for (j, &(tokens, labels)) in self.inputs.iter().enumerate() {
             let j = j as u64;
             let ex = self.data.examples(first + j * n, n as usize);
-            stream.write(self.memory(tokens)?, bytemuck::cast_slice(&ex.tokens))?;
-            stream.write(self.memory(labels)?, bytemuck::cast_slice(&ex.labels))?;
+            stream.write(
+                self.exec.allocation(tokens)?,
+                bytemuck::cast_slice(&ex.tokens),
+            )?;
+            stream.write(
+                self.exec.allocation(labels)?,
+                bytemuck::cast_slice(&ex.labels),
+            )?;
             let mb = MicroBatch {
                 index: j,
                 tokens,
@@ -127,7 +126,7 @@ impl DirectTrainer {
         }
         self.step += 1;
         r.update(&self.exec, &self.config, self.step)?;
-        let bytes = stream.read(self.memory(r.loss)?)?;
+        let bytes = stream.read(self.exec.allocation(r.loss)?)?;
         let losses: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
         let sum: f64 = losses.iter().map(|l| f64::from(*l)).sum();
         Ok(sum / (self.config.global_batch * self.data.targets_per_example()) as f64)

@@ -56,7 +56,8 @@ pub(crate) struct Direct {
 }
 
 impl Direct {
-    fn allocation(&self, h: Handle) -> Result<&Allocation> {
+    /// The allocation backing `h`.
+    pub(crate) fn allocation(&self, h: Handle) -> Result<&Allocation> {
         self.memory
             .get(&h)
             .ok_or_else(|| Error::invalid(format!("{h} has no allocation on the direct path")))

@@ -231,6 +231,11 @@ pub fn unsupported_op(
     Ok(missing_op(model.as_ref(), device))
 }
 
+/// Input tokens of one global batch of `config` drawn from `data`.
+pub(crate) fn tokens_per_step(data: &dyn Dataset, config: &TrainConfig) -> u64 {
+    data.examples(0, 1).tokens.len() as u64 * config.global_batch
+}
+
 /// The model and task of `config`.
 pub(crate) fn model_of(config: &TrainConfig) -> Result<(Box<dyn Model>, Box<dyn Dataset>)> {
     Ok(match config.model {
@@ -356,7 +361,7 @@ impl Trainer {
             )?);
         }
         let shares = split::proportional(micro_batches, &vec![None; devices.len()]);
-        let tokens_per_step = data.examples(0, 1).tokens.len() as u64 * config.global_batch;
+        let tokens_per_step = tokens_per_step(data.as_ref(), &config);
         Ok(Trainer {
             data,
             config,

@@ -23,7 +23,7 @@ pub struct HostDevice {
     cpu: CpuFacts,
     threads: Arc<OpThreads>,
     /// Injected faults; shared with the streams.
-    lost: Arc<FaultState>,
+    faults: Arc<FaultState>,
 }
 
 /// What the host says about its processor, for the device's name and vendor.
@@ -62,25 +62,25 @@ impl HostDevice {
             streams_created: AtomicU64::new(0),
             cpu: CpuFacts::read(),
             threads: OpThreads::new(threads),
-            lost: FaultState::new(format!("host:{index}")),
+            faults: FaultState::new(format!("host:{index}")),
         }
     }
 
     /// Creates a stream and returns it as the concrete host type.
     pub fn create_host_stream(&self) -> Result<HostStream> {
-        self.lost.check()?;
+        self.faults.check()?;
         let n = self.streams_created.fetch_add(1, Ordering::Relaxed);
         HostStream::new(
             self.accounting.device.clone(),
             format!("xpu-host{}-s{n}", self.index),
             self.threads.clone(),
-            self.lost.clone(),
+            self.faults.clone(),
         )
     }
 
     /// Allocates memory and returns it as the concrete host type.
     pub fn allocate_host(&self, size: u64) -> Result<Arc<HostAllocation>> {
-        self.lost.check()?;
+        self.faults.check()?;
         Ok(Arc::new(HostAllocation::new(
             size,
             self.accounting.clone(),
@@ -95,7 +95,7 @@ impl HostDevice {
         reserve: u64,
         initial: u64,
     ) -> Result<Arc<HostAllocation>> {
-        self.lost.check()?;
+        self.faults.check()?;
         let page = page_size().ok_or_else(|| {
             Error::unsupported("the host backend reserves address space only on Unix systems")
         })?;
@@ -142,7 +142,7 @@ impl DeviceImpl for HostDevice {
     }
 
     fn memory_info(&self) -> Result<MemoryInfo> {
-        self.lost.check()?;
+        self.faults.check()?;
         let used = self.accounting.used.load(Ordering::Acquire);
         Ok(MemoryInfo {
             total: self.accounting.capacity,
@@ -174,7 +174,7 @@ impl DeviceImpl for HostDevice {
 
     fn inject_fault(&self, fault: Fault) -> Result<()> {
         match fault {
-            Fault::Lost | Fault::Slow(_) => self.lost.inject(fault),
+            Fault::Lost | Fault::Slow(_) => self.faults.inject(fault),
             other => {
                 return Err(Error::unsupported(format!(
                     "the host backend cannot inject {other:?}"

@@ -110,13 +110,13 @@ pub(crate) struct Timeline {
     pub(crate) device: String,
     /// The device's injected faults: once lost, nothing more runs or is accepted;
     /// slowed, every job takes longer.
-    lost: Arc<FaultState>,
+    faults: Arc<FaultState>,
     /// Injected delay not slept yet (nanoseconds; only the job runner touches it).
     owed_ns: AtomicU64,
 }
 
 impl Timeline {
-    fn new(device: String, lost: Arc<FaultState>) -> Self {
+    fn new(device: String, faults: Arc<FaultState>) -> Self {
         Timeline {
             jobs: Mutex::new(Jobs {
                 queue: VecDeque::new(),
@@ -136,7 +136,7 @@ impl Timeline {
             done_lock: Mutex::new(()),
             done_cv: Condvar::new(),
             device,
-            lost,
+            faults,
             owed_ns: AtomicU64::new(0),
         }
     }
@@ -162,7 +162,7 @@ impl Timeline {
     /// Reports (and clears) the pending error; on a lost device, always an error.
     pub(crate) fn take_error(&self) -> Result<()> {
         if !self.has_error.load(Ordering::Acquire) {
-            return self.lost.check();
+            return self.faults.check();
         }
         let mut slot = lock(&self.error);
         self.has_error.store(false, Ordering::Release);
@@ -185,7 +185,7 @@ impl Timeline {
     }
 
     fn push_locked(&self, jobs: &mut Jobs, job: Job) -> Result<u64> {
-        self.lost.check()?;
+        self.faults.check()?;
         if jobs.closed {
             return Err(Error::DeviceLost {
                 device: self.device.clone(),
@@ -206,7 +206,7 @@ impl Timeline {
     /// While the last job is still queued the event rides on it (an event right after
     /// another is the same event); otherwise a mark job is queued.
     fn record(self: &Arc<Self>) -> Result<Arc<HostEvent>> {
-        self.lost.check()?;
+        self.faults.check()?;
         let mut jobs = lock(&self.jobs);
         let submitted = jobs.submitted;
         if !jobs.closed {
@@ -377,9 +377,10 @@ pub(crate) struct Queue {
 }
 
 impl Queue {
-    /// Starts a worker thread named `name` for a stream of the device `lost` watches.
-    pub(crate) fn start(device: String, name: String, lost: Arc<FaultState>) -> Result<Self> {
-        let timeline = Arc::new(Timeline::new(device, lost));
+    /// Starts a worker thread named `name` for a stream of the device whose injected
+    /// faults `faults` holds.
+    pub(crate) fn start(device: String, name: String, faults: Arc<FaultState>) -> Result<Self> {
+        let timeline = Arc::new(Timeline::new(device, faults));
         let worker_timeline = timeline.clone();
         std::thread::Builder::new()
             .name(name.clone())
@@ -436,21 +437,21 @@ fn run(job: Job, timeline: &Timeline) {
                 // Skipped: an earlier job failed and the error has not been reported.
                 return;
             }
-            if let Err(e) = timeline.lost.check() {
+            if let Err(e) = timeline.faults.check() {
                 // The device failed with this job still queued: it never runs.
                 timeline.set_error(e);
                 return;
             }
-            let delay = timeline.lost.delay();
-            if !delay.is_zero() {
+            let delay = u64::try_from(timeline.faults.delay().as_nanos()).unwrap_or(u64::MAX);
+            if delay > 0 {
                 // An injected straggler: the work takes longer, its result is the same.
                 // Short delays are owed and slept in one go once they reach a
                 // millisecond: a sleep costs tens of microseconds more than it asks
                 // for, which would make every short delay far too long.
-                let owed = timeline.owed_ns.fetch_add(
-                    u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX),
-                    Ordering::Relaxed,
-                ) + u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
+                let owed = timeline
+                    .owed_ns
+                    .fetch_add(delay, Ordering::Relaxed)
+                    .saturating_add(delay);
                 if owed >= 1_000_000 {
                     timeline.owed_ns.store(0, Ordering::Relaxed);
                     std::thread::sleep(Duration::from_nanos(owed));

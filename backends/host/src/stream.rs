@@ -32,10 +32,10 @@ impl HostStream {
         device: String,
         name: String,
         threads: Arc<OpThreads>,
-        lost: Arc<FaultState>,
+        faults: Arc<FaultState>,
     ) -> Result<Self> {
         Ok(HostStream {
-            queue: Queue::start(device, name, lost)?,
+            queue: Queue::start(device, name, faults)?,
             threads,
         })
     }
