@@ -28,6 +28,27 @@ pub fn proportional(total: u64, weights: &[Option<f64>]) -> Vec<u64> {
     shares
 }
 
+/// `shares` with every share raised to at least `min` where the total allows it,
+/// the micro-batches taken one at a time from the largest share (ties to the higher
+/// rank); the total is unchanged.
+pub fn at_least(mut shares: Vec<u64>, min: u64) -> Vec<u64> {
+    let total: u64 = shares.iter().sum();
+    if total < min.saturating_mul(shares.len() as u64) {
+        return shares;
+    }
+    while let Some(low) = shares.iter().position(|&s| s < min) {
+        let Some(high) = (0..shares.len()).max_by_key(|&i| shares[i]) else {
+            break;
+        };
+        if shares[high] <= min {
+            break;
+        }
+        shares[high] -= 1;
+        shares[low] += 1;
+    }
+    shares
+}
+
 /// The micro-batches each replica computes: contiguous ranges in rank order.
 pub fn ranges(shares: &[u64]) -> Vec<std::ops::Range<u64>> {
     let mut start = 0;
@@ -60,6 +81,11 @@ mod tests {
             let s = proportional(total, &[Some(0.3), Some(2.0), Some(1.1)]);
             assert_eq!(s.iter().sum::<u64>(), total);
         }
+        assert_eq!(at_least(vec![4, 0], 1), [3, 1]);
+        assert_eq!(at_least(vec![5, 0, 0, 3], 1), [3, 1, 1, 3]);
+        assert_eq!(at_least(vec![2, 0, 0], 1), [2, 0, 0]);
+        assert_eq!(at_least(vec![1, 1, 0, 0], 1), [1, 1, 0, 0]);
+        assert_eq!(at_least(vec![6, 2], 3), [5, 3]);
         assert_eq!(ranges(&[2, 0, 3]), [0..2, 2..2, 2..5]);
     }
 }

@@ -550,7 +550,7 @@ impl Trainer {
             .collect();
         let (mut left_out, mut stragglers) = (Vec::new(), Vec::new());
         if every > 0 && (step <= every || step.is_multiple_of(every)) {
-            (left_out, stragglers) = self.rebalance()?;
+            (left_out, stragglers) = self.rebalance(step < every)?;
             if step <= every {
                 // Early predictions still move as the models calibrate: a change
                 // then is no slowdown.
@@ -674,12 +674,14 @@ impl Trainer {
     /// models predict); unchanged while fewer than half of them are calibrated on
     /// every device.
     ///
-    /// A device whose share would be no micro-batch at all is left out of the group
-    /// (it would only slow the all-reduce and the update down): its replica is dropped
-    /// and the communicator re-formed over the others. Returns those left out, with
+    /// In the `early` phase (before step `rebalance_every`, while the models still rest
+    /// on cold first runs) every device keeps at least one micro-batch. From then on, a
+    /// device whose share would be no micro-batch at all is left out of the group (it
+    /// would only slow the all-reduce and the update down): its replica is dropped and
+    /// the communicator re-formed over the others. Returns those left out, with
     /// the reason, and the stragglers: devices predicted [`STRAGGLER_FACTOR`] times
     /// slower than at the last rebalancing, relative to the others.
-    fn rebalance(&mut self) -> Result<(Vec<String>, Vec<String>)> {
+    fn rebalance(&mut self, early: bool) -> Result<(Vec<String>, Vec<String>)> {
         if self.micro_batch_tasks.is_empty() || self.replicas.len() < 2 {
             return Ok((Vec::new(), Vec::new()));
         }
@@ -710,7 +712,10 @@ impl Trainer {
         }
         let weights: Vec<Option<f64>> = predicted.iter().map(|p| p.map(|t| 1.0 / t)).collect();
         let total = self.config.global_batch / self.config.micro_batch;
-        let shares = split::proportional(total, &weights);
+        // Early predictions rest on cold first runs: every device keeps at least one
+        // micro-batch then, and only a later rebalancing may leave one out.
+        let floor = u64::from(early);
+        let shares = split::at_least(split::proportional(total, &weights), floor);
         let fastest = predicted
             .iter()
             .enumerate()
@@ -732,7 +737,7 @@ impl Trainer {
         let mut keep = Vec::new();
         let mut kept_weights = Vec::new();
         for (i, r) in std::mem::take(&mut self.replicas).into_iter().enumerate() {
-            if shares[i] > 0 || i == fastest {
+            if shares[i] > 0 || i == fastest || early {
                 keep.push(r);
                 kept_weights.push(weights[i]);
                 continue;
@@ -755,7 +760,10 @@ impl Trainer {
                 None
             };
         }
-        let before = std::mem::replace(&mut self.shares, split::proportional(total, &kept_weights));
+        let before = std::mem::replace(
+            &mut self.shares,
+            split::at_least(split::proportional(total, &kept_weights), floor),
+        );
         let stragglers = slowed
             .into_iter()
             .map(|(i, was, now)| {
