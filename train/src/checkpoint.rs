@@ -2,14 +2,15 @@
 //!
 //! A checkpoint holds the configuration, the step (which is also the data position:
 //! examples are generated from the seed and their index, and nothing else is random),
-//! the split of the batch, and every bucket's parameters and AdamW moments. The
-//! gradients are not kept: a step starts from zero.
+//! the split of the batch, every bucket's parameters (the `f32` masters) and AdamW
+//! moments, and an `f16` run's loss scale. The gradients are not kept: a step starts
+//! from zero.
 //!
 //! ## Format
 //!
 //! `step-NNNNNNNNNN.xpuckpt`: the magic `XPUCKPT1`, a little-endian `u32` header
 //! length, the header (JSON: format version, configuration, step, split, parameter
-//! names and shapes, bucket sizes, payload length), the payload (per bucket, the
+//! names and shapes, bucket sizes, payload length, loss scale), the payload (per bucket, the
 //! parameters, the first and the second moments as little-endian `f32`), and the
 //! FNV-1a 64-bit checksum of everything before it (little-endian `u64`).
 //!
@@ -38,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use xpu_hal::{Error, Result};
 
 use crate::params::ParamLayout;
+use crate::precision::LossScale;
 use crate::trainer::TrainConfig;
 
 const MAGIC: &[u8; 8] = b"XPUCKPT1";
@@ -66,6 +68,8 @@ struct Header {
     params: Vec<Vec<ParamEntry>>,
     bucket_elements: Vec<u64>,
     payload_bytes: u64,
+    #[serde(default)]
+    loss_scale: Option<LossScale>,
 }
 
 /// A run's state at the end of a step, in host memory.
@@ -81,6 +85,8 @@ pub struct Checkpoint {
     pub params: Vec<Vec<ParamEntry>>,
     /// Per bucket: parameters, first moments, second moments.
     pub buckets: Vec<[Vec<f32>; 3]>,
+    /// The dynamic loss scale of an `f16` run.
+    pub loss_scale: Option<LossScale>,
 }
 
 /// FNV-1a, 64 bits.
@@ -130,6 +136,7 @@ impl Checkpoint {
             params: self.params.clone(),
             bucket_elements: self.buckets.iter().map(|b| b[0].len() as u64).collect(),
             payload_bytes: payload.len() as u64,
+            loss_scale: self.loss_scale,
         };
         let json = serde_json::to_vec(&header)
             .map_err(|e| Error::invalid(format!("could not encode a checkpoint header: {e}")))?;
@@ -220,6 +227,7 @@ impl Checkpoint {
             shares: header.shares,
             params: header.params,
             buckets,
+            loss_scale: header.loss_scale,
         })
     }
 
@@ -372,6 +380,11 @@ mod tests {
                 dims: vec![2, 2],
             }]],
             buckets: vec![[vec![1.0, 2.0, 3.0, 4.0], vec![0.5; 4], vec![0.25; 4]]],
+            loss_scale: Some(LossScale {
+                scale: 1024.0,
+                clean: 3,
+                skipped: 2,
+            }),
         }
     }
 

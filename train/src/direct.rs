@@ -11,6 +11,7 @@ use xpu_scheduler::{Handle, Scheduler, SchedulerOptions};
 use crate::data::Dataset;
 use crate::exec::Direct;
 use crate::model::{MicroBatch, Model};
+use crate::precision::LossScale;
 use crate::replica::Replica;
 use crate::trainer::{model_of, tokens_per_step, TrainConfig};
 
@@ -27,6 +28,8 @@ pub struct DirectTrainer {
     inputs: Vec<(Handle, Handle)>,
     step: u64,
     tokens_per_step: u64,
+    /// With `f16`, the dynamic loss scale.
+    loss_scale: Option<LossScale>,
 }
 
 impl DirectTrainer {
@@ -73,6 +76,7 @@ impl DirectTrainer {
         }
         stream.synchronize()?;
         let tokens_per_step = tokens_per_step(data.as_ref(), &config);
+        let config_scales = config.precision.scales_loss();
         Ok(DirectTrainer {
             config,
             model,
@@ -83,6 +87,7 @@ impl DirectTrainer {
             inputs,
             step: 0,
             tokens_per_step,
+            loss_scale: config_scales.then(LossScale::default),
         })
     }
 
@@ -97,7 +102,7 @@ impl DirectTrainer {
         let r = &self.replica;
         let stream = &self.exec.stream;
         for g in &r.grad_slots {
-            stream.fill(self.exec.allocation(*g)?, Scalar::F32(0.0))?;
+            stream.fill(self.exec.allocation(*g)?, Scalar::from_f64(r.dtype, 0.0))?;
         }
         let first = self.step * self.config.global_batch;
         let buckets = self.model.layout().specs.len();
@@ -125,9 +130,15 @@ impl DirectTrainer {
             }
         }
         self.step += 1;
-        r.update(&self.exec, &self.config, self.step)?;
+        crate::replica::update(
+            &[r],
+            &self.exec,
+            &self.config,
+            self.step,
+            &mut self.loss_scale,
+        )?;
         let bytes = stream.read(self.exec.allocation(r.loss)?)?;
-        let losses: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+        let losses = r.decode(&bytes)?;
         let sum: f64 = losses.iter().map(|l| f64::from(*l)).sum();
         Ok(sum / (self.config.global_batch * self.data.targets_per_example()) as f64)
     }

@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 
 use xpu_hal::ops::{Op, Tensor};
-use xpu_hal::{Allocation, BinaryOp, DType, Device, Error, Result, Stream};
-use xpu_scheduler::{Builtin, Codelet, Handle, Scheduler, Task, TensorRef};
+use xpu_hal::{Allocation, Device, Error, Result, Stream};
+use xpu_scheduler::{AccessMode, Builtin, Codelet, Handle, Scheduler, Task, TensorRef};
 
 /// Runs a model's operations.
 pub(crate) trait Exec {
@@ -20,8 +20,24 @@ pub(crate) trait Exec {
         record: &mut dyn FnMut(&Task),
     ) -> Result<()>;
 
-    /// `out = a + b`, whole `f32` handles, on `device`.
-    fn add(&self, device: &Device, a: Handle, b: Handle, out: Handle) -> Result<()>;
+    /// The builtin `op` over whole handles on `device`, `buffers` in the builtin's
+    /// order ([`Builtin`]).
+    fn builtin(&self, device: &Device, op: Builtin, buffers: &[Handle]) -> Result<()>;
+
+    /// `h`'s bytes once everything submitted before that writes it has run.
+    fn read(&self, h: Handle) -> Result<Vec<u8>>;
+}
+
+/// How builtin `op` uses its buffer `i`.
+fn access(op: &Builtin, i: usize) -> AccessMode {
+    match (op, i) {
+        (Builtin::Accumulate { .. }, 0) => AccessMode::ReadWrite,
+        (Builtin::Fill { .. }, _) => AccessMode::Write,
+        (Builtin::Binary { .. }, 2) | (Builtin::Scale { .. } | Builtin::Cast { .. }, 1) => {
+            AccessMode::Write
+        }
+        _ => AccessMode::Read,
+    }
 }
 
 impl Exec for Scheduler {
@@ -38,13 +54,18 @@ impl Exec for Scheduler {
         Ok(())
     }
 
-    fn add(&self, device: &Device, a: Handle, b: Handle, out: Handle) -> Result<()> {
-        let add = Codelet::from_builtin(Builtin::Binary {
-            op: BinaryOp::Sum,
-            dtype: DType::F32,
-        });
-        self.submit(Task::new(&add).read(a).read(b).write(out).on(device))?;
+    fn builtin(&self, device: &Device, op: Builtin, buffers: &[Handle]) -> Result<()> {
+        let codelet = Codelet::from_builtin(op);
+        let mut task = Task::new(&codelet);
+        for (i, h) in buffers.iter().enumerate() {
+            task = task.access(*h, access(&op, i));
+        }
+        self.submit(task.on(device))?;
         Ok(())
+    }
+
+    fn read(&self, h: Handle) -> Result<Vec<u8>> {
+        Scheduler::read(self, h)
     }
 }
 
@@ -79,13 +100,32 @@ impl Exec for Direct {
         self.stream.run_op(&op)
     }
 
-    fn add(&self, _device: &Device, a: Handle, b: Handle, out: Handle) -> Result<()> {
-        self.stream.binary(
-            BinaryOp::Sum,
-            DType::F32,
-            self.allocation(a)?,
-            self.allocation(b)?,
-            self.allocation(out)?,
-        )
+    fn builtin(&self, _device: &Device, op: Builtin, buffers: &[Handle]) -> Result<()> {
+        let memory = buffers
+            .iter()
+            .map(|h| self.allocation(*h))
+            .collect::<Result<Vec<_>>>()?;
+        let expected = op.buffers();
+        if memory.len() != expected {
+            return Err(Error::invalid(format!(
+                "{op:?} takes {expected} buffers, not {}",
+                memory.len()
+            )));
+        }
+        match op {
+            Builtin::Fill { value } => self.stream.fill(memory[0], value),
+            Builtin::Binary { op, dtype } => self
+                .stream
+                .binary(op, dtype, memory[0], memory[1], memory[2]),
+            Builtin::Accumulate { op, dtype } => {
+                self.stream.accumulate(op, dtype, memory[0], memory[1])
+            }
+            Builtin::Scale { alpha } => self.stream.scale(memory[0], memory[1], alpha),
+            Builtin::Cast { from, to } => self.stream.cast(memory[0], from, memory[1], to),
+        }
+    }
+
+    fn read(&self, h: Handle) -> Result<Vec<u8>> {
+        self.stream.read(self.allocation(h)?)
     }
 }

@@ -13,6 +13,8 @@
 //!   continuing from the last checkpoint.
 //! - [`params`]: parameters in buckets, and their initial values from the seed.
 //! - [`peak`]: a device's matrix-product peak, the denominator of the utilisation.
+//! - [`precision`]: mixed precision — `bf16`/`f16` storage and products over `f32`
+//!   masters, and `f16`'s dynamic loss scale.
 //! - `exec`: where a model's operations go — the scheduler, or one stream directly.
 //! - `replica`: one device's handles and the layers as tasks pinned to it.
 //! - `mlp`: the MLP over modular addition.
@@ -34,9 +36,11 @@ mod mlp;
 mod model;
 pub mod params;
 pub mod peak;
+pub mod precision;
 mod replica;
 pub mod split;
 pub mod trainer;
 mod transformer;
 
+pub use precision::{LossScale, Precision};
 pub use trainer::{unsupported_op, ModelKind, StepReport, TrainConfig, Trainer};

@@ -10,9 +10,9 @@ use xpu_scheduler::Handle;
 
 use crate::exec::Exec;
 
-use crate::model::{MicroBatch, Model};
+use crate::model::{MicroBatch, Model, Stored};
 use crate::params::{Init, ParamLayout, ParamSpec, Slot};
-use crate::replica::{view, whole, Replica};
+use crate::replica::{whole, Replica};
 
 /// Scratch buffers, by index.
 const X: usize = 0;
@@ -110,7 +110,7 @@ impl Model for Mlp {
         ]
     }
 
-    fn scratch(&self) -> Vec<u64> {
+    fn scratch(&self) -> Vec<(u64, Stored)> {
         let MlpShape {
             classes: p,
             embed: d,
@@ -129,6 +129,9 @@ impl Model for Mlp {
             n * h,
             n * 2 * d,
         ]
+        .into_iter()
+        .map(|e| (e, Stored::Compute))
+        .collect()
     }
 
     fn loss_rows(&self) -> u64 {
@@ -143,7 +146,7 @@ impl Model for Mlp {
             micro_batch: n,
         } = self.shape;
         let [embed, w1, b1, w2, b2, w3, b3] = &self.slots;
-        let s = |i: usize, dims: &[u64]| view(r.scratch[i], 0, dims);
+        let s = |i: usize, dims: &[u64]| r.view(r.scratch[i], 0, dims);
         r.run(
             sched,
             "mlp.embed",
@@ -185,7 +188,7 @@ impl Model for Mlp {
             Op::CrossEntropy {
                 logits: s(LOGITS, &[n, p])?,
                 labels: whole(mb.labels, DType::I32, &[n])?,
-                loss: view(r.loss, mb.loss_offset, &[n])?,
+                loss: r.view(r.loss, mb.loss_offset, &[n])?,
             },
         )
     }
@@ -204,7 +207,7 @@ impl Model for Mlp {
             micro_batch: n,
         } = self.shape;
         let [embed, w1, b1, w2, b2, w3, b3] = &self.slots;
-        let s = |i: usize, dims: &[u64]| view(r.scratch[i], 0, dims);
+        let s = |i: usize, dims: &[u64]| r.view(r.scratch[i], 0, dims);
         match bucket {
             2 => {
                 r.run(
@@ -213,7 +216,7 @@ impl Model for Mlp {
                     Op::CrossEntropyBackward {
                         logits: s(LOGITS, &[n, p])?,
                         labels: whole(mb.labels, DType::I32, &[n])?,
-                        dloss: whole(r.dloss, DType::F32, &[n])?,
+                        dloss: whole(r.dloss, r.dtype, &[n])?,
                         dlogits: s(DLOGITS, &[n, p])?,
                     },
                 )?;

@@ -21,22 +21,32 @@ pub(crate) struct MicroBatch {
     pub(crate) loss_offset: u64,
 }
 
+/// The dtype of a scratch buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stored {
+    /// The compute dtype (activations and their gradients).
+    Compute,
+    /// `f32` whatever the compute dtype (layer norm's row statistics).
+    F32,
+}
+
 /// A model the trainer can train data-parallel.
 pub(crate) trait Model: Send + Sync {
     /// The parameters, bucket by bucket. The backward pass finishes the buckets'
     /// gradients from the last bucket to the first.
     fn layout(&self) -> &ParamLayout;
 
-    /// The standard operations it runs (all on `f32`).
+    /// The standard operations it runs (on the compute dtype).
     fn ops(&self) -> &'static [xpu_hal::ops::OpKind];
 
-    /// Constant buffers a replica holds (a mask), made once.
+    /// Constant buffers a replica holds (a mask), made once, in the compute dtype.
     fn constants(&self) -> Vec<Vec<f32>> {
         Vec::new()
     }
 
-    /// The elements of each scratch buffer a replica needs for one micro-batch.
-    fn scratch(&self) -> Vec<u64>;
+    /// The elements of each scratch buffer a replica needs for one micro-batch, and
+    /// their dtype.
+    fn scratch(&self) -> Vec<(u64, Stored)>;
 
     /// Rows of the loss per micro-batch (examples, or tokens).
     fn loss_rows(&self) -> u64;

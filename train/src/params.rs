@@ -61,12 +61,13 @@ pub struct Slot {
 }
 
 impl Slot {
-    /// The parameter (or its gradient, or a moment) in `handles`, one per bucket.
-    pub fn of(&self, handles: &[Handle]) -> Result<TensorRef> {
+    /// The parameter (or its gradient, or a moment) in `handles`, one per bucket, whose
+    /// elements are `dtype`.
+    pub fn of(&self, handles: &[Handle], dtype: DType) -> Result<TensorRef> {
         Ok(TensorRef::strided(
             handles[self.bucket],
-            self.offset * 4,
-            Layout::contiguous(DType::F32, &self.dims)?,
+            self.offset * dtype.size() as u64,
+            Layout::contiguous(dtype, &self.dims)?,
         ))
     }
 }

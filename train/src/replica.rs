@@ -2,30 +2,47 @@
 //! built from, submitted as standard-operation tasks pinned to that device.
 
 use xpu_hal::ops::{Layout, Op};
-use xpu_hal::{DType, Device, Error, HostBuffer, Result};
-use xpu_scheduler::{Handle, Scheduler, Task, TensorRef};
+use xpu_hal::{DType, Device, Error, HostBuffer, Result, Scalar};
+use xpu_scheduler::{Builtin, Handle, Scheduler, Task, TensorRef};
 
 use crate::data::Dataset;
 use crate::exec::Exec;
 use crate::model::Model;
 use crate::trainer::TrainConfig;
 
-use crate::model::MicroBatch;
+use crate::model::{MicroBatch, Stored};
 use crate::params::Slot;
+use crate::precision::{decode, encode, LossScale};
 
 /// The handles of one replica.
 pub(crate) struct Replica {
     /// Its device.
     pub(crate) device: Device,
+    /// The compute dtype: of the parameters' copy the model reads, the activations,
+    /// the gradient slots and the losses.
+    pub(crate) dtype: DType,
     /// The device's index among the scheduler's devices.
     pub(crate) sched_index: usize,
-    /// Parameters, gradients and the AdamW moments, one handle per bucket each.
+    /// Parameters (`f32` masters), gradients and the AdamW moments, one handle per
+    /// bucket each.
     pub(crate) params: Vec<Handle>,
+    /// With a compute dtype other than `f32`: the parameters in it, cast from the
+    /// masters after each update (else empty, and the model reads the masters).
+    pub(crate) low: Vec<Handle>,
+    /// With a compute dtype other than `f32`: per bucket, the gradient slots widened
+    /// to `f32` before they are summed (else empty).
+    pub(crate) wide: Vec<Handle>,
+    /// With loss scaling: per bucket, the summed gradients before they are divided by
+    /// the scale (else empty).
+    pub(crate) scaled: Vec<Handle>,
+    /// With loss scaling: `[buckets]` `f32`, each bucket's summed gradients added up
+    /// (infinite or NaN when any of them is).
+    pub(crate) checks: Option<Handle>,
     /// Per bucket, one slot of gradients per micro-batch of the step (`[M, elements]`):
     /// a micro-batch's gradients accumulate into its own slot, zero elsewhere, so that
     /// the all-reduce gives every replica every micro-batch's gradients exactly.
     pub(crate) grad_slots: Vec<Handle>,
-    /// Per bucket, the slots summed in micro-batch order.
+    /// Per bucket, the slots summed in micro-batch order (`f32`).
     pub(crate) grads: Vec<Handle>,
     pub(crate) m: Vec<Handle>,
     pub(crate) v: Vec<Handle>,
@@ -37,8 +54,11 @@ pub(crate) struct Replica {
     pub(crate) constants: Vec<Handle>,
     /// `[rows]` ones: a bias gradient is `onesᵀ·dy`.
     pub(crate) ones: Handle,
-    /// `[rows]`: the gradient of each example's loss (1 / the global batch).
+    /// `[rows]`: the gradient of each row's loss (1 / the labelled rows of the global
+    /// batch, times the loss scale).
     pub(crate) dloss: Handle,
+    /// The labelled rows of the global batch.
+    pub(crate) targets: u64,
     /// Per-example losses of the replica's micro-batches this step.
     pub(crate) loss: Handle,
     /// When set, the tasks submitted are also kept here (to predict a micro-batch's
@@ -66,13 +86,18 @@ fn matmul_flops(op: &Op<TensorRef>) -> u64 {
     c.layout.elements().saturating_mul(k).saturating_mul(2)
 }
 
-/// A dense `f32` tensor of `dims` at element `offset` of `handle`.
-pub(crate) fn view(handle: Handle, offset: u64, dims: &[u64]) -> Result<TensorRef> {
+/// A dense tensor of `dtype` and `dims` at element `offset` of `handle`.
+pub(crate) fn dense(handle: Handle, dtype: DType, offset: u64, dims: &[u64]) -> Result<TensorRef> {
     Ok(TensorRef::strided(
         handle,
-        offset * 4,
-        Layout::contiguous(DType::F32, dims)?,
+        offset * dtype.size() as u64,
+        Layout::contiguous(dtype, dims)?,
     ))
+}
+
+/// A dense `f32` tensor of `dims` at element `offset` of `handle`.
+pub(crate) fn view32(handle: Handle, offset: u64, dims: &[u64]) -> Result<TensorRef> {
+    dense(handle, DType::F32, offset, dims)
 }
 
 /// A dense tensor of `dtype` at the start of `handle`.
@@ -95,44 +120,71 @@ impl Replica {
         fallback: Vec<(xpu_hal::ops::OpKind, Device)>,
     ) -> Result<Replica> {
         let layout = model.layout();
+        let dtype = config.precision.dtype();
+        let size = dtype.size() as u64;
         let micro_batches = config.global_batch / config.micro_batch;
         let rows = model.loss_rows();
+        let buckets = layout.bucket_elements.len();
         // Every labelled row of the global batch weighs the same in the mean loss.
         let targets = config.global_batch * data.targets_per_example();
+        let register = |values: &[f32], dtype| -> Result<Handle> {
+            sched.register(HostBuffer::from_bytes(&encode(values, dtype)?)?)
+        };
         let mut params = Vec::new();
+        let (mut low, mut wide, mut scaled) = (Vec::new(), Vec::new(), Vec::new());
         let (mut grad_slots, mut grads) = (Vec::new(), Vec::new());
         let (mut m, mut v) = (Vec::new(), Vec::new());
         for values in &layout.initial_values(config.seed) {
-            params.push(sched.register(HostBuffer::from_bytes(bytemuck::cast_slice(values))?)?);
-            let zeros = vec![0u8; values.len() * 4];
-            grad_slots.push(sched.create(zeros.len() as u64 * micro_batches)?);
-            grads.push(sched.create(zeros.len() as u64)?);
-            m.push(sched.register(HostBuffer::from_bytes(&zeros)?)?);
-            v.push(sched.register(HostBuffer::from_bytes(&zeros)?)?);
+            let elements = values.len() as u64;
+            params.push(register(values, DType::F32)?);
+            if dtype != DType::F32 {
+                low.push(register(values, dtype)?);
+                wide.push(sched.create(elements * 4 * micro_batches)?);
+            }
+            if config.precision.scales_loss() {
+                scaled.push(sched.create(elements * 4)?);
+            }
+            grad_slots.push(sched.create(elements * size * micro_batches)?);
+            grads.push(sched.create(elements * 4)?);
+            let zeros = vec![0.0f32; values.len()];
+            m.push(register(&zeros, DType::F32)?);
+            v.push(register(&zeros, DType::F32)?);
         }
+        let checks = if config.precision.scales_loss() {
+            Some(sched.create(buckets as u64 * 4)?)
+        } else {
+            None
+        };
         let scratch = model
             .scratch()
             .into_iter()
-            .map(|e| sched.create(e * 4))
+            .map(|(e, stored)| {
+                sched.create(match stored {
+                    Stored::Compute => e * size,
+                    Stored::F32 => e * 4,
+                })
+            })
             .collect::<Result<Vec<_>>>()?;
         let constants = model
             .constants()
             .iter()
-            .map(|c| sched.register(HostBuffer::from_bytes(bytemuck::cast_slice(c))?))
+            .map(|c| register(c, dtype))
             .collect::<Result<Vec<_>>>()?;
-        let ones = sched.register(HostBuffer::from_bytes(bytemuck::cast_slice(&vec![
-            1.0f32;
-            rows as usize
-        ]))?)?;
-        let dloss = sched.register(HostBuffer::from_bytes(bytemuck::cast_slice(&vec![
-            1.0f32 / (targets as f32);
-            rows as usize
-        ]))?)?;
-        let loss = sched.create(micro_batches * rows * 4)?;
+        let ones = register(&vec![1.0f32; rows as usize], dtype)?;
+        let dloss = register(
+            &vec![dloss_value(targets, config.initial_loss_scale()); rows as usize],
+            dtype,
+        )?;
+        let loss = sched.create(micro_batches * rows * size)?;
         Ok(Replica {
             device: device.clone(),
+            dtype,
             sched_index,
             params,
+            low,
+            wide,
+            scaled,
+            checks,
             grad_slots,
             grads,
             bucket_elements: layout.bucket_elements.clone(),
@@ -142,6 +194,7 @@ impl Replica {
             constants,
             ones,
             dloss,
+            targets,
             loss,
             recording: std::sync::Mutex::new(None),
             matmul_flops: std::sync::atomic::AtomicU64::new(0),
@@ -153,6 +206,10 @@ impl Replica {
     pub(crate) fn handles(&self) -> Vec<Handle> {
         self.params
             .iter()
+            .chain(&self.low)
+            .chain(&self.wide)
+            .chain(&self.scaled)
+            .chain(&self.checks)
             .chain(&self.grad_slots)
             .chain(&self.grads)
             .chain(&self.m)
@@ -164,41 +221,140 @@ impl Replica {
             .collect()
     }
 
-    /// The update of step `step`: per bucket, the micro-batches' gradient slots summed
-    /// in micro-batch order, then AdamW.
-    pub(crate) fn update(&self, sched: &dyn Exec, config: &TrainConfig, step: u64) -> Result<()> {
+    /// This replica's update of step `step` without loss scaling: per bucket, the micro-batches'
+    /// gradient slots summed in micro-batch order, then AdamW (and the compute copy of
+    /// the parameters cast from the masters).
+    fn update_unscaled(&self, sched: &dyn Exec, config: &TrainConfig, step: u64) -> Result<()> {
+        for b in 0..self.bucket_elements.len() {
+            self.sum_gradients(sched, config, b, None)?;
+            self.apply(sched, config, b, step)?;
+        }
+        Ok(())
+    }
+
+    /// Bucket `b`'s gradient slots summed in micro-batch order into its `f32`
+    /// gradients (widened first when they are not `f32`); with a loss `scale`, divided
+    /// by it and added up into the bucket's check.
+    pub(crate) fn sum_gradients(
+        &self,
+        sched: &dyn Exec,
+        config: &TrainConfig,
+        b: usize,
+        scale: Option<f32>,
+    ) -> Result<()> {
         let micro_batches = config.global_batch / config.micro_batch;
-        let step = u32::try_from(step)
-            .map_err(|_| Error::invalid("more than 2^32 steps: AdamW's step count is 32-bit"))?;
-        for (b, &elements) in self.bucket_elements.iter().enumerate() {
+        let elements = self.bucket_elements[b];
+        let slots = match self.wide.get(b) {
+            Some(&wide) => {
+                let cast = Builtin::Cast {
+                    from: self.dtype,
+                    to: DType::F32,
+                };
+                sched.builtin(&self.device, cast, &[self.grad_slots[b], wide])?;
+                wide
+            }
+            None => self.grad_slots[b],
+        };
+        let (sum, check) = match (scale, self.scaled.get(b), self.checks) {
+            (Some(scale), Some(&scaled), Some(checks)) => (scaled, Some((scale, checks))),
+            (None, ..) => (self.grads[b], None),
+            _ => {
+                return Err(Error::invalid(
+                    "internal error: a loss scale on a replica made without loss scaling",
+                ))
+            }
+        };
+        self.run(
+            sched,
+            "sum_micro_batches",
+            Op::Reduce {
+                x: view32(slots, 0, &[micro_batches, elements])?,
+                y: view32(sum, 0, &[1, elements])?,
+                op: xpu_hal::ops::ReduceOp::Sum,
+                axis: 0,
+            },
+        )?;
+        if let Some((scale, checks)) = check {
+            let unscale = Builtin::Scale {
+                alpha: Scalar::F32(1.0 / scale),
+            };
+            sched.builtin(&self.device, unscale, &[sum, self.grads[b]])?;
             self.run(
                 sched,
-                "sum_micro_batches",
+                "check_gradients",
                 Op::Reduce {
-                    x: view(self.grad_slots[b], 0, &[micro_batches, elements])?,
-                    y: view(self.grads[b], 0, &[1, elements])?,
+                    x: view32(self.grads[b], 0, &[1, elements])?,
+                    y: view32(checks, b as u64, &[1, 1])?,
                     op: xpu_hal::ops::ReduceOp::Sum,
-                    axis: 0,
-                },
-            )?;
-            self.run(
-                sched,
-                "adamw",
-                Op::AdamW {
-                    param: view(self.params[b], 0, &[elements])?,
-                    grad: view(self.grads[b], 0, &[elements])?,
-                    m: view(self.m[b], 0, &[elements])?,
-                    v: view(self.v[b], 0, &[elements])?,
-                    lr: config.lr,
-                    beta1: 0.9,
-                    beta2: 0.999,
-                    eps: 1e-8,
-                    weight_decay: config.weight_decay,
-                    step,
+                    axis: 1,
                 },
             )?;
         }
         Ok(())
+    }
+
+    /// Whether every bucket's summed gradients are finite, from the checks' bytes.
+    pub(crate) fn finite(checks: &[u8]) -> bool {
+        decode(checks, DType::F32).is_ok_and(|c| c.iter().all(|x| x.is_finite()))
+    }
+
+    /// AdamW on bucket `b` with the gradients summed, as update number `step`; then the
+    /// compute copy of its parameters cast from the masters.
+    pub(crate) fn apply(
+        &self,
+        sched: &dyn Exec,
+        config: &TrainConfig,
+        b: usize,
+        step: u64,
+    ) -> Result<()> {
+        let step = u32::try_from(step)
+            .map_err(|_| Error::invalid("more than 2^32 steps: AdamW's step count is 32-bit"))?;
+        let elements = self.bucket_elements[b];
+        self.run(
+            sched,
+            "adamw",
+            Op::AdamW {
+                param: view32(self.params[b], 0, &[elements])?,
+                grad: view32(self.grads[b], 0, &[elements])?,
+                m: view32(self.m[b], 0, &[elements])?,
+                v: view32(self.v[b], 0, &[elements])?,
+                lr: config.lr,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: config.weight_decay,
+                step,
+            },
+        )?;
+        self.refresh(sched, b)
+    }
+
+    /// Bucket `b`'s compute copy cast from its masters (nothing with `f32`).
+    pub(crate) fn refresh(&self, sched: &dyn Exec, b: usize) -> Result<()> {
+        if let Some(&low) = self.low.get(b) {
+            let cast = Builtin::Cast {
+                from: DType::F32,
+                to: self.dtype,
+            };
+            sched.builtin(&self.device, cast, &[self.params[b], low])?;
+        }
+        Ok(())
+    }
+
+    /// Sets the loss gradient for the loss scale `scale`.
+    pub(crate) fn set_loss_scale(&self, sched: &dyn Exec, scale: f32) -> Result<()> {
+        let value = Scalar::from_f64(self.dtype, f64::from(dloss_value(self.targets, scale)));
+        sched.builtin(&self.device, Builtin::Fill { value }, &[self.dloss])
+    }
+
+    /// Values of the compute dtype, as `f32`.
+    pub(crate) fn decode(&self, bytes: &[u8]) -> Result<Vec<f32>> {
+        decode(bytes, self.dtype)
+    }
+
+    /// A dense tensor of the compute dtype and `dims` at element `offset` of `handle`.
+    pub(crate) fn view(&self, handle: Handle, offset: u64, dims: &[u64]) -> Result<TensorRef> {
+        dense(handle, self.dtype, offset, dims)
     }
 
     /// Runs `op` on this replica's device (or the one it falls back to for the
@@ -225,15 +381,19 @@ impl Replica {
         Ok(())
     }
 
-    /// Parameter `slot`.
+    /// Parameter `slot`, in the compute dtype.
     pub(crate) fn param(&self, slot: &Slot) -> Result<TensorRef> {
-        slot.of(&self.params)
+        if self.low.is_empty() {
+            slot.of(&self.params, self.dtype)
+        } else {
+            slot.of(&self.low, self.dtype)
+        }
     }
 
-    /// The gradient of parameter `slot` from micro-batch `mb`.
+    /// The gradient of parameter `slot` from micro-batch `mb`, in the compute dtype.
     pub(crate) fn grad(&self, slot: &Slot, mb: &MicroBatch) -> Result<TensorRef> {
-        let mut t = slot.of(&self.grad_slots)?;
-        t.offset += mb.index * self.bucket_elements[slot.bucket] * 4;
+        let mut t = slot.of(&self.grad_slots, self.dtype)?;
+        t.offset += mb.index * self.bucket_elements[slot.bucket] * self.dtype.size() as u64;
         Ok(t)
     }
 
@@ -305,12 +465,12 @@ impl Replica {
             sched,
             &format!("{name}.db"),
             Op::Matmul {
-                a: whole(self.ones, DType::F32, &[1, rows])?,
+                a: whole(self.ones, self.dtype, &[1, rows])?,
                 b: dy.clone(),
                 c: TensorRef::strided(
                     db.handle,
                     db.offset,
-                    Layout::contiguous(DType::F32, &[1, out])?,
+                    Layout::contiguous(self.dtype, &[1, out])?,
                 ),
                 trans_a: false,
                 trans_b: false,
@@ -335,4 +495,54 @@ impl Replica {
         }
         Ok(())
     }
+}
+
+/// The update after step `step`'s backward passes, on every replica: the gradient
+/// slots summed, then AdamW. With a loss scale the sums are divided by it and checked
+/// first; when any is infinite or NaN no replica updates, and the scale is halved.
+/// Returns whether the update was skipped.
+pub(crate) fn update(
+    replicas: &[&Replica],
+    exec: &dyn Exec,
+    config: &TrainConfig,
+    step: u64,
+    loss_scale: &mut Option<LossScale>,
+) -> Result<bool> {
+    let Some(scale) = loss_scale else {
+        for r in replicas {
+            r.update_unscaled(exec, config, step)?;
+        }
+        return Ok(false);
+    };
+    for r in replicas {
+        for b in 0..r.bucket_elements.len() {
+            r.sum_gradients(exec, config, b, Some(scale.scale))?;
+        }
+    }
+    let mut finite = true;
+    for r in replicas {
+        if let Some(checks) = r.checks {
+            finite &= Replica::finite(&exec.read(checks)?);
+        }
+    }
+    if finite {
+        // AdamW counts the updates applied.
+        let applied = step - scale.skipped;
+        for r in replicas {
+            for b in 0..r.bucket_elements.len() {
+                r.apply(exec, config, b, applied)?;
+            }
+        }
+    }
+    if scale.observe(finite) {
+        for r in replicas {
+            r.set_loss_scale(exec, scale.scale)?;
+        }
+    }
+    Ok(!finite)
+}
+
+/// The gradient of each labelled row's loss: `scale / targets`.
+fn dloss_value(targets: u64, scale: f32) -> f32 {
+    scale / (targets as f32)
 }

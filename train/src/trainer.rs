@@ -36,6 +36,7 @@ use crate::checkpoint::Checkpoint;
 use crate::data::{Dataset, ModularAddition, Reverse};
 use crate::mlp::{Mlp, MlpShape};
 use crate::model::{MicroBatch, Model};
+use crate::precision::{LossScale, Precision};
 use crate::replica::Replica;
 use crate::split;
 use crate::transformer::{Transformer, TransformerShape};
@@ -86,6 +87,11 @@ pub struct TrainConfig {
     /// moves the data) instead of refusing the device.
     #[serde(default)]
     pub allow_fallback: bool,
+    /// What parameters, activations and gradients are stored and multiplied in
+    /// ([`Precision`]); the masters, the moments and the accumulation over the batch
+    /// are `f32` in every case.
+    #[serde(default)]
+    pub precision: Precision,
 }
 
 impl Default for TrainConfig {
@@ -105,6 +111,7 @@ impl Default for TrainConfig {
             layers: 2,
             rebalance_every: 10,
             allow_fallback: false,
+            precision: Precision::F32,
         }
     }
 }
@@ -119,6 +126,15 @@ impl TrainConfig {
             micro_batch: 8,
             width: 64,
             ..TrainConfig::default()
+        }
+    }
+
+    /// The loss scale a run starts with: 1 unless the precision scales the loss.
+    pub(crate) fn initial_loss_scale(&self) -> f32 {
+        if self.precision.scales_loss() {
+            LossScale::default().scale
+        } else {
+            1.0
         }
     }
 
@@ -170,20 +186,32 @@ impl TrainConfig {
     }
 }
 
-/// The first standard operation the model needs that `device` does not provide.
-fn missing_op(model: &dyn Model, device: &Device) -> Option<xpu_hal::ops::OpKind> {
-    missing_ops(model, device).first().copied()
+/// The first standard operation the model needs on `dtype` that `device` does not
+/// provide.
+fn missing_op(model: &dyn Model, device: &Device, dtype: DType) -> Option<xpu_hal::ops::OpKind> {
+    missing_ops(model, device, dtype).first().copied()
 }
 
-/// The standard operations the model needs that `device` does not provide.
-fn missing_ops(model: &dyn Model, device: &Device) -> Vec<xpu_hal::ops::OpKind> {
+/// The standard operations the model needs on `dtype` that `device` does not provide
+/// (the update's reduction and AdamW run on `f32`).
+fn missing_ops(model: &dyn Model, device: &Device, dtype: DType) -> Vec<xpu_hal::ops::OpKind> {
     let caps = device.capabilities();
+    let on = |k: xpu_hal::ops::OpKind| match k {
+        xpu_hal::ops::OpKind::AdamW | xpu_hal::ops::OpKind::Reduce => DType::F32,
+        _ => dtype,
+    };
     model
         .ops()
         .iter()
         .copied()
-        .filter(|k| !caps.supports_op(*k, DType::F32))
-        .collect()
+        .chain([xpu_hal::ops::OpKind::Reduce])
+        .filter(|k| !caps.supports_op(*k, on(*k)))
+        .fold(Vec::new(), |mut out, k| {
+            if !out.contains(&k) {
+                out.push(k);
+            }
+            out
+        })
 }
 
 /// For each device, where each operation it lacks runs instead: the first device of
@@ -192,26 +220,27 @@ fn fallbacks(
     model: &dyn Model,
     devices: &[Device],
     allow: bool,
+    dtype: DType,
 ) -> Result<Vec<Vec<(xpu_hal::ops::OpKind, Device)>>> {
     devices
         .iter()
         .map(|d| {
-            missing_ops(model, d)
+            missing_ops(model, d, dtype)
                 .into_iter()
                 .map(|op| {
                     if !allow {
                         return Err(Error::unsupported(format!(
-                            "{} does not provide the standard operation {op} on f32, which the model needs; choose other devices (`xpu devices` lists what each provides), or let another device of the group run it with --allow-fallback",
+                            "{} does not provide the standard operation {op} on {dtype}, which the model needs; choose other devices (`xpu devices` lists what each provides), another --dtype, or let another device of the group run it with --allow-fallback",
                             d.id()
                         )));
                     }
                     devices
                         .iter()
-                        .find(|o| o.capabilities().supports_op(op, DType::F32))
+                        .find(|o| missing_ops(model, o, dtype).iter().all(|k| *k != op))
                         .map(|o| (op, o.clone()))
                         .ok_or_else(|| {
                             Error::unsupported(format!(
-                                "{} does not provide the standard operation {op} on f32 and no device of the group does; add one that does (`xpu devices` lists what each provides)",
+                                "{} does not provide the standard operation {op} on {dtype} and no device of the group does; add one that does (`xpu devices` lists what each provides)",
                                 d.id()
                             ))
                         })
@@ -228,7 +257,7 @@ pub fn unsupported_op(
     device: &Device,
 ) -> Result<Option<xpu_hal::ops::OpKind>> {
     let (model, _) = model_of(config)?;
-    Ok(missing_op(model.as_ref(), device))
+    Ok(missing_op(model.as_ref(), device, config.precision.dtype()))
 }
 
 /// Input tokens of one global batch of `config` drawn from `data`.
@@ -298,6 +327,11 @@ pub struct StepReport {
     /// Devices the rebalancing after this step found slower than at the one before,
     /// against the others: each with how much, and its new share.
     pub stragglers: Vec<String>,
+    /// With loss scaling: the scale the step's gradients were computed with.
+    pub loss_scale: Option<f32>,
+    /// Whether the update was skipped (with loss scaling, the gradients overflowed;
+    /// the scale is halved for the next step).
+    pub skipped: bool,
 }
 
 /// Data-parallel training of one model over a set of devices.
@@ -316,6 +350,8 @@ pub struct Trainer {
     tokens_per_step: u64,
     /// Each device's predicted time of a micro-batch at the last rebalancing.
     predicted: Vec<(String, f64)>,
+    /// With `f16`, the dynamic loss scale.
+    loss_scale: Option<LossScale>,
 }
 
 impl Trainer {
@@ -327,7 +363,13 @@ impl Trainer {
             return Err(Error::invalid("no device to train on; select at least one"));
         }
         let (model, data) = model_of(&config)?;
-        let mut fallback = fallbacks(model.as_ref(), devices, config.allow_fallback)?.into_iter();
+        let mut fallback = fallbacks(
+            model.as_ref(),
+            devices,
+            config.allow_fallback,
+            config.precision.dtype(),
+        )?
+        .into_iter();
         // The devices' speeds are learned afresh in every run (the first steps
         // calibrate them): a speed from an earlier run, under other load or an
         // injected fault, would misplace the first steps and could leave a device
@@ -362,6 +404,7 @@ impl Trainer {
         }
         let shares = split::proportional(micro_batches, &vec![None; devices.len()]);
         let tokens_per_step = tokens_per_step(data.as_ref(), &config);
+        let config_scales = config.precision.scales_loss();
         Ok(Trainer {
             data,
             config,
@@ -374,6 +417,7 @@ impl Trainer {
             step: 0,
             tokens_per_step,
             predicted: Vec::new(),
+            loss_scale: config_scales.then(LossScale::default),
         })
     }
 
@@ -442,8 +486,9 @@ impl Trainer {
         let ranges = split::ranges(&shares);
         let first_example = self.step * self.config.global_batch;
         // Zero the gradient slots.
+        let dtype = self.config.precision.dtype();
         let zero = Codelet::from_builtin(Builtin::Fill {
-            value: Scalar::F32(0.0),
+            value: Scalar::from_f64(dtype, 0.0),
         });
         for r in &self.replicas {
             for g in &r.grad_slots {
@@ -510,8 +555,7 @@ impl Trainer {
                     if let Some(comm) = &self.comm {
                         let slots: Vec<_> =
                             self.replicas.iter().map(|r| r.grad_slots[bucket]).collect();
-                        self.sched
-                            .all_reduce(comm, &slots, DType::F32, ReduceOp::Sum)?;
+                        self.sched.all_reduce(comm, &slots, dtype, ReduceOp::Sum)?;
                     }
                 }
             }
@@ -519,9 +563,8 @@ impl Trainer {
         // The micro-batches' gradients summed in micro-batch order, and the update, on
         // every replica.
         let step = self.step + 1;
-        for r in &self.replicas {
-            r.update(&self.sched, &self.config, step)?;
-        }
+        let loss_scale = self.loss_scale.map(|s| s.scale);
+        let skipped = self.update(step)?;
         // The losses, in example order.
         let rows = self.model.loss_rows();
         let mut sum = 0.0f64;
@@ -529,8 +572,7 @@ impl Trainer {
             if share == 0 {
                 continue;
             }
-            let bytes = self.sched.read(r.loss)?;
-            let losses: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+            let losses = r.decode(&self.sched.read(r.loss)?)?;
             for l in &losses[..(share * rows) as usize] {
                 sum += f64::from(*l);
             }
@@ -567,7 +609,26 @@ impl Trainer {
             tokens: self.tokens_per_step,
             matmul_flops: self.matmul_flops().saturating_sub(flops_before),
             stragglers,
+            loss_scale,
+            skipped,
         })
+    }
+
+    /// The update after step `step`'s backward passes (see [`crate::replica::update`]).
+    fn update(&mut self, step: u64) -> Result<bool> {
+        let replicas: Vec<&Replica> = self.replicas.iter().collect();
+        crate::replica::update(
+            &replicas,
+            &self.sched,
+            &self.config,
+            step,
+            &mut self.loss_scale,
+        )
+    }
+
+    /// The dynamic loss scale (with `f16`).
+    pub fn loss_scale(&self) -> Option<LossScale> {
+        self.loss_scale
     }
 
     /// Floating-point operations of the matrix products submitted on every replica so
@@ -594,6 +655,7 @@ impl Trainer {
             shares: self.shares.clone(),
             params: Checkpoint::entries(self.model.layout()),
             buckets,
+            loss_scale: self.loss_scale,
         })
     }
 
@@ -660,6 +722,19 @@ impl Trainer {
                     let old = std::mem::replace(handle, new);
                     self.sched.unregister(old)?;
                 }
+            }
+        }
+        // The compute copies from the masters; an `f16` run goes on with the
+        // checkpoint's loss scale (a fresh one when it was saved by another precision).
+        if let Some(scale) = &mut self.loss_scale {
+            *scale = c.loss_scale.unwrap_or_default();
+        }
+        for r in &self.replicas {
+            for b in 0..r.params.len() {
+                r.refresh(&self.sched, b)?;
+            }
+            if let Some(scale) = self.loss_scale {
+                r.set_loss_scale(&self.sched, scale.scale)?;
             }
         }
         self.step = c.step;
@@ -855,7 +930,7 @@ impl Trainer {
                 loss_offset: 0,
             };
             self.model.forward(&self.sched, r, &mb)?;
-            let values: Vec<f32> = bytemuck::pod_collect_to_vec(&self.sched.read(logits)?);
+            let values = r.decode(&self.sched.read(logits)?)?;
             let take = (examples - done).min(n);
             for (row, label) in ex
                 .labels

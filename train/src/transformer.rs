@@ -12,14 +12,14 @@
 //! projection, then the blocks from the last to the first, then the embeddings.
 
 use xpu_hal::ops::{Layout, Op, OpKind};
-use xpu_hal::{DType, Error, Result};
-use xpu_scheduler::{Handle, TensorRef};
+use xpu_hal::{BinaryOp, DType, Error, Result};
+use xpu_scheduler::{Builtin, Handle, TensorRef};
 
 use crate::exec::Exec;
 
-use crate::model::{MicroBatch, Model};
+use crate::model::{MicroBatch, Model, Stored};
 use crate::params::{Init, ParamLayout, ParamSpec, Slot};
-use crate::replica::{view, whole, Replica};
+use crate::replica::{view32, whole, Replica};
 
 /// The transformer's sizes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -212,7 +212,7 @@ impl Transformer {
 
     /// `[B, T, dh]` view of head `h`'s part `part` (0 queries, 1 keys, 2 values) of the
     /// fused `[R, 3d]` buffer `qkv`.
-    fn head_of_qkv(&self, qkv: Handle, part: u64, h: u64) -> Result<TensorRef> {
+    fn head_of_qkv(&self, r: &Replica, qkv: Handle, part: u64, h: u64) -> Result<TensorRef> {
         let TransformerShape {
             context: t,
             width: d,
@@ -223,13 +223,13 @@ impl Transformer {
         let dh = d / heads;
         Ok(TensorRef::strided(
             qkv,
-            (part * d + h * dh) * 4,
-            Layout::strided(DType::F32, &[b, t, dh], &[t * 3 * d, 3 * d, 1])?,
+            (part * d + h * dh) * r.dtype.size() as u64,
+            Layout::strided(r.dtype, &[b, t, dh], &[t * 3 * d, 3 * d, 1])?,
         ))
     }
 
     /// `[B, T, dh]` view of head `h`'s columns of an `[R, d]` buffer.
-    fn head_of(&self, buf: Handle, h: u64) -> Result<TensorRef> {
+    fn head_of(&self, r: &Replica, buf: Handle, h: u64) -> Result<TensorRef> {
         let TransformerShape {
             context: t,
             width: d,
@@ -240,23 +240,27 @@ impl Transformer {
         let dh = d / heads;
         Ok(TensorRef::strided(
             buf,
-            h * dh * 4,
-            Layout::strided(DType::F32, &[b, t, dh], &[t * d, d, 1])?,
+            h * dh * r.dtype.size() as u64,
+            Layout::strided(r.dtype, &[b, t, dh], &[t * d, d, 1])?,
         ))
     }
 
     /// `[B, T, T]` scores of head `h` in a `[H·B, T, T]` buffer.
-    fn scores_of(&self, buf: Handle, h: u64) -> Result<TensorRef> {
+    fn scores_of(&self, r: &Replica, buf: Handle, h: u64) -> Result<TensorRef> {
         let TransformerShape {
             context: t,
             micro_batch: b,
             ..
         } = self.shape;
-        view(buf, h * b * t * t, &[b, t, t])
+        r.view(buf, h * b * t * t, &[b, t, t])
     }
 
     fn add(&self, sched: &dyn Exec, r: &Replica, a: Handle, b: Handle, out: Handle) -> Result<()> {
-        sched.add(&r.device, a, b, out)
+        let add = Builtin::Binary {
+            op: BinaryOp::Sum,
+            dtype: r.dtype,
+        };
+        sched.builtin(&r.device, add, &[a, b, out])
     }
 
     /// `y = layer_norm(x)·gamma + beta`, keeping the row statistics.
@@ -278,12 +282,12 @@ impl Transformer {
             sched,
             name,
             Op::LayerNorm {
-                x: view(x, 0, &[rows, d])?,
+                x: r.view(x, 0, &[rows, d])?,
                 gamma: r.param(gamma)?,
                 beta: r.param(beta)?,
-                y: view(y, 0, &[rows, d])?,
-                mean: view(mean, 0, &[rows])?,
-                rstd: view(rstd, 0, &[rows])?,
+                y: r.view(y, 0, &[rows, d])?,
+                mean: view32(mean, 0, &[rows])?,
+                rstd: view32(rstd, 0, &[rows])?,
                 eps: 1e-5,
             },
         )
@@ -312,26 +316,25 @@ impl Transformer {
             sched,
             name,
             Op::LayerNormBackward {
-                x: view(x, 0, &[rows, d])?,
+                x: r.view(x, 0, &[rows, d])?,
                 gamma: r.param(gamma)?,
-                mean: view(mean, 0, &[rows])?,
-                rstd: view(rstd, 0, &[rows])?,
-                dy: view(dy, 0, &[rows, d])?,
-                dx: view(dx, 0, &[rows, d])?,
-                dgamma: view(dg, 0, &[d])?,
-                dbeta: view(db, 0, &[d])?,
+                mean: view32(mean, 0, &[rows])?,
+                rstd: view32(rstd, 0, &[rows])?,
+                dy: r.view(dy, 0, &[rows, d])?,
+                dx: r.view(dx, 0, &[rows, d])?,
+                dgamma: r.view(dg, 0, &[d])?,
+                dbeta: r.view(db, 0, &[d])?,
             },
         )?;
         for (slot, part) in [(gamma, dg), (beta, db)] {
             let g = r.grad(slot, mb)?;
-            let row =
-                TensorRef::strided(g.handle, g.offset, Layout::contiguous(DType::F32, &[1, d])?);
+            let row = TensorRef::strided(g.handle, g.offset, Layout::contiguous(r.dtype, &[1, d])?);
             r.run(
                 sched,
                 &format!("{name}.accumulate"),
                 Op::BiasAdd {
                     x: row.clone(),
-                    bias: view(part, 0, &[d])?,
+                    bias: r.view(part, 0, &[d])?,
                     y: row,
                 },
             )?;
@@ -366,10 +369,10 @@ impl Transformer {
         r.linear(
             sched,
             "tf.qkv",
-            view(a(LN1), 0, &[rows, d])?,
+            r.view(a(LN1), 0, &[rows, d])?,
             &p[2],
             &p[3],
-            view(a(QKV), 0, &[rows, 3 * d])?,
+            r.view(a(QKV), 0, &[rows, 3 * d])?,
         )?;
         let scale = 1.0 / ((d / heads) as f32).sqrt();
         for h in 0..heads {
@@ -377,9 +380,9 @@ impl Transformer {
                 sched,
                 "tf.scores",
                 Op::Matmul {
-                    a: self.head_of_qkv(a(QKV), 0, h)?,
-                    b: self.head_of_qkv(a(QKV), 1, h)?,
-                    c: self.scores_of(scores, h)?,
+                    a: self.head_of_qkv(r, a(QKV), 0, h)?,
+                    b: self.head_of_qkv(r, a(QKV), 1, h)?,
+                    c: self.scores_of(r, scores, h)?,
                     trans_a: false,
                     trans_b: true,
                     alpha: scale,
@@ -387,13 +390,13 @@ impl Transformer {
                 },
             )?;
         }
-        let masked = view(scores, 0, &[heads * b, t * t])?;
+        let masked = r.view(scores, 0, &[heads * b, t * t])?;
         r.run(
             sched,
             "tf.mask",
             Op::BiasAdd {
                 x: masked.clone(),
-                bias: whole(r.constants[0], DType::F32, &[t * t])?,
+                bias: whole(r.constants[0], r.dtype, &[t * t])?,
                 y: masked,
             },
         )?;
@@ -401,8 +404,8 @@ impl Transformer {
             sched,
             "tf.softmax",
             Op::Softmax {
-                x: view(scores, 0, &[heads * b * t, t])?,
-                y: view(a(PROBS), 0, &[heads * b * t, t])?,
+                x: r.view(scores, 0, &[heads * b * t, t])?,
+                y: r.view(a(PROBS), 0, &[heads * b * t, t])?,
             },
         )?;
         for h in 0..heads {
@@ -410,9 +413,9 @@ impl Transformer {
                 sched,
                 "tf.attend",
                 Op::Matmul {
-                    a: self.scores_of(a(PROBS), h)?,
-                    b: self.head_of_qkv(a(QKV), 2, h)?,
-                    c: self.head_of(a(ATTN), h)?,
+                    a: self.scores_of(r, a(PROBS), h)?,
+                    b: self.head_of_qkv(r, a(QKV), 2, h)?,
+                    c: self.head_of(r, a(ATTN), h)?,
                     trans_a: false,
                     trans_b: false,
                     alpha: 1.0,
@@ -424,10 +427,10 @@ impl Transformer {
         r.linear(
             sched,
             "tf.proj",
-            view(a(ATTN), 0, &[rows, d])?,
+            r.view(a(ATTN), 0, &[rows, d])?,
             &p[4],
             &p[5],
-            view(tmp, 0, &[rows, d])?,
+            r.view(tmp, 0, &[rows, d])?,
         )?;
         self.add(sched, r, x, tmp, a(MID))?;
         self.norm(
@@ -444,26 +447,26 @@ impl Transformer {
         r.linear(
             sched,
             "tf.ff1",
-            view(a(LN2), 0, &[rows, d])?,
+            r.view(a(LN2), 0, &[rows, d])?,
             &p[8],
             &p[9],
-            view(a(FF), 0, &[rows, 4 * d])?,
+            r.view(a(FF), 0, &[rows, 4 * d])?,
         )?;
         r.run(
             sched,
             "tf.gelu",
             Op::Gelu {
-                x: view(a(FF), 0, &[rows, 4 * d])?,
-                y: view(a(FF_ACT), 0, &[rows, 4 * d])?,
+                x: r.view(a(FF), 0, &[rows, 4 * d])?,
+                y: r.view(a(FF_ACT), 0, &[rows, 4 * d])?,
             },
         )?;
         r.linear(
             sched,
             "tf.ff2",
-            view(a(FF_ACT), 0, &[rows, 4 * d])?,
+            r.view(a(FF_ACT), 0, &[rows, 4 * d])?,
             &p[10],
             &p[11],
-            view(tmp, 0, &[rows, d])?,
+            r.view(tmp, 0, &[rows, d])?,
         )?;
         self.add(sched, r, a(MID), tmp, a(OUT))
     }
@@ -488,30 +491,30 @@ impl Transformer {
             sched,
             mb,
             "tf.ff2.backward",
-            view(a(FF_ACT), 0, &[rows, 4 * d])?,
+            r.view(a(FF_ACT), 0, &[rows, 4 * d])?,
             &p[10],
             &p[11],
-            view(s(DX), 0, &[rows, d])?,
-            Some(view(s(DFF), 0, &[rows, 4 * d])?),
+            r.view(s(DX), 0, &[rows, d])?,
+            Some(r.view(s(DFF), 0, &[rows, 4 * d])?),
         )?;
         r.run(
             sched,
             "tf.gelu.backward",
             Op::GeluBackward {
-                x: view(a(FF), 0, &[rows, 4 * d])?,
-                dy: view(s(DFF), 0, &[rows, 4 * d])?,
-                dx: view(s(DFF), 0, &[rows, 4 * d])?,
+                x: r.view(a(FF), 0, &[rows, 4 * d])?,
+                dy: r.view(s(DFF), 0, &[rows, 4 * d])?,
+                dx: r.view(s(DFF), 0, &[rows, 4 * d])?,
             },
         )?;
         r.linear_backward(
             sched,
             mb,
             "tf.ff1.backward",
-            view(a(LN2), 0, &[rows, d])?,
+            r.view(a(LN2), 0, &[rows, d])?,
             &p[8],
             &p[9],
-            view(s(DFF), 0, &[rows, 4 * d])?,
-            Some(view(s(DTMP), 0, &[rows, d])?),
+            r.view(s(DFF), 0, &[rows, 4 * d])?,
+            Some(r.view(s(DTMP), 0, &[rows, d])?),
         )?;
         self.norm_backward(
             sched,
@@ -533,11 +536,11 @@ impl Transformer {
             sched,
             mb,
             "tf.proj.backward",
-            view(a(ATTN), 0, &[rows, d])?,
+            r.view(a(ATTN), 0, &[rows, d])?,
             &p[4],
             &p[5],
-            view(s(DMID), 0, &[rows, d])?,
-            Some(view(s(DATTN), 0, &[rows, d])?),
+            r.view(s(DMID), 0, &[rows, d])?,
+            Some(r.view(s(DATTN), 0, &[rows, d])?),
         )?;
         let dqkv = s(DQKV);
         for h in 0..heads {
@@ -545,9 +548,9 @@ impl Transformer {
                 sched,
                 "tf.attend.dprobs",
                 Op::Matmul {
-                    a: self.head_of(s(DATTN), h)?,
-                    b: self.head_of_qkv(a(QKV), 2, h)?,
-                    c: self.scores_of(s(DPROBS), h)?,
+                    a: self.head_of(r, s(DATTN), h)?,
+                    b: self.head_of_qkv(r, a(QKV), 2, h)?,
+                    c: self.scores_of(r, s(DPROBS), h)?,
                     trans_a: false,
                     trans_b: true,
                     alpha: 1.0,
@@ -558,9 +561,9 @@ impl Transformer {
                 sched,
                 "tf.attend.dv",
                 Op::Matmul {
-                    a: self.scores_of(a(PROBS), h)?,
-                    b: self.head_of(s(DATTN), h)?,
-                    c: self.head_of_qkv(dqkv, 2, h)?,
+                    a: self.scores_of(r, a(PROBS), h)?,
+                    b: self.head_of(r, s(DATTN), h)?,
+                    c: self.head_of_qkv(r, dqkv, 2, h)?,
                     trans_a: true,
                     trans_b: false,
                     alpha: 1.0,
@@ -572,9 +575,9 @@ impl Transformer {
             sched,
             "tf.softmax.backward",
             Op::SoftmaxBackward {
-                y: view(a(PROBS), 0, &[heads * b * t, t])?,
-                dy: view(s(DPROBS), 0, &[heads * b * t, t])?,
-                dx: view(s(DSCORES), 0, &[heads * b * t, t])?,
+                y: r.view(a(PROBS), 0, &[heads * b * t, t])?,
+                dy: r.view(s(DPROBS), 0, &[heads * b * t, t])?,
+                dx: r.view(s(DSCORES), 0, &[heads * b * t, t])?,
             },
         )?;
         let scale = 1.0 / ((d / heads) as f32).sqrt();
@@ -583,9 +586,9 @@ impl Transformer {
                 sched,
                 "tf.scores.dq",
                 Op::Matmul {
-                    a: self.scores_of(s(DSCORES), h)?,
-                    b: self.head_of_qkv(a(QKV), 1, h)?,
-                    c: self.head_of_qkv(dqkv, 0, h)?,
+                    a: self.scores_of(r, s(DSCORES), h)?,
+                    b: self.head_of_qkv(r, a(QKV), 1, h)?,
+                    c: self.head_of_qkv(r, dqkv, 0, h)?,
                     trans_a: false,
                     trans_b: false,
                     alpha: scale,
@@ -596,9 +599,9 @@ impl Transformer {
                 sched,
                 "tf.scores.dk",
                 Op::Matmul {
-                    a: self.scores_of(s(DSCORES), h)?,
-                    b: self.head_of_qkv(a(QKV), 0, h)?,
-                    c: self.head_of_qkv(dqkv, 1, h)?,
+                    a: self.scores_of(r, s(DSCORES), h)?,
+                    b: self.head_of_qkv(r, a(QKV), 0, h)?,
+                    c: self.head_of_qkv(r, dqkv, 1, h)?,
                     trans_a: true,
                     trans_b: false,
                     alpha: scale,
@@ -610,11 +613,11 @@ impl Transformer {
             sched,
             mb,
             "tf.qkv.backward",
-            view(a(LN1), 0, &[rows, d])?,
+            r.view(a(LN1), 0, &[rows, d])?,
             &p[2],
             &p[3],
-            view(dqkv, 0, &[rows, 3 * d])?,
-            Some(view(s(DTMP), 0, &[rows, d])?),
+            r.view(dqkv, 0, &[rows, 3 * d])?,
+            Some(r.view(s(DTMP), 0, &[rows, d])?),
         )?;
         self.norm_backward(
             sched,
@@ -661,7 +664,7 @@ impl Model for Transformer {
         vec![self.mask.clone()]
     }
 
-    fn scratch(&self) -> Vec<u64> {
+    fn scratch(&self) -> Vec<(u64, Stored)> {
         let TransformerShape {
             vocab: v,
             context: t,
@@ -710,7 +713,29 @@ impl Model for Transformer {
             r * d,
         ]);
         debug_assert_eq!(sizes.len(), layers as usize * PER_LAYER + SHARED);
+        // Layer norm's row statistics are `f32` whatever the compute dtype.
+        let shared = layers as usize * PER_LAYER;
+        let stats = |i: usize| {
+            if i < shared {
+                matches!(i % PER_LAYER, LN1_MEAN | LN1_RSTD | LN2_MEAN | LN2_RSTD)
+            } else {
+                matches!(i - shared, LNF_MEAN | LNF_RSTD)
+            }
+        };
         sizes
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| {
+                (
+                    e,
+                    if stats(i) {
+                        Stored::F32
+                    } else {
+                        Stored::Compute
+                    },
+                )
+            })
+            .collect()
     }
 
     fn loss_rows(&self) -> u64 {
@@ -734,11 +759,11 @@ impl Model for Transformer {
             Op::Gather {
                 table: r.param(&self.embed[0])?,
                 indices: whole(mb.tokens, DType::I32, &[rows])?,
-                out: view(x0, 0, &[rows, d])?,
+                out: r.view(x0, 0, &[rows, d])?,
             },
         )?;
         let pos = r.param(&self.embed[1])?;
-        let seqs = view(x0, 0, &[b, t * d])?;
+        let seqs = r.view(x0, 0, &[b, t * d])?;
         r.run(
             sched,
             "tf.embed.pos",
@@ -747,7 +772,7 @@ impl Model for Transformer {
                 bias: TensorRef::strided(
                     pos.handle,
                     pos.offset,
-                    Layout::contiguous(DType::F32, &[t * d])?,
+                    Layout::contiguous(r.dtype, &[t * d])?,
                 ),
                 y: seqs,
             },
@@ -771,18 +796,18 @@ impl Model for Transformer {
         r.linear(
             sched,
             "tf.head",
-            view(s(LNF), 0, &[rows, d])?,
+            r.view(s(LNF), 0, &[rows, d])?,
             w,
             bias,
-            view(s(LOGITS), 0, &[rows, v])?,
+            r.view(s(LOGITS), 0, &[rows, v])?,
         )?;
         r.run(
             sched,
             "tf.loss",
             Op::CrossEntropy {
-                logits: view(s(LOGITS), 0, &[rows, v])?,
+                logits: r.view(s(LOGITS), 0, &[rows, v])?,
                 labels: whole(mb.labels, DType::I32, &[rows])?,
-                loss: view(r.loss, mb.loss_offset, &[rows])?,
+                loss: r.view(r.loss, mb.loss_offset, &[rows])?,
             },
         )
     }
@@ -810,21 +835,21 @@ impl Model for Transformer {
                 sched,
                 "tf.loss.backward",
                 Op::CrossEntropyBackward {
-                    logits: view(s(LOGITS), 0, &[rows, v])?,
+                    logits: r.view(s(LOGITS), 0, &[rows, v])?,
                     labels: whole(mb.labels, DType::I32, &[rows])?,
-                    dloss: whole(r.dloss, DType::F32, &[rows])?,
-                    dlogits: view(s(DLOGITS), 0, &[rows, v])?,
+                    dloss: whole(r.dloss, r.dtype, &[rows])?,
+                    dlogits: r.view(s(DLOGITS), 0, &[rows, v])?,
                 },
             )?;
             r.linear_backward(
                 sched,
                 mb,
                 "tf.head.backward",
-                view(s(LNF), 0, &[rows, d])?,
+                r.view(s(LNF), 0, &[rows, d])?,
                 w,
                 bias,
-                view(s(DLOGITS), 0, &[rows, v])?,
-                Some(view(s(DTMP), 0, &[rows, d])?),
+                r.view(s(DLOGITS), 0, &[rows, v])?,
+                Some(r.view(s(DTMP), 0, &[rows, d])?),
             )?;
             return self.norm_backward(
                 sched,
@@ -849,7 +874,7 @@ impl Model for Transformer {
             sched,
             "tf.embed.backward",
             Op::ScatterAdd {
-                src: view(s(DX), 0, &[rows, d])?,
+                src: r.view(s(DX), 0, &[rows, d])?,
                 indices: whole(mb.tokens, DType::I32, &[rows])?,
                 table: r.grad(&self.embed[0], mb)?,
             },
@@ -859,12 +884,12 @@ impl Model for Transformer {
             sched,
             "tf.embed.pos.backward",
             Op::Matmul {
-                a: whole(r.ones, DType::F32, &[1, b])?,
-                b: view(s(DX), 0, &[b, t * d])?,
+                a: whole(r.ones, r.dtype, &[1, b])?,
+                b: r.view(s(DX), 0, &[b, t * d])?,
                 c: TensorRef::strided(
                     dpos.handle,
                     dpos.offset,
-                    Layout::contiguous(DType::F32, &[1, t * d])?,
+                    Layout::contiguous(r.dtype, &[1, t * d])?,
                 ),
                 trans_a: false,
                 trans_b: false,
