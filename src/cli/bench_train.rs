@@ -30,6 +30,9 @@ pub struct BenchTrainArgs {
     /// The model: `transformer` or `mlp`.
     #[arg(long, default_value = "transformer")]
     pub model: String,
+    /// The dtype every path trains in (see `xpu train --dtype`).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: crate::cli::train::Dtype,
     /// Steps per round and path.
     #[arg(long, default_value_t = 10)]
     pub steps: u64,
@@ -168,7 +171,7 @@ fn throttle(
 
 /// Runs `xpu bench train`.
 pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
-    let config = match args.model.as_str() {
+    let base = match args.model.as_str() {
         "transformer" => TrainConfig::transformer(),
         "mlp" => TrainConfig::default(),
         other => {
@@ -176,6 +179,10 @@ pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
                 "--model {other}: choose transformer or mlp"
             )))
         }
+    };
+    let config = TrainConfig {
+        precision: args.dtype.precision(),
+        ..base
     };
     if args.steps == 0 || args.rounds == 0 || args.steps > 100_000 || args.rounds > 1000 {
         return Err(Error::invalid(
@@ -304,6 +311,7 @@ pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
             "{}",
             json!({
                 "model": args.model,
+                "dtype": config.precision,
                 "steps_per_round": args.steps,
                 "rounds": args.rounds,
                 "busy": args.busy,
@@ -315,8 +323,9 @@ pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "xpu bench train: {} , {} steps per round, {} interleaved rounds, {threads} thread(s) per host device{}",
+        "xpu bench train: {} in {}, {} steps per round, {} interleaved rounds, {threads} thread(s) per host device{}",
         args.model,
+        config.precision,
         args.steps,
         args.rounds,
         if args.busy { ", a busy process competing" } else { "" }

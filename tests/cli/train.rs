@@ -296,10 +296,70 @@ fn train_on_every_backend_follows_the_host_trajectory() {
     }
 }
 
+/// Mixed precision through the command: `f16` reports its loss scale, the other
+/// backends (alone in `bf16`, mixed in `f16`) train close to the host's trajectory in
+/// the same dtype, and the low-precision run ends near the `f32` run.
+#[test]
+fn train_in_low_precision_on_every_backend() {
+    let args = ["--model", "mlp", "--steps", "30"];
+    let f32_losses = losses("host:0", &args).unwrap();
+    let out = ok(&[
+        "train",
+        "--model",
+        "mlp",
+        "--steps",
+        "30",
+        "--devices",
+        "host:0",
+        "--dtype",
+        "f16",
+        "--json",
+    ]);
+    let (steps, summary) = lines(&out);
+    assert_eq!(summary["dtype"], "f16", "{summary}");
+    assert!(
+        steps
+            .iter()
+            .all(|s| s["loss_scale"].as_f64().unwrap() >= 1.0),
+        "{out}"
+    );
+    assert!(
+        summary["skipped_updates"].as_u64().unwrap() < 3,
+        "{summary}"
+    );
+    let backends: [(&str, &[&str]); 2] = [
+        ("bf16", &["vulkan:0", "plugin.simnpu:0"]),
+        ("f16", &["host:0;vulkan:0;plugin.simnpu:0"]),
+    ];
+    for (dtype, sels) in backends {
+        let mut with = args.to_vec();
+        with.extend_from_slice(&["--dtype", dtype]);
+        let host = losses("host:0", &with).unwrap();
+        let last = *host.last().unwrap();
+        let want = *f32_losses.last().unwrap();
+        assert!(
+            (last - want).abs() <= 0.05 * want,
+            "{dtype}: {last} against f32's {want}"
+        );
+        for sel in sels {
+            let Some(other) = losses(sel, &with) else {
+                continue;
+            };
+            for (a, b) in host.iter().zip(&other) {
+                assert!(
+                    (a - b).abs() <= 0.02 * a,
+                    "{sel} in {dtype}: loss {b} against the host's {a}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn train_refuses_bad_options_with_the_reason() {
     for (args, want) in [
         (&["train", "--model", "gpt"][..], "invalid value 'gpt'"),
+        (&["train", "--dtype", "f8"][..], "invalid value 'f8'"),
         (&["train", "--steps", "0"][..], "--steps 0"),
         (
             &["train", "--model", "mlp", "--batch", "100"][..],

@@ -20,7 +20,7 @@ use serde_json::json;
 use xpu::{Device, Registry, Result};
 use xpu_train::checkpoint::{Checkpoint, Writer};
 use xpu_train::elastic;
-use xpu_train::{unsupported_op, TrainConfig, Trainer};
+use xpu_train::{unsupported_op, Precision, TrainConfig, Trainer};
 
 use output::{busy, is_all_reduce, peak_memory, Logged, Reporter, Timeline};
 
@@ -32,6 +32,29 @@ pub enum ModelKind {
     Transformer,
     /// An MLP over two embedded operands learning `(a + b) mod p`.
     Mlp,
+}
+
+/// The dtypes `xpu train` stores and multiplies in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Dtype {
+    /// Everything in `f32`.
+    F32,
+    /// `bf16` parameters' copies, activations, gradients and matrix products; `f32`
+    /// master weights, optimizer state and accumulation.
+    Bf16,
+    /// As `bf16`, in `f16`, with a dynamic loss scale.
+    F16,
+}
+
+impl Dtype {
+    /// The trainer's precision.
+    pub fn precision(self) -> Precision {
+        match self {
+            Dtype::F32 => Precision::F32,
+            Dtype::Bf16 => Precision::Bf16,
+            Dtype::F16 => Precision::F16,
+        }
+    }
 }
 
 /// The options of `xpu train`.
@@ -47,6 +70,11 @@ pub struct TrainArgs {
     /// Training steps.
     #[arg(long, default_value_t = 200)]
     pub steps: u64,
+    /// What parameters, activations and gradients are stored and multiplied in (the
+    /// master weights, the optimizer state and the sum over the batch stay f32; f16
+    /// scales the loss dynamically, skipping an update whose gradients overflow).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: Dtype,
     /// Examples (sequences for the transformer) per step (default: 64 for the
     /// transformer, 256 for the MLP).
     #[arg(long)]
@@ -173,6 +201,7 @@ fn config_of(args: &TrainArgs) -> TrainConfig {
         heads: args.heads,
         layers: args.layers,
         allow_fallback: args.allow_fallback,
+        precision: args.dtype.precision(),
         ..base
     }
 }
@@ -256,8 +285,9 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
         ModelKind::Mlp => "mlp",
     };
     reporter.line(&format!(
-        "training the {model} ({} parameters) on {}: {} examples per step in micro-batches of {}",
+        "training the {model} ({} parameters, {}) on {}: {} examples per step in micro-batches of {}",
         trainer.parameters(),
+        config.precision,
         names.join(", "),
         config.global_batch,
         config.micro_batch
@@ -360,6 +390,19 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
             });
             window = (0.0, 0, 0);
         }
+        if report.skipped {
+            let now = trainer.loss_scale().map_or(0.0, |s| s.scale);
+            history.marks.push((report.step, "update skipped".into()));
+            reporter.event(
+                &format!(
+                    "update skipped at step {}: gradients overflowed {} at loss scale {}; the scale is now {now}",
+                    report.step,
+                    config.precision,
+                    report.loss_scale.unwrap_or(0.0)
+                ),
+                json!({"step": report.step, "skipped_update": true, "loss_scale": now}),
+            );
+        }
         for why in &report.stragglers {
             history.marks.push((report.step, "straggler".into()));
             reporter.event(
@@ -441,6 +484,9 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
             json!({
                 "summary": true,
                 "model": model,
+                "dtype": config.precision,
+                "loss_scale": trainer.loss_scale().map(|s| s.scale),
+                "skipped_updates": trainer.loss_scale().map_or(0, |s| s.skipped),
                 "final_loss": final_loss,
                 "accuracy": accuracy,
                 "steps": args.steps,

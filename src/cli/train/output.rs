@@ -91,6 +91,7 @@ impl Reporter {
                     "shares": r.shares,
                     "devices": r.devices,
                     "busy_frac": l.busy,
+                    "loss_scale": r.loss_scale,
                 })
             ),
             _ => {
