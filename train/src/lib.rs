@@ -19,7 +19,8 @@
 //! - `replica`: one device's handles and the layers as tasks pinned to it.
 //! - `mlp`: the MLP over modular addition.
 //! - `transformer`: the decoder-only transformer reversing digits.
-//! - [`split`]: micro-batches shared in proportion to the devices' learned speeds.
+//! - [`split`]: micro-batches shared by the devices' learned speeds so that a step ends
+//!   soonest.
 //! - [`trainer`]: the step — micro-batches in rounds, each bucket's all-reduce
 //!   submitted as soon as the backward pass has finished it (so it overlaps the rest of
 //!   the backward pass), AdamW on every replica.

@@ -1,10 +1,10 @@
 //! The training loop: replicas, micro-batches, the overlapped all-reduce and AdamW.
 //!
 //! A step's global batch is cut into fixed micro-batches. Each replica computes a
-//! contiguous range of them (in rank order, sized in proportion to the device's
-//! speed), each micro-batch's gradients going to its own slot of the replica's
-//! gradient buckets (`[micro-batches, elements]`, zero in the slots of micro-batches
-//! other replicas compute). The micro-batches run in rounds aligned at the end, so
+//! contiguous range of them (in rank order, sized from the devices' speeds so that
+//! the step ends soonest), each micro-batch's gradients going to its own slot of the
+//! replica's gradient buckets (`[micro-batches, elements]`, zero in the slots of
+//! micro-batches other replicas compute). The micro-batches run in rounds aligned at the end, so
 //! that every replica's last micro-batch is in the last round. In that round the
 //! backward pass goes bucket by bucket across the replicas and each bucket's
 //! all-reduce is submitted as soon as every replica has submitted the work that
@@ -744,8 +744,8 @@ impl Trainer {
         Ok(())
     }
 
-    /// Re-splits the micro-batches in proportion to each device's predicted speed on
-    /// one micro-batch (the scheduler's learned models, over the tasks every device's
+    /// Re-splits the micro-batches so that the step ends soonest ([`split::fastest`]),
+    /// from each device's predicted time for one micro-batch (the scheduler's learned models, over the tasks every device's
     /// models predict); unchanged while fewer than half of them are calibrated on
     /// every device.
     ///
@@ -785,12 +785,11 @@ impl Trainer {
         if !predicted.iter().all(Option::is_some) {
             return Ok((Vec::new(), Vec::new()));
         }
-        let weights: Vec<Option<f64>> = predicted.iter().map(|p| p.map(|t| 1.0 / t)).collect();
         let total = self.config.global_batch / self.config.micro_batch;
         // Early predictions rest on cold first runs: every device keeps at least one
         // micro-batch then, and only a later rebalancing may leave one out.
         let floor = u64::from(early);
-        let shares = split::at_least(split::proportional(total, &weights), floor);
+        let shares = split::at_least(split::fastest(total, &predicted), floor);
         let fastest = predicted
             .iter()
             .enumerate()
@@ -810,15 +809,15 @@ impl Trainer {
             .collect();
         let mut left_out = Vec::new();
         let mut keep = Vec::new();
-        let mut kept_weights = Vec::new();
+        let mut kept_times = Vec::new();
         for (i, r) in std::mem::take(&mut self.replicas).into_iter().enumerate() {
             if shares[i] > 0 || i == fastest || early {
                 keep.push(r);
-                kept_weights.push(weights[i]);
+                kept_times.push(predicted[i]);
                 continue;
             }
             left_out.push(format!(
-                "{}: a micro-batch takes it {:.2} ms against {:.2} ms on {}, so it would get none of the {total}",
+                "{}: a micro-batch takes it {:.2} ms against {:.2} ms on {}, so the step ends sooner without it ({total} micro-batches)",
                 r.device.id(),
                 predicted[i].unwrap_or(0.0) * 1e3,
                 predicted[fastest].unwrap_or(0.0) * 1e3,
@@ -837,7 +836,7 @@ impl Trainer {
         }
         let before = std::mem::replace(
             &mut self.shares,
-            split::at_least(split::proportional(total, &kept_weights), floor),
+            split::at_least(split::fastest(total, &kept_times), floor),
         );
         let stragglers = slowed
             .into_iter()
