@@ -1,6 +1,6 @@
 //! The matrix-product peak of a device, for the model FLOP utilisation (MFU) of a run:
-//! the FLOP/s of an `f32` product of two `N×N` matrices through the HAL, as
-//! `xpu bench ops` measures it, best of a few runs after a warm-up.
+//! the FLOP/s of a product of two `N×N` matrices in the run's compute dtype through
+//! the HAL, as `xpu bench ops` measures it, best of a few runs after a warm-up.
 
 use std::time::Instant;
 
@@ -10,11 +10,12 @@ use xpu_hal::{DType, Device, Result};
 /// The side of the matrices measured.
 pub const PEAK_SIZE: u64 = 512;
 
-/// FLOP/s of an `f32` [`PEAK_SIZE`]³ product on `device`: the best of up to five runs
-/// (fewer when one takes over 0.1 s) after one to warm up.
-pub fn matmul_peak(device: &Device) -> Result<f64> {
+/// FLOP/s of a [`PEAK_SIZE`]³ product of `dtype` (`f32`, `bf16` or `f16`) on
+/// `device`: the best of up to five runs (fewer when one takes over 0.1 s) after one
+/// to warm up.
+pub fn matmul_peak(device: &Device, dtype: DType) -> Result<f64> {
     let n = PEAK_SIZE;
-    let bytes = n * n * 4;
+    let bytes = n * n * dtype.size() as u64;
     let stream = device.create_stream()?;
     let [a, b, c] = [
         device.allocate(bytes)?,
@@ -22,13 +23,13 @@ pub fn matmul_peak(device: &Device) -> Result<f64> {
         device.allocate(bytes)?,
     ];
     // Small values: the product stays finite whatever the rounding.
-    let ones: Vec<u8> = bytemuck::cast_slice(&vec![0.01f32; (n * n) as usize]).to_vec();
+    let ones = crate::precision::encode(&vec![0.01f32; (n * n) as usize], dtype)?;
     stream.write(&a, &ones)?;
     stream.write(&b, &ones)?;
     let op = Op::Matmul {
-        a: Tensor::new(&a, DType::F32, &[n, n])?,
-        b: Tensor::new(&b, DType::F32, &[n, n])?,
-        c: Tensor::new(&c, DType::F32, &[n, n])?,
+        a: Tensor::new(&a, dtype, &[n, n])?,
+        b: Tensor::new(&b, dtype, &[n, n])?,
+        c: Tensor::new(&c, dtype, &[n, n])?,
         trans_a: false,
         trans_b: false,
         alpha: 1.0,

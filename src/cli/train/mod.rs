@@ -437,13 +437,13 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
     let accuracy = trainer.accuracy(args.eval_examples)?;
     let final_loss = history.losses.last().map_or(f64::NAN, |r| r.1);
     // Model FLOP utilisation: the matrix products' FLOP/s over the sum of the final
-    // group's matrix-product peaks, measured now (after training, so that start-up
-    // is not charged for it).
+    // group's matrix-product peaks in the run's dtype, measured now (after training, so
+    // that start-up is not charged for it).
     let final_devices = trainer.devices();
     let mut peaks = serde_json::Map::new();
     let mut peak_sum = 0.0;
     for d in &final_devices {
-        let p = xpu_train::peak::matmul_peak(d)?;
+        let p = xpu_train::peak::matmul_peak(d, config.precision.dtype())?;
         peak_sum += p;
         peaks.insert(d.id().to_string(), json!(p));
     }
