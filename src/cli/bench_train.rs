@@ -11,6 +11,9 @@
 //!   injected straggler fault) to half the host's speed, against `host:0` alone (a
 //!   device already slower than that by itself is measured as it is).
 //!
+//! - **precision**: with `--dtype bf16|f16`, every figure is in that dtype, and the
+//!   trainer on `host:0` is also measured against itself in `f32`.
+//!
 //! With `--busy`, a competing busy process runs throughout.
 
 use std::process::{Child, Command, Stdio};
@@ -22,7 +25,7 @@ use crate::cli::bench::{median, stats, Stats};
 use xpu::backend::Fault;
 use xpu::{Device, DeviceSelector, Error, Registry, Result};
 use xpu_train::direct::DirectTrainer;
-use xpu_train::{TrainConfig, Trainer};
+use xpu_train::{Precision, TrainConfig, Trainer};
 
 /// The options of `xpu bench train`.
 #[derive(clap::Args, Debug)]
@@ -82,7 +85,8 @@ struct Row {
     xpu: Stats,
     reference_name: String,
     reference: Stats,
-    target: f64,
+    /// The ratio to reach, where there is one.
+    target: Option<f64>,
     extra: Option<(String, f64)>,
 }
 
@@ -220,9 +224,26 @@ pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
         xpu: xpu_t,
         reference_name: "direct on host:0".into(),
         reference: direct_t,
-        target: 0.8,
+        target: Some(0.8),
         extra: None,
     });
+    // The precision against f32, when it is not f32.
+    if config.precision != Precision::F32 {
+        let f32_config = TrainConfig {
+            precision: Precision::F32,
+            ..config.clone()
+        };
+        let mut wide = Trainer::new(std::slice::from_ref(&host0), f32_config)?;
+        let (low_t, f32_t) = compare(&mut single, &mut wide, args)?;
+        rows.push(Row {
+            name: "trainer on host:0 in --dtype vs in f32",
+            xpu: low_t,
+            reference_name: "trainer on host:0 in f32".into(),
+            reference: f32_t,
+            target: None,
+            extra: None,
+        });
+    }
     // Two host devices.
     let mut skipped = Vec::new();
     match one(registry, "host:1")? {
@@ -240,7 +261,7 @@ pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
                 xpu: two_t,
                 reference_name: "trainer on host:0".into(),
                 reference: one_t,
-                target: 1.5,
+                target: Some(1.5),
                 extra: Some(("overlap_frac (target 0.5)".into(), overlap)),
             });
         }
@@ -282,7 +303,7 @@ pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
             xpu: mixed_t,
             reference_name: "trainer on host:0".into(),
             reference: one_t,
-            target: 1.2,
+            target: Some(1.2),
             extra: Some((
                 format!(
                     "{sel} speed / host:0's (slowed by {} us per operation; above 0.5 when it is slower by itself)",
@@ -336,14 +357,14 @@ pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
     );
     for r in &rows {
         println!(
-            "{:<62} {:>12.0} {:>12.0} {:>12.0} {:>12.0} {:>7.2} {:>7.2}",
+            "{:<62} {:>12.0} {:>12.0} {:>12.0} {:>12.0} {:>7.2} {:>7}",
             r.name,
             r.xpu.mean,
             r.xpu.p50,
             r.reference.mean,
             r.reference.p50,
             r.ratio(),
-            r.target
+            r.target.map_or("-".to_string(), |t| format!("{t:.2}"))
         );
         println!("  reference: {}", r.reference_name);
         if let Some((k, v)) = &r.extra {
