@@ -14,6 +14,7 @@ use crate::model::{MicroBatch, Model};
 use crate::precision::LossScale;
 use crate::replica::Replica;
 use crate::trainer::{model_of, tokens_per_step, TrainConfig};
+use crate::tree::Plan;
 
 /// Training of one replica straight on one device's stream.
 pub struct DirectTrainer {
@@ -130,10 +131,15 @@ impl DirectTrainer {
             }
         }
         self.step += 1;
+        let plan = Plan::new(&[self.inputs.len() as u64]);
+        for b in 0..r.bucket_elements.len() {
+            r.sum_blocks(&self.exec, &plan, 0, b)?;
+        }
         crate::replica::update(
             &[r],
             &self.exec,
             &self.config,
+            &plan,
             self.step,
             &mut self.loss_scale,
         )?;

@@ -21,6 +21,8 @@
 //! - `transformer`: the decoder-only transformer reversing digits.
 //! - [`split`]: micro-batches shared by the devices' learned speeds so that a step ends
 //!   soonest.
+//! - `tree`: the fixed order of the sum over micro-batches, and the blocks of it the
+//!   replicas exchange.
 //! - [`trainer`]: the step — micro-batches in rounds, each bucket's all-reduce
 //!   submitted as soon as the backward pass has finished it (so it overlaps the rest of
 //!   the backward pass), AdamW on every replica.
@@ -42,6 +44,7 @@ mod replica;
 pub mod split;
 pub mod trainer;
 mod transformer;
+mod tree;
 
 pub use precision::{LossScale, Precision};
 pub use trainer::{unsupported_op, ModelKind, StepReport, TrainConfig, Trainer};

@@ -7,7 +7,7 @@
 //! gradient slots (so the all-reduce moves half the bytes) and the losses are in the
 //! compute dtype; every operation computes in `f32` and rounds its result once (the
 //! HAL's rule), and layer norm's row statistics stay `f32`. The slots are widened to
-//! `f32` before they are summed in micro-batch order, so the accumulation over the
+//! `f32` before they are summed by the fixed tree, so the accumulation over the
 //! batch and the update are `f32`.
 //!
 //! `f16` has 5 exponent bits: gradients below 2⁻²⁴ vanish. The loss gradient is

@@ -13,6 +13,7 @@ use crate::trainer::TrainConfig;
 use crate::model::{MicroBatch, Stored};
 use crate::params::Slot;
 use crate::precision::{decode, encode, LossScale};
+use crate::tree::{Node, Plan};
 
 /// The handles of one replica.
 pub(crate) struct Replica {
@@ -30,8 +31,16 @@ pub(crate) struct Replica {
     /// masters after each update (else empty, and the model reads the masters).
     pub(crate) low: Vec<Handle>,
     /// With a compute dtype other than `f32`: per bucket, the gradient slots widened
-    /// to `f32` before they are summed (else empty).
+    /// to `f32` before they are summed (else empty, and the slots are summed in
+    /// place).
     pub(crate) wide: Vec<Handle>,
+    /// With other replicas: per bucket, `[rows, elements]` `f32`, the rows of every
+    /// replica's blocks of the sum (see [`crate::tree`]), all-reduced.
+    pub(crate) exchange: Vec<Handle>,
+    /// The rows of the exchange buffers.
+    pub(crate) exchange_rows: u64,
+    /// `[0]` (`i32`): the index of a row copied with a gather.
+    pub(crate) row0: Handle,
     /// With loss scaling: per bucket, the summed gradients before they are divided by
     /// the scale (else empty).
     pub(crate) scaled: Vec<Handle>,
@@ -42,7 +51,7 @@ pub(crate) struct Replica {
     /// a micro-batch's gradients accumulate into its own slot, zero elsewhere, so that
     /// the all-reduce gives every replica every micro-batch's gradients exactly.
     pub(crate) grad_slots: Vec<Handle>,
-    /// Per bucket, the slots summed in micro-batch order (`f32`).
+    /// Per bucket, the slots summed by the fixed tree (`f32`).
     pub(crate) grads: Vec<Handle>,
     pub(crate) m: Vec<Handle>,
     pub(crate) v: Vec<Handle>,
@@ -176,6 +185,7 @@ impl Replica {
             dtype,
         )?;
         let loss = sched.create(micro_batches * rows * size)?;
+        let row0 = sched.register(HostBuffer::from_bytes(&0i32.to_le_bytes())?)?;
         Ok(Replica {
             device: device.clone(),
             dtype,
@@ -185,6 +195,9 @@ impl Replica {
             wide,
             scaled,
             checks,
+            exchange: Vec::new(),
+            exchange_rows: 0,
+            row0,
             grad_slots,
             grads,
             bucket_elements: layout.bucket_elements.clone(),
@@ -210,6 +223,8 @@ impl Replica {
             .chain(&self.wide)
             .chain(&self.scaled)
             .chain(&self.checks)
+            .chain(&self.exchange)
+            .chain([&self.row0])
             .chain(&self.grad_slots)
             .chain(&self.grads)
             .chain(&self.m)
@@ -221,40 +236,178 @@ impl Replica {
             .collect()
     }
 
-    /// This replica's update of step `step` without loss scaling: per bucket, the micro-batches'
-    /// gradient slots summed in micro-batch order, then AdamW (and the compute copy of
-    /// the parameters cast from the masters).
-    fn update_unscaled(&self, sched: &dyn Exec, config: &TrainConfig, step: u64) -> Result<()> {
-        for b in 0..self.bucket_elements.len() {
-            self.sum_gradients(sched, config, b, None)?;
-            self.apply(sched, config, b, step)?;
+    /// Bucket `b`'s `f32` micro-batch gradients: the slots, or their widened copy.
+    fn leaves(&self, b: usize) -> Handle {
+        self.wide.get(b).copied().unwrap_or(self.grad_slots[b])
+    }
+
+    /// Row `row` (`[1, elements]`, `f32`) of bucket `b`'s buffer `h`.
+    fn row(&self, h: Handle, b: usize, row: u64) -> Result<TensorRef> {
+        let e = self.bucket_elements[b];
+        view32(h, row * e, &[1, e])
+    }
+
+    /// `y = x + bias`, rows of bucket `b` (`x` and `y` may be the same row).
+    fn add_rows(
+        &self,
+        sched: &dyn Exec,
+        b: usize,
+        x: (Handle, u64),
+        bias: (Handle, u64),
+        y: (Handle, u64),
+    ) -> Result<()> {
+        let e = self.bucket_elements[b];
+        self.run(
+            sched,
+            "sum_micro_batches",
+            Op::BiasAdd {
+                x: self.row(x.0, b, x.1)?,
+                bias: view32(bias.0, bias.1 * e, &[e])?,
+                y: self.row(y.0, b, y.1)?,
+            },
+        )
+    }
+
+    /// Copies row `from` to row `to` of bucket `b`, bit for bit.
+    fn copy_row(
+        &self,
+        sched: &dyn Exec,
+        b: usize,
+        from: (Handle, u64),
+        to: (Handle, u64),
+    ) -> Result<()> {
+        self.run(
+            sched,
+            "copy_gradients",
+            Op::Gather {
+                table: self.row(from.0, b, from.1)?,
+                indices: whole(self.row0, DType::I32, &[1])?,
+                out: self.row(to.0, b, to.1)?,
+            },
+        )
+    }
+
+    /// Sets the rows of the exchange buffers (one per bucket, `[rows, elements]` `f32`)
+    /// for a plan of `rows` blocks.
+    pub(crate) fn set_exchange(&mut self, sched: &Scheduler, rows: u64) -> Result<()> {
+        if rows == self.exchange_rows && !self.exchange.is_empty() {
+            return Ok(());
+        }
+        for h in std::mem::take(&mut self.exchange) {
+            sched.unregister(h)?;
+        }
+        for &e in &self.bucket_elements {
+            self.exchange.push(sched.create(rows * e * 4)?);
+        }
+        self.exchange_rows = rows;
+        Ok(())
+    }
+
+    /// Bucket `b`'s micro-batch gradients summed, by the tree of `plan`, up to the
+    /// blocks of replica `rank` (each left in the row of its first micro-batch); with
+    /// other replicas in the plan, the blocks are copied to their rows of the exchange
+    /// buffer, zero elsewhere, ready for the all-reduce.
+    pub(crate) fn sum_blocks(
+        &self,
+        sched: &dyn Exec,
+        plan: &Plan,
+        rank: usize,
+        b: usize,
+    ) -> Result<()> {
+        if let Some(&wide) = self.wide.get(b) {
+            let cast = Builtin::Cast {
+                from: self.dtype,
+                to: DType::F32,
+            };
+            sched.builtin(&self.device, cast, &[self.grad_slots[b], wide])?;
+        }
+        let leaves = self.leaves(b);
+        let mine = plan.blocks.get(rank).map_or(&[][..], Vec::as_slice);
+        for &(block, _) in mine {
+            self.sum_below(sched, plan.m, b, leaves, block)?;
+        }
+        if plan.blocks.len() > 1 {
+            let exchange = *self.exchange.get(b).ok_or_else(|| {
+                Error::invalid("internal error: no exchange buffer for a plan over replicas")
+            })?;
+            let zero = Builtin::Fill {
+                value: Scalar::F32(0.0),
+            };
+            sched.builtin(&self.device, zero, &[exchange])?;
+            for &(block, row) in mine {
+                self.copy_row(sched, b, (leaves, block.start), (exchange, row))?;
+            }
         }
         Ok(())
     }
 
-    /// Bucket `b`'s gradient slots summed in micro-batch order into its `f32`
-    /// gradients (widened first when they are not `f32`); with a loss `scale`, divided
-    /// by it and added up into the bucket's check.
+    /// Node `node`'s sum, from the leaves below it, into the row of its first
+    /// micro-batch.
+    fn sum_below(
+        &self,
+        sched: &dyn Exec,
+        m: u64,
+        b: usize,
+        leaves: Handle,
+        node: Node,
+    ) -> Result<()> {
+        let Some((left, right)) = node.children(m) else {
+            return Ok(());
+        };
+        self.sum_below(sched, m, b, leaves, left)?;
+        if let Some(right) = right {
+            self.sum_below(sched, m, b, leaves, right)?;
+            let at = (leaves, node.start);
+            self.add_rows(sched, b, at, (leaves, right.start), at)?;
+        }
+        Ok(())
+    }
+
+    /// Where node `node`'s sum is once the blocks are exchanged, adding up what the
+    /// blocks leave of the tree above them.
+    fn sum_above(
+        &self,
+        sched: &dyn Exec,
+        plan: &Plan,
+        rank: usize,
+        b: usize,
+        node: Node,
+    ) -> Result<(Handle, u64)> {
+        let leaves = self.leaves(b);
+        if let Some((owner, row)) = plan.block(node) {
+            if owner == rank {
+                return Ok((leaves, node.start));
+            }
+            let exchange = *self.exchange.get(b).ok_or_else(|| {
+                Error::invalid("internal error: no exchange buffer for a plan over replicas")
+            })?;
+            return Ok((exchange, row));
+        }
+        let (left, right) = node.children(plan.m).ok_or_else(|| {
+            Error::invalid("internal error: a micro-batch in no replica's blocks")
+        })?;
+        let left = self.sum_above(sched, plan, rank, b, left)?;
+        let Some(right) = right else {
+            return Ok(left);
+        };
+        let right = self.sum_above(sched, plan, rank, b, right)?;
+        let at = (leaves, node.start);
+        self.add_rows(sched, b, left, right, at)?;
+        Ok(at)
+    }
+
+    /// Bucket `b`'s gradients summed over every micro-batch into its `f32` gradients,
+    /// by the tree of `plan` from the blocks ([`Replica::sum_blocks`], exchanged when
+    /// there are other replicas); with a loss `scale`, divided by it and added up
+    /// into the bucket's check.
     pub(crate) fn sum_gradients(
         &self,
         sched: &dyn Exec,
-        config: &TrainConfig,
+        plan: &Plan,
+        rank: usize,
         b: usize,
         scale: Option<f32>,
     ) -> Result<()> {
-        let micro_batches = config.global_batch / config.micro_batch;
-        let elements = self.bucket_elements[b];
-        let slots = match self.wide.get(b) {
-            Some(&wide) => {
-                let cast = Builtin::Cast {
-                    from: self.dtype,
-                    to: DType::F32,
-                };
-                sched.builtin(&self.device, cast, &[self.grad_slots[b], wide])?;
-                wide
-            }
-            None => self.grad_slots[b],
-        };
         let (sum, check) = match (scale, self.scaled.get(b), self.checks) {
             (Some(scale), Some(&scaled), Some(checks)) => (scaled, Some((scale, checks))),
             (None, ..) => (self.grads[b], None),
@@ -264,17 +417,10 @@ impl Replica {
                 ))
             }
         };
-        self.run(
-            sched,
-            "sum_micro_batches",
-            Op::Reduce {
-                x: view32(slots, 0, &[micro_batches, elements])?,
-                y: view32(sum, 0, &[1, elements])?,
-                op: xpu_hal::ops::ReduceOp::Sum,
-                axis: 0,
-            },
-        )?;
+        let root = self.sum_above(sched, plan, rank, b, crate::tree::root(plan.m))?;
+        self.copy_row(sched, b, root, (sum, 0))?;
         if let Some((scale, checks)) = check {
+            let elements = self.bucket_elements[b];
             let unscale = Builtin::Scale {
                 alpha: Scalar::F32(1.0 / scale),
             };
@@ -497,28 +643,31 @@ impl Replica {
     }
 }
 
-/// The update after step `step`'s backward passes, on every replica: the gradient
-/// slots summed, then AdamW. With a loss scale the sums are divided by it and checked
-/// first; when any is infinite or NaN no replica updates, and the scale is halved.
-/// Returns whether the update was skipped.
+/// The update after step `step`'s backward passes and [`Replica::sum_blocks`] (and
+/// the exchange), on every replica (`replicas` in rank order): the gradients summed by
+/// the tree of `plan`, then AdamW. With a loss scale the sums are divided by it and
+/// checked first; when any is infinite or NaN no replica updates, and the scale is
+/// halved. Returns whether the update was skipped.
 pub(crate) fn update(
     replicas: &[&Replica],
     exec: &dyn Exec,
     config: &TrainConfig,
+    plan: &Plan,
     step: u64,
     loss_scale: &mut Option<LossScale>,
 ) -> Result<bool> {
-    let Some(scale) = loss_scale else {
-        for r in replicas {
-            r.update_unscaled(exec, config, step)?;
-        }
-        return Ok(false);
-    };
-    for r in replicas {
+    let scale = loss_scale.map(|s| s.scale);
+    for (rank, r) in replicas.iter().enumerate() {
         for b in 0..r.bucket_elements.len() {
-            r.sum_gradients(exec, config, b, Some(scale.scale))?;
+            r.sum_gradients(exec, plan, rank, b, scale)?;
+            if scale.is_none() {
+                r.apply(exec, config, b, step)?;
+            }
         }
     }
+    let Some(scale) = loss_scale else {
+        return Ok(false);
+    };
     let mut finite = true;
     for r in replicas {
         if let Some(checks) = r.checks {

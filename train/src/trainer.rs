@@ -3,22 +3,24 @@
 //! A step's global batch is cut into fixed micro-batches. Each replica computes a
 //! contiguous range of them (in rank order, sized from the devices' speeds so that
 //! the step ends soonest), each micro-batch's gradients going to its own slot of the
-//! replica's gradient buckets (`[micro-batches, elements]`, zero in the slots of
-//! micro-batches other replicas compute). The micro-batches run in rounds aligned at the end, so
-//! that every replica's last micro-batch is in the last round. In that round the
-//! backward pass goes bucket by bucket across the replicas and each bucket's
-//! all-reduce is submitted as soon as every replica has submitted the work that
-//! finishes it: the scheduler runs it while the replicas compute the buckets before
-//! it. Then every replica sums the slots in micro-batch order and applies AdamW.
+//! replica's gradient buckets (`[micro-batches, elements]`). The micro-batches run in
+//! rounds aligned at the end, so that every replica's last micro-batch is in the last
+//! round. In that round the backward pass goes bucket by bucket across the replicas;
+//! as soon as every replica has submitted the work that finishes a bucket, each sums
+//! its slots up to its blocks of the fixed summation tree ([`crate::tree`]) and the
+//! blocks are all-reduced: the scheduler runs that while the replicas compute the
+//! buckets before it. Then every replica finishes the tree above the blocks and
+//! applies AdamW.
 //!
-//! **Determinism.** Each slot has one non-zero contributor and adding zeros is exact,
-//! so after the all-reduce every replica holds every micro-batch's gradients exactly,
-//! whatever the all-reduce's algorithm; summed in micro-batch order they give the same
-//! bits whatever the split. So on devices that compute a micro-batch alike (the host
-//! devices, whatever their thread counts), the trajectory does not depend on the split
-//! or the number of replicas at all, and a resumed run continues bit for bit. (Devices
-//! of different backends round differently; their trajectories agree within
-//! tolerance.) The price is an all-reduce of `micro-batches ×` the gradients' bytes.
+//! **Determinism.** The sum over micro-batches is one fixed tree of `f32` additions,
+//! whoever computes which part of it; the all-reduce only moves the blocks (each row
+//! has one non-zero contributor and adding zeros is exact), whatever its algorithm. So
+//! on devices that compute a micro-batch alike (the host devices, whatever their
+//! thread counts), the trajectory does not depend on the split or the number of
+//! replicas at all, and a resumed run continues bit for bit. (Devices of different
+//! backends round differently; their trajectories agree within tolerance.) The
+//! all-reduce moves one row per block, usually one or two per replica, rather than
+//! every micro-batch's gradients.
 //!
 //! Every labelled row's loss gradient is `1 / labelled rows of the global batch`, so
 //! the summed gradient is the mean over the global batch whatever the split. The
@@ -40,6 +42,7 @@ use crate::precision::{LossScale, Precision};
 use crate::replica::Replica;
 use crate::split;
 use crate::transformer::{Transformer, TransformerShape};
+use crate::tree::Plan;
 
 /// The models [`Trainer`] trains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -484,6 +487,13 @@ impl Trainer {
         let n = self.config.micro_batch;
         let shares = self.shares.clone();
         let ranges = split::ranges(&shares);
+        // The order of the sum and the blocks the replicas exchange.
+        let plan = Plan::new(&shares);
+        if self.replicas.len() > 1 {
+            for r in &mut self.replicas {
+                r.set_exchange(&self.sched, plan.rows)?;
+            }
+        }
         let first_example = self.step * self.config.global_batch;
         // Zero the gradient slots.
         let dtype = self.config.precision.dtype();
@@ -552,19 +562,23 @@ impl Trainer {
                             self.model.backward(&self.sched, r, mb, bucket)?;
                         }
                     }
+                    for (rank, r) in self.replicas.iter().enumerate() {
+                        r.sum_blocks(&self.sched, &plan, rank, bucket)?;
+                    }
                     if let Some(comm) = &self.comm {
-                        let slots: Vec<_> =
-                            self.replicas.iter().map(|r| r.grad_slots[bucket]).collect();
-                        self.sched.all_reduce(comm, &slots, dtype, ReduceOp::Sum)?;
+                        let blocks: Vec<_> =
+                            self.replicas.iter().map(|r| r.exchange[bucket]).collect();
+                        self.sched
+                            .all_reduce(comm, &blocks, DType::F32, ReduceOp::Sum)?;
                     }
                 }
             }
         }
-        // The micro-batches' gradients summed in micro-batch order, and the update, on
+        // The micro-batches' gradients summed by the tree, and the update, on
         // every replica.
         let step = self.step + 1;
         let loss_scale = self.loss_scale.map(|s| s.scale);
-        let skipped = self.update(step)?;
+        let skipped = self.update(&plan, step)?;
         // The losses, in example order.
         let rows = self.model.loss_rows();
         let mut sum = 0.0f64;
@@ -615,12 +629,13 @@ impl Trainer {
     }
 
     /// The update after step `step`'s backward passes (see [`crate::replica::update`]).
-    fn update(&mut self, step: u64) -> Result<bool> {
+    fn update(&mut self, plan: &Plan, step: u64) -> Result<bool> {
         let replicas: Vec<&Replica> = self.replicas.iter().collect();
         crate::replica::update(
             &replicas,
             &self.sched,
             &self.config,
+            plan,
             step,
             &mut self.loss_scale,
         )
