@@ -287,6 +287,13 @@ impl Replica {
         )
     }
 
+    /// Bucket `b`'s exchange buffer.
+    fn exchange(&self, b: usize) -> Result<Handle> {
+        self.exchange.get(b).copied().ok_or_else(|| {
+            Error::invalid("internal error: no exchange buffer for a plan over replicas")
+        })
+    }
+
     /// Sets the rows of the exchange buffers (one per bucket, `[rows, elements]` `f32`)
     /// for a plan of `rows` blocks.
     pub(crate) fn set_exchange(&mut self, sched: &Scheduler, rows: u64) -> Result<()> {
@@ -327,9 +334,7 @@ impl Replica {
             self.sum_below(sched, plan.m, b, leaves, block)?;
         }
         if plan.blocks.len() > 1 {
-            let exchange = *self.exchange.get(b).ok_or_else(|| {
-                Error::invalid("internal error: no exchange buffer for a plan over replicas")
-            })?;
+            let exchange = self.exchange(b)?;
             let zero = Builtin::Fill {
                 value: Scalar::F32(0.0),
             };
@@ -378,10 +383,7 @@ impl Replica {
             if owner == rank {
                 return Ok((leaves, node.start));
             }
-            let exchange = *self.exchange.get(b).ok_or_else(|| {
-                Error::invalid("internal error: no exchange buffer for a plan over replicas")
-            })?;
-            return Ok((exchange, row));
+            return Ok((self.exchange(b)?, row));
         }
         let (left, right) = node.children(plan.m).ok_or_else(|| {
             Error::invalid("internal error: a micro-batch in no replica's blocks")

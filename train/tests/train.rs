@@ -3,21 +3,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::Arc;
+mod support;
 
-use xpu_hal::{Device, DeviceSelector, Registry};
-use xpu_host::{HostBackend, HostConfig};
 use xpu_train::{TrainConfig, Trainer};
 
-fn host(sel: &str) -> Vec<Device> {
-    let mut r = Registry::new();
-    r.register(Arc::new(HostBackend::new(HostConfig {
-        devices: 2,
-        capacity: 256 << 20,
-    })))
-    .unwrap();
-    r.devices(&DeviceSelector::parse(sel).unwrap()).unwrap()
-}
+use support::host;
 
 #[test]
 fn the_mlp_learns_modular_addition() {
