@@ -199,6 +199,58 @@ fn replicas_are_evicted_and_written_back_under_a_small_device_memory() {
     }
 }
 
+/// `write` replaces a handle's value in place: a recorded graph replayed after it reads
+/// the new value on every device (the copies made from the old one are dropped), tasks
+/// before it keep the old one, and a write of the wrong length is refused.
+#[test]
+fn a_written_handle_feeds_the_next_replay_with_its_new_value() {
+    let Some(devs) = devices("host:0,1") else {
+        return;
+    };
+    let sched = Scheduler::new(&devs, options(Policy::Dmda)).unwrap();
+    let elems = 1024;
+    let input = sched
+        .register(HostBuffer::from_bytes(&bytes(&vec![1.0; elems])).unwrap())
+        .unwrap();
+    let outs: Vec<_> = (0..2)
+        .map(|_| sched.create(elems as u64 * 4).unwrap())
+        .collect();
+    let double = Codelet::from_builtin(Builtin::Scale {
+        alpha: Scalar::F32(2.0),
+    });
+    // Each device doubles the input into its own output.
+    let graph = sched
+        .record(|s| {
+            for (out, dev) in outs.iter().zip(&devs) {
+                s.submit(Task::new(&double).read(input).write(*out).on(dev))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    sched.wait_all().unwrap();
+    for v in [3.0f32, -0.5, 7.25] {
+        sched.write(input, &bytes(&vec![v; elems])).unwrap();
+        sched.replay(&graph).unwrap();
+        sched.wait_all().unwrap();
+        for out in &outs {
+            assert_eq!(
+                sched.read(*out).unwrap(),
+                bytes(&vec![2.0 * v; elems]),
+                "{v}"
+            );
+        }
+    }
+    // A task submitted before a write reads the value of its time.
+    let early = sched.create(elems as u64 * 4).unwrap();
+    sched
+        .submit(Task::new(&double).read(input).write(early).on(&devs[1]))
+        .unwrap();
+    sched.write(input, &bytes(&vec![100.0; elems])).unwrap();
+    assert_eq!(sched.read(early).unwrap(), bytes(&vec![14.5; elems]));
+    let e = sched.write(input, &[0u8; 3]).unwrap_err();
+    assert!(e.to_string().contains("give its whole value"), "{e}");
+}
+
 /// A replayed run keeps its operations validated once and binds them, each replay, to
 /// the replicas of the time: here the replicas it used are evicted between replays (a
 /// device of 1 MiB, other 256 KiB handles passing through), so it runs on new memory.

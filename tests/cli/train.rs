@@ -66,6 +66,10 @@ fn train_learns_modular_addition_on_host_devices() {
     assert!(first > 2.5 && last < 0.5, "{out}");
     assert!(summary["accuracy"].as_f64().unwrap() > 0.9, "{out}");
     assert_eq!(summary["devices"], serde_json::json!(["host:0", "host:1"]));
+    // Steps 1–10 and every 10th after submit their tasks (the models learn from
+    // them); most others replay a recorded step.
+    let replayed = summary["replayed_steps"].as_u64().unwrap();
+    assert!((60..=98).contains(&replayed), "{summary}");
     // The timing figures: every device busy some of the time, the all-reduce's share
     // hidden under computation a fraction, replica memory held on both devices.
     for d in ["host:0", "host:1"] {

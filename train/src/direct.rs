@@ -135,11 +135,12 @@ impl DirectTrainer {
         for b in 0..r.bucket_elements.len() {
             r.sum_blocks(&self.exec, &plan, 0, b)?;
         }
-        crate::replica::update(
+        let scale = self.loss_scale.map(|s| s.scale);
+        crate::replica::sum_all(&[r], &self.exec, &plan, scale)?;
+        crate::replica::apply_all(
             &[r],
             &self.exec,
             &self.config,
-            &plan,
             self.step,
             &mut self.loss_scale,
         )?;

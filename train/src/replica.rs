@@ -645,49 +645,55 @@ impl Replica {
     }
 }
 
-/// The update after step `step`'s backward passes and [`Replica::sum_blocks`] (and
-/// the exchange), on every replica (`replicas` in rank order): the gradients summed by
-/// the tree of `plan`, then AdamW. With a loss scale the sums are divided by it and
-/// checked first; when any is infinite or NaN no replica updates, and the scale is
-/// halved. Returns whether the update was skipped.
-pub(crate) fn update(
+/// Every replica's gradients (`replicas` in rank order) summed by the tree of `plan`
+/// after the backward passes and [`Replica::sum_blocks`] (and the exchange); with a
+/// loss `scale`, divided by it and checked.
+pub(crate) fn sum_all(
     replicas: &[&Replica],
     exec: &dyn Exec,
-    config: &TrainConfig,
     plan: &Plan,
-    step: u64,
-    loss_scale: &mut Option<LossScale>,
-) -> Result<bool> {
-    let scale = loss_scale.map(|s| s.scale);
+    scale: Option<f32>,
+) -> Result<()> {
     for (rank, r) in replicas.iter().enumerate() {
         for b in 0..r.bucket_elements.len() {
             r.sum_gradients(exec, plan, rank, b, scale)?;
-            if scale.is_none() {
-                r.apply(exec, config, b, step)?;
-            }
         }
     }
-    let Some(scale) = loss_scale else {
-        return Ok(false);
-    };
+    Ok(())
+}
+
+/// The update of step `step` after [`sum_all`], on every replica: AdamW. With a loss
+/// scale, only when every replica's check is finite; otherwise no replica updates, and
+/// the scale is halved. Returns whether the update was skipped.
+pub(crate) fn apply_all(
+    replicas: &[&Replica],
+    exec: &dyn Exec,
+    config: &TrainConfig,
+    step: u64,
+    loss_scale: &mut Option<LossScale>,
+) -> Result<bool> {
     let mut finite = true;
-    for r in replicas {
-        if let Some(checks) = r.checks {
-            finite &= Replica::finite(&exec.read(checks)?);
+    if loss_scale.is_some() {
+        for r in replicas {
+            if let Some(checks) = r.checks {
+                finite &= Replica::finite(&exec.read(checks)?);
+            }
         }
     }
     if finite {
         // AdamW counts the updates applied.
-        let applied = step - scale.skipped;
+        let applied = step - loss_scale.map_or(0, |s| s.skipped);
         for r in replicas {
             for b in 0..r.bucket_elements.len() {
                 r.apply(exec, config, b, applied)?;
             }
         }
     }
-    if scale.observe(finite) {
-        for r in replicas {
-            r.set_loss_scale(exec, scale.scale)?;
+    if let Some(scale) = loss_scale {
+        if scale.observe(finite) {
+            for r in replicas {
+                r.set_loss_scale(exec, scale.scale)?;
+            }
         }
     }
     Ok(!finite)

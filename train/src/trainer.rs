@@ -10,7 +10,8 @@
 //! its slots up to its blocks of the fixed summation tree ([`crate::tree`]) and the
 //! blocks are all-reduced: the scheduler runs that while the replicas compute the
 //! buckets before it. Then every replica finishes the tree above the blocks and
-//! applies AdamW.
+//! applies AdamW. Most steps replay a recorded one instead of submitting its tasks
+//! again (see [`Trainer::step`]).
 //!
 //! **Determinism.** The sum over micro-batches is one fixed tree of `f32` additions,
 //! whoever computes which part of it; the all-reduce only moves the blocks (each row
@@ -32,7 +33,7 @@ use std::time::Instant;
 
 use xpu_collectives::{CommOptions, Communicator, ReduceOp};
 use xpu_hal::{DType, Device, Error, HostBuffer, Result, Scalar};
-use xpu_scheduler::{Builtin, Codelet, Scheduler, SchedulerOptions, Task};
+use xpu_scheduler::{Builtin, Codelet, Graph, Handle, Scheduler, SchedulerOptions, Task};
 
 use crate::checkpoint::Checkpoint;
 use crate::data::{Dataset, ModularAddition, Reverse};
@@ -355,6 +356,23 @@ pub struct Trainer {
     predicted: Vec<(String, f64)>,
     /// With `f16`, the dynamic loss scale.
     loss_scale: Option<LossScale>,
+    /// Per micro-batch of a step, its tokens' and labels' handles (written each step).
+    inputs: Vec<(Handle, Handle)>,
+    /// The step recorded for replay, if any.
+    replay: Option<Replay>,
+    /// Matrix-product FLOPs of the replayed steps.
+    replayed_flops: u64,
+    /// Steps replayed so far.
+    replayed: u64,
+}
+
+/// A step recorded for replay, with what it was recorded for.
+struct Replay {
+    /// The shares and the loss scale (its bits) it was recorded with.
+    key: (Vec<u64>, Option<u32>),
+    graph: Graph,
+    /// Its matrix products' FLOPs.
+    flops: u64,
 }
 
 impl Trainer {
@@ -408,6 +426,15 @@ impl Trainer {
         let shares = split::proportional(micro_batches, &vec![None; devices.len()]);
         let tokens_per_step = tokens_per_step(data.as_ref(), &config);
         let config_scales = config.precision.scales_loss();
+        let sample = data.examples(0, config.micro_batch as usize);
+        let inputs = (0..micro_batches)
+            .map(|_| {
+                Ok((
+                    sched.create(sample.tokens.len() as u64 * 4)?,
+                    sched.create(sample.labels.len() as u64 * 4)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Trainer {
             data,
             config,
@@ -421,12 +448,21 @@ impl Trainer {
             tokens_per_step,
             predicted: Vec::new(),
             loss_scale: config_scales.then(LossScale::default),
+            inputs,
+            replay: None,
+            replayed_flops: 0,
+            replayed: 0,
         })
     }
 
     /// Steps done so far.
     pub fn steps_done(&self) -> u64 {
         self.step
+    }
+
+    /// Steps replayed from a recorded one so far (see [`Trainer::step`]).
+    pub fn replayed_steps(&self) -> u64 {
+        self.replayed
     }
 
     /// The parameter count.
@@ -481,12 +517,18 @@ impl Trainer {
     }
 
     /// One training step over the next global batch.
+    ///
+    /// Steps whose timings feed a rebalancing (the first `rebalance_every`, then every
+    /// `rebalance_every`-th) submit their tasks one by one, so that the scheduler's
+    /// models learn from them. The others replay the step recorded with the current
+    /// split and loss scale ([`Scheduler::record`]): the same tasks, without their
+    /// submission cost, the inputs written into the same handles. The update (AdamW's
+    /// step count changes every step) is submitted every time.
     pub fn step(&mut self) -> Result<StepReport> {
         let start = Instant::now();
         let flops_before: u64 = self.matmul_flops();
         let n = self.config.micro_batch;
         let shares = self.shares.clone();
-        let ranges = split::ranges(&shares);
         // The order of the sum and the blocks the replicas exchange.
         let plan = Plan::new(&shares);
         if self.replicas.len() > 1 {
@@ -494,91 +536,55 @@ impl Trainer {
                 r.set_exchange(&self.sched, plan.rows)?;
             }
         }
+        // Every micro-batch's inputs, into its handles.
         let first_example = self.step * self.config.global_batch;
-        // Zero the gradient slots.
-        let dtype = self.config.precision.dtype();
-        let zero = Codelet::from_builtin(Builtin::Fill {
-            value: Scalar::from_f64(dtype, 0.0),
-        });
-        for r in &self.replicas {
-            for g in &r.grad_slots {
-                self.sched
-                    .submit(Task::new(&zero).write(*g).on(&r.device))?;
-            }
+        for (j, &(tokens, labels)) in self.inputs.iter().enumerate() {
+            let ex = self.data.examples(first_example + j as u64 * n, n as usize);
+            self.sched.write(tokens, bytemuck::cast_slice(&ex.tokens))?;
+            self.sched.write(labels, bytemuck::cast_slice(&ex.labels))?;
         }
-        // Every micro-batch's inputs.
-        let mut inputs = Vec::new();
-        let mut batches: Vec<Vec<MicroBatch>> = Vec::new();
-        for (r, range) in self.replicas.iter().zip(&ranges) {
-            let mut mine = Vec::new();
-            for (k, j) in range.clone().enumerate() {
-                let ex = self.data.examples(first_example + j * n, n as usize);
-                let tokens = self
-                    .sched
-                    .register(HostBuffer::from_bytes(bytemuck::cast_slice(&ex.tokens))?)?;
-                let labels = self
-                    .sched
-                    .register(HostBuffer::from_bytes(bytemuck::cast_slice(&ex.labels))?)?;
-                inputs.extend([tokens, labels]);
-                mine.push(MicroBatch {
-                    index: j,
-                    tokens,
-                    labels,
-                    loss_offset: k as u64 * self.model.loss_rows(),
-                });
-            }
-            let _ = r;
-            batches.push(mine);
-        }
-        let rounds = shares.iter().copied().max().unwrap_or(0);
-        let buckets = self.model.layout().specs.len();
-        let record = self.micro_batch_tasks.is_empty();
-        for round in 0..rounds {
-            let last = round + 1 == rounds;
-            for (r, mine) in self.replicas.iter().zip(&batches) {
-                let share = mine.len() as u64;
-                if round < rounds - share {
-                    continue;
-                }
-                let mb = &mine[(round - (rounds - share)) as usize];
-                if record && self.micro_batch_tasks.is_empty() && !last {
-                    *r.recording.lock().unwrap_or_else(|p| p.into_inner()) = Some(Vec::new());
-                }
-                self.model.forward(&self.sched, r, mb)?;
-                if !last {
-                    for bucket in (0..buckets).rev() {
-                        self.model.backward(&self.sched, r, mb, bucket)?;
-                    }
-                    if let Some(kept) = r.recording.lock().unwrap_or_else(|p| p.into_inner()).take()
-                    {
-                        self.micro_batch_tasks = kept;
-                    }
-                }
-            }
-            if last {
-                for bucket in (0..buckets).rev() {
-                    for (r, mine) in self.replicas.iter().zip(&batches) {
-                        if let Some(mb) = mine.last() {
-                            self.model.backward(&self.sched, r, mb, bucket)?;
-                        }
-                    }
-                    for (rank, r) in self.replicas.iter().enumerate() {
-                        r.sum_blocks(&self.sched, &plan, rank, bucket)?;
-                    }
-                    if let Some(comm) = &self.comm {
-                        let blocks: Vec<_> =
-                            self.replicas.iter().map(|r| r.exchange[bucket]).collect();
-                        self.sched
-                            .all_reduce(comm, &blocks, DType::F32, ReduceOp::Sum)?;
-                    }
-                }
-            }
-        }
-        // The micro-batches' gradients summed by the tree, and the update, on
-        // every replica.
         let step = self.step + 1;
+        let every = self.config.rebalance_every;
+        let learning = every > 0 && (step <= every || step.is_multiple_of(every));
         let loss_scale = self.loss_scale.map(|s| s.scale);
-        let skipped = self.update(&plan, step)?;
+        let key = (shares.clone(), loss_scale.map(f32::to_bits));
+        match &self.replay {
+            Some(r) if !learning && r.key == key => {
+                self.sched.replay(&r.graph)?;
+                self.replayed_flops += r.flops;
+                self.replayed += 1;
+            }
+            _ if !learning => {
+                self.replay = None;
+                let before = self.matmul_flops();
+                let mut kept = None;
+                let graph = self.sched.record(|_| {
+                    kept = self.submit_step(&plan, &shares, loss_scale)?;
+                    Ok(())
+                })?;
+                self.replay = Some(Replay {
+                    key,
+                    graph,
+                    flops: self.matmul_flops().saturating_sub(before),
+                });
+                if let Some(kept) = kept {
+                    self.micro_batch_tasks = kept;
+                }
+            }
+            _ => {
+                if let Some(kept) = self.submit_step(&plan, &shares, loss_scale)? {
+                    self.micro_batch_tasks = kept;
+                }
+            }
+        }
+        let replicas: Vec<&Replica> = self.replicas.iter().collect();
+        let skipped = crate::replica::apply_all(
+            &replicas,
+            &self.sched,
+            &self.config,
+            step,
+            &mut self.loss_scale,
+        )?;
         // The losses, in example order.
         let rows = self.model.loss_rows();
         let mut sum = 0.0f64;
@@ -592,20 +598,16 @@ impl Trainer {
             }
         }
         self.sched.wait_all()?;
-        for h in inputs {
-            self.sched.unregister(h)?;
-        }
         self.step = step;
         // Early on, after every step (as soon as the models know every device); then
         // every `rebalance_every` steps.
-        let every = self.config.rebalance_every;
         let devices = self
             .replicas
             .iter()
             .map(|r| r.device.id().to_string())
             .collect();
         let (mut left_out, mut stragglers) = (Vec::new(), Vec::new());
-        if every > 0 && (step <= every || step.is_multiple_of(every)) {
+        if learning {
             (left_out, stragglers) = self.rebalance(step < every)?;
             if step <= every {
                 // Early predictions still move as the models calibrate: a change
@@ -628,17 +630,91 @@ impl Trainer {
         })
     }
 
-    /// The update after step `step`'s backward passes (see [`crate::replica::update`]).
-    fn update(&mut self, plan: &Plan, step: u64) -> Result<bool> {
+    /// Submits one step up to the summed gradients: the slots zeroed, every replica's
+    /// micro-batches (of `shares`) in rounds aligned at the end, each bucket's blocks
+    /// exchanged as soon as the backward pass has finished it, and the tree of `plan`
+    /// summed (divided by the loss `scale`, if any). Returns the tasks of one
+    /// micro-batch when they were not kept yet.
+    fn submit_step(
+        &self,
+        plan: &Plan,
+        shares: &[u64],
+        scale: Option<f32>,
+    ) -> Result<Option<Vec<Task>>> {
+        let dtype = self.config.precision.dtype();
+        let zero = Codelet::from_builtin(Builtin::Fill {
+            value: Scalar::from_f64(dtype, 0.0),
+        });
+        for r in &self.replicas {
+            for g in &r.grad_slots {
+                self.sched
+                    .submit(Task::new(&zero).write(*g).on(&r.device))?;
+            }
+        }
+        let rows = self.model.loss_rows();
+        let batches: Vec<Vec<MicroBatch>> = split::ranges(shares)
+            .into_iter()
+            .map(|range| {
+                range
+                    .enumerate()
+                    .map(|(k, j)| MicroBatch {
+                        index: j,
+                        tokens: self.inputs[j as usize].0,
+                        labels: self.inputs[j as usize].1,
+                        loss_offset: k as u64 * rows,
+                    })
+                    .collect()
+            })
+            .collect();
+        let rounds = shares.iter().copied().max().unwrap_or(0);
+        let buckets = self.model.layout().specs.len();
+        let mut kept = None;
+        let keep = self.micro_batch_tasks.is_empty();
+        for round in 0..rounds {
+            let last = round + 1 == rounds;
+            for (r, mine) in self.replicas.iter().zip(&batches) {
+                let share = mine.len() as u64;
+                if round < rounds - share {
+                    continue;
+                }
+                let mb = &mine[(round - (rounds - share)) as usize];
+                if keep && kept.is_none() && !last {
+                    *r.recording.lock().unwrap_or_else(|p| p.into_inner()) = Some(Vec::new());
+                }
+                self.model.forward(&self.sched, r, mb)?;
+                if !last {
+                    for bucket in (0..buckets).rev() {
+                        self.model.backward(&self.sched, r, mb, bucket)?;
+                    }
+                    if let Some(tasks) =
+                        r.recording.lock().unwrap_or_else(|p| p.into_inner()).take()
+                    {
+                        kept = Some(tasks);
+                    }
+                }
+            }
+            if last {
+                for bucket in (0..buckets).rev() {
+                    for (r, mine) in self.replicas.iter().zip(&batches) {
+                        if let Some(mb) = mine.last() {
+                            self.model.backward(&self.sched, r, mb, bucket)?;
+                        }
+                    }
+                    for (rank, r) in self.replicas.iter().enumerate() {
+                        r.sum_blocks(&self.sched, plan, rank, bucket)?;
+                    }
+                    if let Some(comm) = &self.comm {
+                        let blocks: Vec<_> =
+                            self.replicas.iter().map(|r| r.exchange[bucket]).collect();
+                        self.sched
+                            .all_reduce(comm, &blocks, DType::F32, ReduceOp::Sum)?;
+                    }
+                }
+            }
+        }
         let replicas: Vec<&Replica> = self.replicas.iter().collect();
-        crate::replica::update(
-            &replicas,
-            &self.sched,
-            &self.config,
-            plan,
-            step,
-            &mut self.loss_scale,
-        )
+        crate::replica::sum_all(&replicas, &self.sched, plan, scale)?;
+        Ok(kept)
     }
 
     /// The dynamic loss scale (with `f16`).
@@ -652,7 +728,8 @@ impl Trainer {
         self.replicas
             .iter()
             .map(|r| r.matmul_flops.load(Ordering::Relaxed))
-            .sum()
+            .sum::<u64>()
+            + self.replayed_flops
     }
 
     /// The run's state after the last step, copied to host memory (replica 0's
@@ -756,6 +833,7 @@ impl Trainer {
         if c.shares.len() == self.replicas.len() {
             self.shares = c.shares.clone();
         }
+        self.replay = None;
         Ok(())
     }
 
@@ -842,6 +920,7 @@ impl Trainer {
         }
         self.replicas = keep;
         if !left_out.is_empty() {
+            self.replay = None;
             let devices: Vec<Device> = self.replicas.iter().map(|r| r.device.clone()).collect();
             self.comm = if devices.len() > 1 {
                 Some(Communicator::new(devices, CommOptions::from_env()?)?)

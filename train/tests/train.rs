@@ -244,3 +244,25 @@ fn a_much_slower_device_gets_a_small_share_within_a_few_steps() {
         .inject_fault(Fault::Slow(std::time::Duration::ZERO))
         .unwrap();
 }
+
+/// Replayed steps (recorded once, their inputs rewritten) train exactly as steps
+/// submitted task by task: on one device, a trainer that never rebalances replays from
+/// its second step, one that rebalances every 1000 steps submits all of them.
+#[test]
+fn replayed_steps_give_the_submitted_trajectory() {
+    let devices = host("host:0");
+    let run = |every| {
+        let config = TrainConfig {
+            rebalance_every: every,
+            ..TrainConfig::transformer()
+        };
+        let mut t = Trainer::new(&devices, config).unwrap();
+        let losses: Vec<f64> = (0..6).map(|_| t.step().unwrap().loss).collect();
+        (losses, t.read_parameters(0).unwrap(), t.replayed_steps())
+    };
+    let (replayed, replayed_params, replays) = run(0);
+    let (submitted, submitted_params, none) = run(1000);
+    assert_eq!((replays, none), (5, 0));
+    assert_eq!(replayed, submitted);
+    assert_eq!(replayed_params, submitted_params);
+}

@@ -778,6 +778,29 @@ impl Scheduler {
         Ok(bytes)
     }
 
+    /// Replaces `handle`'s value with `bytes` (its whole length) once every task
+    /// submitted so far that uses it has run: tasks submitted after read `bytes`. The
+    /// handle stays the same, so a recorded graph that uses it replays on the new value
+    /// (a training step's inputs); its copies on the devices are dropped.
+    pub fn write(&self, handle: Handle, bytes: &[u8]) -> Result<()> {
+        if bytes.len() as u64 != handle.len() {
+            return Err(Error::invalid(format!(
+                "{} bytes for {handle}, which holds {}; give its whole value",
+                bytes.len(),
+                handle.len()
+            )));
+        }
+        let buffer = HostBuffer::from_bytes(bytes)?;
+        let n = self.shared.devices.len();
+        let mut st = self.home(handle)?;
+        let hs = st
+            .handles
+            .get_mut(&handle.id)
+            .ok_or_else(|| unknown(handle))?;
+        *hs = HandleState::new(handle, buffer, n);
+        Ok(())
+    }
+
     /// Gives `handle`'s home buffer back with the handle's current value, once every
     /// task submitted so far that uses it has run; the handle can no longer be used.
     pub fn unregister(&self, handle: Handle) -> Result<HostBuffer> {
@@ -793,6 +816,7 @@ impl Scheduler {
     /// far that uses it has run (tasks run again after a failure included).
     fn home(&self, handle: Handle) -> Result<MutexGuard<'_, State>> {
         let mut st = self.drained();
+        let mut lost = None;
         for _ in 0..=MAX_ATTEMPTS {
             st.poll(&self.shared);
             if !st.queues.pending.is_empty() {
@@ -808,14 +832,24 @@ impl Scheduler {
             if taken.iter().all(Option::is_none) {
                 return Ok(st);
             }
+            if let Some(e) = taken
+                .iter()
+                .flatten()
+                .find(|e| matches!(e, Error::DeviceLost { .. }))
+            {
+                lost = Some(e.clone());
+            }
             // Work failed meanwhile: recover, then bring the value home again.
             st.poll_taken(&self.shared, &mut taken);
             drop(st);
             st = self.drained();
         }
-        Err(Error::aborted(format!(
-            "{handle}: work kept failing while its value was brought home; see the errors of wait_all"
-        )))
+        // A device that keeps failing is lost: say so, so that the caller can act on it.
+        Err(lost.unwrap_or_else(|| {
+            Error::aborted(format!(
+                "{handle}: work kept failing while its value was brought home; see the errors of wait_all"
+            ))
+        }))
     }
 
     /// What it has done so far.

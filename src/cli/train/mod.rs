@@ -504,6 +504,7 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
                 "overlap_frac": overlap,
                 "peak_memory_bytes": peak,
                 "recoveries": recoveries.len(),
+                "replayed_steps": trainer.replayed_steps(),
                 "compare": comparison.as_ref().map(compare::Comparison::to_json),
                 "checkpoints": kept.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
             })
