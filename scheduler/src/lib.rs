@@ -38,7 +38,8 @@
 //! recently used replicas there are dropped, a replica holding the only valid copy being
 //! written back home first; a task whose data a device cannot hold even then goes to the
 //! next candidate device. [`Scheduler::read`] and [`Scheduler::unregister`] bring the
-//! latest value home.
+//! latest value home; [`Scheduler::write`] replaces a handle's value in place (its
+//! device copies dropped), so that a recorded graph replays on new inputs.
 //!
 //! ## Codelets and placement
 //!

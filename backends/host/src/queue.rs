@@ -54,8 +54,9 @@ const SPIN: Duration = Duration::from_micros(30);
 
 /// One unit of stream work.
 pub(crate) enum Job {
-    /// Work that returns its own result.
-    Work(Box<dyn FnOnce() -> Result<()> + Send>),
+    /// Work that returns its own result, and how many operations it does (an
+    /// injected slowdown delays each).
+    Work(Box<dyn FnOnce() -> Result<()> + Send>, u64),
     /// An event's point on the timeline.
     Mark(Arc<HostEvent>),
 }
@@ -213,7 +214,7 @@ impl Timeline {
             if let Some(last) = jobs.queue.back_mut() {
                 return Ok(match &last.job {
                     Job::Mark(m) => m.clone(),
-                    Job::Work(_) => last
+                    Job::Work(..) => last
                         .mark
                         .get_or_insert_with(|| Arc::new(HostEvent::new(self.clone(), submitted)))
                         .clone(),
@@ -432,7 +433,7 @@ fn worker(timeline: &Timeline) {
 fn run(job: Job, timeline: &Timeline) {
     match job {
         Job::Mark(mark) => mark.reached(),
-        Job::Work(work) => {
+        Job::Work(work, ops) => {
             if timeline.has_error.load(Ordering::Acquire) {
                 // Skipped: an earlier job failed and the error has not been reported.
                 return;
@@ -442,7 +443,9 @@ fn run(job: Job, timeline: &Timeline) {
                 timeline.set_error(e);
                 return;
             }
-            let delay = u64::try_from(timeline.faults.delay().as_nanos()).unwrap_or(u64::MAX);
+            let delay = u64::try_from(timeline.faults.delay().as_nanos())
+                .unwrap_or(u64::MAX)
+                .saturating_mul(ops);
             if delay > 0 {
                 // An injected straggler: the work takes longer, its result is the same.
                 // Short delays are owed and slept in one go once they reach a
@@ -474,10 +477,13 @@ mod tests {
     use super::*;
 
     fn job(f: impl FnOnce() + Send + 'static) -> Job {
-        Job::Work(Box::new(move || {
-            f();
-            Ok(())
-        }))
+        Job::Work(
+            Box::new(move || {
+                f();
+                Ok(())
+            }),
+            1,
+        )
     }
 
     /// Waiters for many different points, some running jobs, some timed, all return

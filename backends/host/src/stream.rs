@@ -41,7 +41,12 @@ impl HostStream {
     }
 
     fn work(&self, f: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
-        self.queue.push(Job::Work(Box::new(f))).map(|_| ())
+        self.work_of(1, f)
+    }
+
+    /// Queues `f`, which does `ops` operations.
+    fn work_of(&self, ops: u64, f: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
+        self.queue.push(Job::Work(Box::new(f), ops)).map(|_| ())
     }
 
     /// Records an event and returns it as the concrete host type.
@@ -176,7 +181,9 @@ impl StreamImpl for HostStream {
         // One job for all of them: each runs in turn, and the first failure ends the
         // job, as it would make the stream skip the jobs after it.
         let threads = self.threads.clone();
-        self.work(move || ops.iter().try_for_each(|op| run_op(op, &threads)))
+        self.work_of(ops.len() as u64, move || {
+            ops.iter().try_for_each(|op| run_op(op, &threads))
+        })
     }
 
     fn batch_kept(
@@ -187,7 +194,7 @@ impl StreamImpl for HostStream {
         // Bound on the worker as it runs them: the submitting thread only queues the job.
         let kept = kept.clone();
         let threads = self.threads.clone();
-        self.work(move || {
+        self.work_of(kept.len() as u64, move || {
             kept.bound(&memory)
                 .try_for_each(|op| run_op(&op?, &threads))
         })

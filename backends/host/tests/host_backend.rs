@@ -134,6 +134,20 @@ fn an_injected_slowdown_delays_work_and_keeps_results() {
         t.elapsed()
     );
     assert_eq!(s.read(&a).unwrap(), vec![3u8; 64]);
+    // A batch of three operations is slowed as three.
+    let t = Instant::now();
+    let mut batch = s.batch();
+    for v in 4..=6u8 {
+        batch.fill(&a, Scalar::U8(v)).unwrap();
+    }
+    batch.submit().unwrap();
+    s.synchronize().unwrap();
+    assert!(
+        t.elapsed() >= Duration::from_millis(60),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(s.read(&a).unwrap(), vec![6u8; 64]);
     d.inject_fault(Fault::Slow(Duration::ZERO)).unwrap();
     s.fill(&a, Scalar::U8(9)).unwrap();
     assert_eq!(s.read(&a).unwrap(), vec![9u8; 64]);
