@@ -4,9 +4,9 @@
 //! With a low [`Precision`], a replica keeps `f32` master parameters and AdamW moments
 //! and, beside them, a copy of the parameters in the compute dtype, cast from the
 //! masters after every update. Activations, their gradients, the per-micro-batch
-//! gradient slots (so the all-reduce moves half the bytes) and the losses are in the
-//! compute dtype; every operation computes in `f32` and rounds its result once (the
-//! HAL's rule), and layer norm's row statistics stay `f32`. The slots are widened to
+//! gradient slots and the losses are in the compute dtype; every operation computes
+//! in `f32` and rounds its result once (the HAL's rule), and layer norm's row
+//! statistics stay `f32`. The slots are widened to
 //! `f32` before they are summed by the fixed tree, so the accumulation over the
 //! batch and the update are `f32`.
 //!
