@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages xpu needs, skipping those already installed.
 #
-#   scripts/deps.sh          what the build needs: a C toolchain, and hwloc with its
-#                            pkg-config metadata (topology discovery links against it)
+#   scripts/deps.sh          what the build needs: a C toolchain, hwloc with its
+#                            pkg-config metadata (topology discovery links against it),
+#                            and Open MPI with libclang (communicators across processes;
+#                            the `mpi` feature, on by default, binds to it with bindgen)
 #   scripts/deps.sh --test   also what the full test run uses: the Vulkan loader, Mesa's
 #                            lavapipe driver and the Khronos validation layer, so that the
 #                            Vulkan backend runs without a GPU
@@ -12,7 +14,7 @@
 # Uses apt-get directly as root and through sudo otherwise.
 set -euo pipefail
 
-packages=(build-essential pkg-config libhwloc-dev libudev-dev)
+packages=(build-essential pkg-config libhwloc-dev libudev-dev libopenmpi-dev openmpi-bin libclang-dev)
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(libvulkan1 mesa-vulkan-drivers vulkan-validationlayers)
 elif [[ "${1:-}" == "--bench" ]]; then

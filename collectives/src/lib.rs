@@ -46,6 +46,7 @@
 
 pub mod check;
 pub mod comm;
+pub mod process;
 pub mod topology;
 
 pub use comm::algorithms::Algorithm;

@@ -42,6 +42,7 @@ mod rendezvous;
 pub mod select;
 mod shared_memory;
 mod small;
+mod span;
 mod staging;
 mod transport;
 mod wait;
@@ -66,6 +67,7 @@ use transport::{RankIo, Slice, Transport};
 use wait::Spinner;
 
 pub use rank::Rank;
+pub(crate) use shared_memory::reduce_into as reduce_bytes;
 
 /// How long a rank waiting for the others spins before it sleeps.
 const SPIN: Duration = Duration::from_micros(100);
@@ -222,6 +224,8 @@ struct Shared {
 #[derive(Clone)]
 pub struct Communicator {
     shared: Arc<Shared>,
+    /// The communicator's processes, when it spans more than this one.
+    span: Option<Arc<span::Span>>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -359,17 +363,34 @@ impl Communicator {
                 ran_enqueued: CachePadded::new(AtomicU64::new(0)),
                 aux: Mutex::new(vec![None; n]),
             }),
+            span: None,
         })
     }
 
-    /// The number of ranks.
+    /// The number of ranks, in every process for a communicator across processes.
     pub fn size(&self) -> usize {
-        self.shared.devices.len()
+        match &self.span {
+            Some(span) => span.size,
+            None => self.shared.devices.len(),
+        }
     }
 
-    /// The ranks' devices, by rank.
+    /// This process's ranks' devices, by rank: every rank's, unless the communicator
+    /// spans processes.
     pub fn devices(&self) -> &[Device] {
         &self.shared.devices
+    }
+
+    /// The communicator rank of this process's first device: 0 unless the communicator
+    /// spans processes. This process's ranks are that one and those after it.
+    pub fn first_rank(&self) -> usize {
+        self.span.as_ref().map_or(0, |s| s.procs[s.me].first_rank)
+    }
+
+    /// The processes a communicator across processes spans, in process order; empty for
+    /// a communicator within one process.
+    pub fn processes(&self) -> &[crate::process::ProcessInfo] {
+        self.span.as_ref().map_or(&[], |s| &s.procs)
     }
 
     /// The topology the algorithms are chosen from.
@@ -377,7 +398,7 @@ impl Communicator {
         &self.shared.topology
     }
 
-    /// The handle of rank `rank`.
+    /// The handle of rank `rank`, which must be one of this process's.
     pub fn rank(&self, rank: usize) -> Result<Rank> {
         if rank >= self.size() {
             return Err(Error::invalid(format!(
@@ -386,18 +407,29 @@ impl Communicator {
                 self.size() - 1
             )));
         }
+        let first = self.first_rank();
+        let local = self.shared.devices.len();
+        if !(first..first + local).contains(&rank) {
+            return Err(Error::invalid(format!(
+                "rank {rank} belongs to another process; this process holds ranks {first} to {}",
+                first + local - 1
+            )));
+        }
         Ok(Rank {
             shared: self.shared.clone(),
-            rank,
+            rank: rank - first,
+            span: self.span.clone(),
         })
     }
 
-    /// Every rank's handle, in rank order.
+    /// This process's ranks' handles, in rank order: every rank's, unless the
+    /// communicator spans processes.
     pub fn ranks(&self) -> Vec<Rank> {
-        (0..self.size())
+        (0..self.shared.devices.len())
             .map(|rank| Rank {
                 shared: self.shared.clone(),
                 rank,
+                span: self.span.clone(),
             })
             .collect()
     }
@@ -443,6 +475,10 @@ impl Communicator {
     /// [`Error::Aborted`] at once, and so does every later call. Work already enqueued on
     /// the streams is not cancelled. Returns without waiting for any rank or device.
     pub fn abort(&self) {
+        if let Some(span) = &self.span {
+            span.aborted.store(true, Ordering::Release);
+            span.peers.abort_others();
+        }
         self.shared.aborted.store(true, Ordering::Release);
         self.shared.failed_flag.store(true, Ordering::Release);
         if let Ok(mut st) = self.shared.state.try_lock() {

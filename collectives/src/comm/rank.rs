@@ -10,7 +10,10 @@ use super::*;
 #[derive(Clone)]
 pub struct Rank {
     pub(super) shared: Arc<Shared>,
+    /// The rank's index among this process's ranks.
     pub(super) rank: usize,
+    /// The communicator's processes, when it spans more than this one.
+    pub(super) span: Option<Arc<span::Span>>,
 }
 
 impl std::fmt::Debug for Rank {
@@ -25,12 +28,18 @@ impl std::fmt::Debug for Rank {
 impl Rank {
     /// This rank's number.
     pub fn rank(&self) -> usize {
-        self.rank
+        match self.span() {
+            Some(span) => span.procs[span.me].first_rank + self.rank,
+            None => self.rank,
+        }
     }
 
-    /// The number of ranks.
+    /// The number of ranks (in every process, for a communicator across processes).
     pub fn size(&self) -> usize {
-        self.shared.devices.len()
+        match self.span() {
+            Some(span) => span.size,
+            None => self.shared.devices.len(),
+        }
     }
 
     /// This rank's device.
@@ -343,6 +352,9 @@ impl Rank {
         op: ReduceOp,
         stream: &Stream,
     ) -> Result<()> {
+        if let Some(span) = self.span() {
+            return self.span_all_reduce(span, send.into(), recv.into(), dtype, op, stream);
+        }
         let (send, recv) = (send.into(), recv.into());
         self.arrive(stream, || {
             let s = check_slice(self.device(), &send, "send buffer")?;
@@ -374,6 +386,9 @@ impl Rank {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
+        if let Some(span) = self.span() {
+            return self.span_reduce(span, send.into(), recv, dtype, op, root, stream);
+        }
         let send = send.into();
         self.arrive(stream, || {
             self.check_root(root)?;
@@ -418,6 +433,9 @@ impl Rank {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
+        if let Some(span) = self.span() {
+            return self.span_broadcast(span, send, recv.into(), root, stream);
+        }
         let recv = recv.into();
         self.arrive(stream, || {
             self.check_root(root)?;
@@ -455,6 +473,9 @@ impl Rank {
         recv: impl Into<BufferSlice<'b>>,
         stream: &Stream,
     ) -> Result<()> {
+        if let Some(span) = self.span() {
+            return self.span_all_gather(span, send.into(), recv.into(), stream);
+        }
         let (send, recv) = (send.into(), recv.into());
         self.arrive(stream, || {
             let s = check_slice(self.device(), &send, "send buffer")?;
@@ -489,6 +510,9 @@ impl Rank {
         op: ReduceOp,
         stream: &Stream,
     ) -> Result<()> {
+        if let Some(span) = self.span() {
+            return self.span_reduce_scatter(span, send.into(), recv.into(), dtype, op, stream);
+        }
         let (send, recv) = (send.into(), recv.into());
         self.arrive(stream, || {
             let s = check_slice(self.device(), &send, "send buffer")?;
@@ -522,6 +546,9 @@ impl Rank {
         recv: impl Into<BufferSlice<'b>>,
         stream: &Stream,
     ) -> Result<()> {
+        if let Some(span) = self.span() {
+            return self.span_all_to_all(span, send.into(), recv.into(), stream);
+        }
         let (send, recv) = (send.into(), recv.into());
         self.arrive(stream, || {
             let s = check_slice(self.device(), &send, "send buffer")?;
@@ -555,6 +582,9 @@ impl Rank {
     /// Returns once every rank has called it; work each rank enqueues on `stream` after
     /// the barrier starts only when every rank's stream has reached it.
     pub fn barrier(&self, stream: &Stream) -> Result<()> {
+        if let Some(span) = self.span() {
+            return self.span_barrier(span, stream);
+        }
         self.arrive(stream, || {
             Ok((
                 OpDesc {
@@ -598,6 +628,10 @@ impl Rank {
         peer: usize,
         stream: &Stream,
     ) -> Result<()> {
+        if let Some(span) = self.span() {
+            let local = self.span_peer(span, peer, "a send")?;
+            return self.here().send(data, local, stream);
+        }
         let data = data.into();
         self.check_peer(peer)?;
         let io = self.io(stream)?;
@@ -630,6 +664,10 @@ impl Rank {
         peer: usize,
         stream: &Stream,
     ) -> Result<()> {
+        if let Some(span) = self.span() {
+            let local = self.span_peer(span, peer, "a receive")?;
+            return self.here().recv(data, local, stream);
+        }
         let data = data.into();
         self.check_peer(peer)?;
         let io = self.io(stream)?;

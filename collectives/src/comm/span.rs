@@ -1,0 +1,828 @@
+//! Operations of a communicator that spans processes (see [`crate::process`]): the
+//! process's ranks combine their data at a leader with the in-process algorithms, the
+//! leaders exchange between processes, and each leader hands the result back.
+//!
+//! The in-process steps go through [`Rank::here`], the same rank on the process's own
+//! communicator, which checks each rank's arguments as an in-process call does. The
+//! leader's step stages its data through host buffers of the span's own ([`Scratch`]);
+//! when an exchange between processes fails in a way that leaves those buffers to the
+//! transport, they are leaked rather than freed under it.
+
+use xpu_hal::HostBuffer;
+
+use super::args::{check_len, Range};
+use super::*;
+use crate::process::between::{Between, Failure};
+use crate::process::wire::Header;
+use crate::process::{Peers, ProcessInfo};
+
+/// A communicator's processes, and this process's place among them.
+pub(crate) struct Span {
+    pub peers: Box<dyn Peers>,
+    pub procs: Vec<ProcessInfo>,
+    /// This process's index.
+    pub me: usize,
+    /// Ranks in all processes.
+    pub size: usize,
+    pub timeout: Duration,
+    /// Per local rank: the number of its next operation.
+    pub seqs: Vec<CachePadded<AtomicU64>>,
+    pub scratch: Mutex<Scratch>,
+    pub aborted: AtomicBool,
+}
+
+/// The leader's host buffers.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    data: Option<HostBuffer>,
+    extra: Option<HostBuffer>,
+    heads: Vec<Header>,
+}
+
+/// A host buffer of at least `len` bytes, reusing `slot`'s.
+fn at_least(slot: &mut Option<HostBuffer>, len: usize) -> Result<&mut HostBuffer> {
+    if slot.as_ref().is_none_or(|b| b.len() < len) {
+        let grown = slot.as_ref().map_or(0, |b| b.len().saturating_mul(2));
+        *slot = Some(HostBuffer::new(len.max(grown).max(64))?);
+    }
+    slot.as_mut()
+        .ok_or_else(|| Error::backend_message("collectives", "internal error: no scratch"))
+}
+
+impl Span {
+    fn me(&self) -> &ProcessInfo {
+        &self.procs[self.me]
+    }
+
+    /// The process holding global rank `rank`, and the rank's index there.
+    fn locate(&self, rank: usize) -> Result<(usize, usize)> {
+        self.procs
+            .iter()
+            .find(|p| (p.first_rank..p.first_rank + p.ranks()).contains(&rank))
+            .map(|p| (p.index, rank - p.first_rank))
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "rank {rank} is not a rank; the communicator has {} ranks",
+                    self.size
+                ))
+            })
+    }
+
+    /// Byte ranges of each process's ranks' blocks of `unit` bytes.
+    fn process_blocks(&self, unit: usize) -> Vec<(usize, usize)> {
+        self.procs
+            .iter()
+            .map(|p| (p.first_rank * unit, p.ranks() * unit))
+            .collect()
+    }
+}
+
+/// What the leader's step stages in and out: device ranges and their offsets in `data`.
+struct Stage<'s> {
+    fill: Vec<(BufferSlice<'s>, usize)>,
+    drain: Vec<(usize, BufferSlice<'s>)>,
+    data: usize,
+    extra: usize,
+}
+
+fn usize_of(n: u64) -> Result<usize> {
+    usize::try_from(n)
+        .map_err(|_| Error::invalid("the operation does not fit this platform's sizes"))
+}
+
+impl Rank {
+    /// The span this rank's communicator has, when it crosses processes.
+    pub(super) fn span(&self) -> Option<&Arc<Span>> {
+        self.span.as_ref()
+    }
+
+    /// The same rank on this process's own communicator.
+    pub(super) fn here(&self) -> Rank {
+        Rank {
+            shared: self.shared.clone(),
+            rank: self.rank,
+            span: None,
+        }
+    }
+
+    /// The local index of `peer`, a rank of this process.
+    pub(super) fn span_peer(&self, span: &Span, peer: usize, what: &str) -> Result<usize> {
+        let (p, l) = span.locate(peer)?;
+        if p != span.me {
+            return Err(Error::unsupported(format!(
+                "{what} to or from rank {peer}, in {}: point-to-point transfers run between ranks of one process; between processes use a collective (a broadcast rooted at the sender)",
+                span.procs[p].describe()
+            )));
+        }
+        Ok(l)
+    }
+
+    fn local_size(&self) -> usize {
+        self.shared.devices.len()
+    }
+
+    /// Runs the leader's step of operation `desc` (global ranks) on `stream`.
+    fn lead(
+        &self,
+        span: &Span,
+        seq: u64,
+        desc: OpDesc,
+        stream: &Stream,
+        stage: Stage<'_>,
+        exchange: impl FnOnce(
+            &mut Between<'_>,
+            &mut [u8],
+            &mut [u8],
+        ) -> std::result::Result<(), Failure>,
+    ) -> Result<()> {
+        let mut scratch = span.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let result = (|| -> std::result::Result<(), Failure> {
+            {
+                let st = self.shared.lock();
+                self.shared.check_failed(&st)?;
+            }
+            let s = &mut *scratch;
+            let data = at_least(&mut s.data, stage.data)?;
+            for (slice, off) in &stage.fill {
+                stream.copy_to_host(*slice, data, *off as u64)?;
+            }
+            stream.synchronize()?;
+            let extra = at_least(&mut s.extra, stage.extra)?;
+            let (data_bytes, extra_bytes) = (
+                &mut data.as_mut_slice()?[..stage.data],
+                &mut extra.as_mut_slice()?[..stage.extra],
+            );
+            let mut between = Between {
+                peers: &*span.peers,
+                procs: &span.procs,
+                seq,
+                desc,
+                timeout: span.timeout,
+                deadline: Instant::now() + span.timeout,
+                abort: &span.aborted,
+                heads: &mut s.heads,
+            };
+            exchange(&mut between, data_bytes, extra_bytes)?;
+            for (off, slice) in &stage.drain {
+                stream.copy_from_host(data, *off as u64, *slice)?;
+            }
+            stream.synchronize()?;
+            Ok(())
+        })();
+        let Err(failure) = result else {
+            return Ok(());
+        };
+        if failure.in_use {
+            // The transport may still write them: never free them.
+            std::mem::forget(std::mem::take(&mut *scratch));
+        }
+        drop(scratch);
+        // The other processes learn of it at once rather than at their deadline.
+        if !matches!(failure.error, Error::Timeout { .. } | Error::Aborted { .. }) {
+            span.peers.abort_others();
+        }
+        self.shared.fail(failure.error.clone());
+        Err(failure.error)
+    }
+
+    /// This rank's next operation number across processes.
+    fn next_seq(&self, span: &Span) -> u64 {
+        span.seqs[self.rank].fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A failure in this process's own step, which the other processes must hear of.
+    fn failed_here(&self, span: &Span, error: Error) -> Error {
+        span.peers.abort_others();
+        self.shared.fail(error.clone());
+        error
+    }
+
+    pub(super) fn span_all_reduce(
+        &self,
+        span: &Span,
+        send: BufferSlice<'_>,
+        recv: BufferSlice<'_>,
+        dtype: DType,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        let seq = self.next_seq(span);
+        let local_op = if op == ReduceOp::Avg {
+            ReduceOp::Sum
+        } else {
+            op
+        };
+        let here = self.here();
+        let leader = self.rank == 0;
+        here.reduce(send, leader.then_some(recv), dtype, local_op, 0, stream)
+            .map_err(|e| self.failed_here(span, e))?;
+        if leader {
+            let len = usize_of(recv.len)?;
+            let desc = OpDesc {
+                kind: Collective::AllReduce,
+                bytes: recv.len,
+                dtype: Some(dtype),
+                op: Some(op),
+                root: None,
+            };
+            let n = span.procs.len();
+            let stage = Stage {
+                fill: vec![(recv, 0)],
+                drain: vec![(0, recv)],
+                data: len,
+                extra: len * (n - 1),
+            };
+            let size = span.size;
+            self.lead(span, seq, desc, stream, stage, |b, data, extra| {
+                b.all_reduce(data, extra, dtype.size())?;
+                finish_avg(&desc, size, data)
+            })?;
+        }
+        if self.local_size() > 1 {
+            here.broadcast(None, recv, 0, stream)?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn span_reduce(
+        &self,
+        span: &Span,
+        send: BufferSlice<'_>,
+        recv: Option<BufferSlice<'_>>,
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let seq = self.next_seq(span);
+        let (root_process, local_root) = span.locate(root)?;
+        let at_root = root_process == span.me;
+        let leader_rank = if at_root { local_root } else { 0 };
+        let leader = self.rank == leader_rank;
+        let local_op = if op == ReduceOp::Avg {
+            ReduceOp::Sum
+        } else {
+            op
+        };
+        // Outside the root's process the leader reduces into a buffer of its own.
+        let temp = if leader && !at_root {
+            Some(self.device().allocate(send.len)?)
+        } else {
+            None
+        };
+        let target = match &temp {
+            Some(t) => Some(t.whole()),
+            None if leader => recv,
+            None => None,
+        };
+        let here = self.here();
+        here.reduce(send, target, dtype, local_op, leader_rank, stream)
+            .map_err(|e| self.failed_here(span, e))?;
+        if !leader {
+            return Ok(());
+        }
+        let Some(target) = target else {
+            return Err(Error::invalid(
+                "the root of a reduce needs a receive buffer",
+            ));
+        };
+        let len = usize_of(send.len)?;
+        let desc = OpDesc {
+            kind: Collective::Reduce,
+            bytes: send.len,
+            dtype: Some(dtype),
+            op: Some(op),
+            root: Some(root),
+        };
+        let stage = Stage {
+            fill: vec![(target, 0)],
+            drain: if at_root {
+                vec![(0, target)]
+            } else {
+                Vec::new()
+            },
+            data: len,
+            extra: if at_root {
+                len * (span.procs.len() - 1)
+            } else {
+                0
+            },
+        };
+        let size = span.size;
+        self.lead(span, seq, desc, stream, stage, |b, data, extra| {
+            b.reduce_to(data, extra, root_process)?;
+            if at_root {
+                finish_avg(&desc, size, data)?;
+            }
+            Ok(())
+        })
+    }
+
+    pub(super) fn span_broadcast(
+        &self,
+        span: &Span,
+        send: Option<BufferSlice<'_>>,
+        recv: BufferSlice<'_>,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let seq = self.next_seq(span);
+        let (root_process, local_root) = span.locate(root)?;
+        let at_root = root_process == span.me;
+        let leader_rank = if at_root { local_root } else { 0 };
+        let here = self.here();
+        let send = if self.rank == leader_rank && at_root {
+            send
+        } else {
+            None
+        };
+        if at_root {
+            // The root's process first: every rank there gets the data, then the
+            // leader (the root) passes it on.
+            here.broadcast(send, recv, leader_rank, stream)
+                .map_err(|e| self.failed_here(span, e))?;
+        }
+        if self.rank == leader_rank {
+            let desc = OpDesc {
+                kind: Collective::Broadcast,
+                bytes: recv.len,
+                dtype: None,
+                op: None,
+                root: Some(root),
+            };
+            let len = usize_of(recv.len)?;
+            let stage = Stage {
+                fill: if at_root { vec![(recv, 0)] } else { Vec::new() },
+                drain: if at_root { Vec::new() } else { vec![(0, recv)] },
+                data: len,
+                extra: 0,
+            };
+            self.lead(span, seq, desc, stream, stage, |b, data, _| {
+                b.broadcast(data, root_process)
+            })?;
+        }
+        if !at_root {
+            here.broadcast(None, recv, leader_rank, stream)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn span_all_gather(
+        &self,
+        span: &Span,
+        send: BufferSlice<'_>,
+        recv: BufferSlice<'_>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let seq = self.next_seq(span);
+        let unit = send.len;
+        check_len(
+            recv.len,
+            unit * span.size as u64,
+            "receive buffer (ranks × the send buffer)",
+        )
+        .map_err(|e| self.failed_here(span, e))?;
+        let first = span.me().first_rank as u64;
+        let local = self.local_size() as u64;
+        let mine = recv.sub(first * unit, local * unit);
+        let here = self.here();
+        here.all_gather(send, mine, stream)
+            .map_err(|e| self.failed_here(span, e))?;
+        if self.rank == 0 {
+            let desc = OpDesc {
+                kind: Collective::AllGather,
+                bytes: unit,
+                dtype: None,
+                op: None,
+                root: None,
+            };
+            let unit = usize_of(unit)?;
+            let blocks = span.process_blocks(unit);
+            let stage = Stage {
+                fill: vec![(mine, blocks[span.me].0)],
+                drain: vec![(0, recv)],
+                data: unit * span.size,
+                extra: 0,
+            };
+            self.lead(span, seq, desc, stream, stage, |b, data, _| {
+                b.all_gather(data, &blocks)
+            })?;
+        }
+        if self.local_size() > 1 {
+            here.broadcast(None, recv, 0, stream)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn span_reduce_scatter(
+        &self,
+        span: &Span,
+        send: BufferSlice<'_>,
+        recv: BufferSlice<'_>,
+        dtype: DType,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        let seq = self.next_seq(span);
+        let unit = recv.len;
+        check_len(
+            send.len,
+            unit * span.size as u64,
+            "send buffer (ranks × the receive buffer)",
+        )
+        .map_err(|e| self.failed_here(span, e))?;
+        let local = self.local_size();
+        let here = self.here();
+        let local_op = if op == ReduceOp::Avg {
+            ReduceOp::Sum
+        } else {
+            op
+        };
+        let leader = self.rank == 0;
+        // With other ranks in the process, the leader reduces theirs into a buffer of its
+        // own and sends each its block afterwards.
+        let temp = if leader && local > 1 {
+            Some(self.device().allocate(send.len)?)
+        } else {
+            None
+        };
+        if local > 1 {
+            here.reduce(
+                send,
+                temp.as_ref().map(|t| t.whole()),
+                dtype,
+                local_op,
+                0,
+                stream,
+            )
+            .map_err(|e| self.failed_here(span, e))?;
+        }
+        if !leader {
+            return here.recv(recv, 0, stream);
+        }
+        let desc = OpDesc {
+            kind: Collective::ReduceScatter,
+            bytes: unit,
+            dtype: Some(dtype),
+            op: Some(op),
+            root: None,
+        };
+        let unit = usize_of(unit)?;
+        let blocks = span.process_blocks(unit);
+        let (off, _) = blocks[span.me];
+        let source = temp.as_ref().map_or(send, |t| t.whole());
+        let mut drain = vec![(off, recv)];
+        if let Some(t) = &temp {
+            for l in 1..local {
+                drain.push((off + l * unit, t.slice((l * unit) as u64, unit as u64)));
+            }
+        }
+        let stage = Stage {
+            fill: vec![(source, 0)],
+            drain,
+            data: unit * span.size,
+            extra: blocks[span.me].1 * (span.procs.len() - 1),
+        };
+        let size = span.size;
+        self.lead(span, seq, desc, stream, stage, |b, data, extra| {
+            b.reduce_scatter(data, extra, &blocks)?;
+            let (o, l) = blocks[b.peers.index()];
+            finish_avg(&desc, size, &mut data[o..o + l])
+        })?;
+        if let Some(t) = &temp {
+            for l in 1..local {
+                here.send(t.slice((l * unit) as u64, unit as u64), l, stream)?;
+            }
+            stream.synchronize()?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn span_all_to_all(
+        &self,
+        span: &Span,
+        send: BufferSlice<'_>,
+        recv: BufferSlice<'_>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let seq = self.next_seq(span);
+        let n = span.size as u64;
+        let checked = check_len(
+            recv.len,
+            send.len,
+            "receive buffer (the send buffer's length)",
+        )
+        .and_then(|()| {
+            if send.len.is_multiple_of(n) {
+                Ok(())
+            } else {
+                Err(Error::invalid(format!(
+                    "the send buffer is {} bytes, not {n} equal blocks",
+                    send.len
+                )))
+            }
+        })
+        .and_then(|()| {
+            if send.overlaps(&recv) {
+                Err(Error::invalid(
+                    "all-to-all cannot run in place; pass disjoint send and receive buffers",
+                ))
+            } else {
+                Ok(())
+            }
+        });
+        checked.map_err(|e| self.failed_here(span, e))?;
+        let here = self.here();
+        let local = self.local_size();
+        if self.rank != 0 {
+            here.send(send, 0, stream)?;
+            return here.recv(recv, 0, stream);
+        }
+        let row = usize_of(send.len)?;
+        let unit = row / span.size;
+        // The process's rows, by local rank, gathered on the leader's device.
+        let temp = if local > 1 {
+            Some(self.device().allocate(send.len * local as u64)?)
+        } else {
+            None
+        };
+        let mut fill = vec![(send, 0)];
+        if let Some(t) = &temp {
+            for l in 1..local {
+                let part = t.slice((l * row) as u64, row as u64);
+                here.recv(part, l, stream)?;
+                fill.push((part, l * row));
+            }
+        }
+        let mut drain = vec![(0, recv)];
+        if let Some(t) = &temp {
+            for l in 1..local {
+                drain.push((l * row, t.slice((l * row) as u64, row as u64)));
+            }
+        }
+        let desc = OpDesc {
+            kind: Collective::AllToAll,
+            bytes: unit as u64,
+            dtype: None,
+            op: None,
+            root: None,
+        };
+        let total = local * row;
+        let stage = Stage {
+            fill,
+            drain,
+            data: total,
+            extra: 2 * total,
+        };
+        let procs = span.procs.clone();
+        self.lead(span, seq, desc, stream, stage, |b, data, extra| {
+            let (out, inn) = extra.split_at_mut(total);
+            // Out to process p: [local source l][p's rank q'], from data's [l][q].
+            let mut out_blocks = Vec::with_capacity(procs.len());
+            let mut at = 0;
+            for p in &procs {
+                let start = at;
+                for l in 0..local {
+                    let from = (l * span.size + p.first_rank) * unit;
+                    let k = p.ranks() * unit;
+                    out[at..at + k].copy_from_slice(&data[from..from + k]);
+                    at += k;
+                }
+                out_blocks.push((start, at - start));
+            }
+            // In from process p: [p's source l''][local destination l].
+            let in_blocks: Vec<(usize, usize)> = procs
+                .iter()
+                .map(|p| (p.first_rank * local * unit, p.ranks() * local * unit))
+                .collect();
+            b.all_to_all(out, &out_blocks, inn, &in_blocks)?;
+            // Each local rank's row of results, by global source, back into data.
+            for p in &procs {
+                for s in 0..p.ranks() {
+                    for l in 0..local {
+                        let from = (p.first_rank * local + s * local + l) * unit;
+                        let to = (l * span.size + p.first_rank + s) * unit;
+                        data[to..to + unit].copy_from_slice(&inn[from..from + unit]);
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        if let Some(t) = &temp {
+            for l in 1..local {
+                here.send(t.slice((l * row) as u64, row as u64), l, stream)?;
+            }
+            stream.synchronize()?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn span_barrier(&self, span: &Span, stream: &Stream) -> Result<()> {
+        let seq = self.next_seq(span);
+        let here = self.here();
+        let local = self.local_size();
+        if local > 1 {
+            here.barrier(stream)
+                .map_err(|e| self.failed_here(span, e))?;
+        }
+        if self.rank == 0 {
+            let desc = OpDesc {
+                kind: Collective::Barrier,
+                bytes: 0,
+                dtype: None,
+                op: None,
+                root: None,
+            };
+            let stage = Stage {
+                fill: Vec::new(),
+                drain: Vec::new(),
+                data: 0,
+                extra: 0,
+            };
+            self.lead(span, seq, desc, stream, stage, |b, _, _| b.barrier())?;
+        }
+        if local > 1 {
+            here.barrier(stream)?;
+        }
+        Ok(())
+    }
+}
+
+/// Divides a finished sum over `size` ranks in place, for [`ReduceOp::Avg`].
+fn finish_avg(desc: &OpDesc, size: usize, data: &mut [u8]) -> std::result::Result<(), Failure> {
+    if desc.op != Some(ReduceOp::Avg) || data.is_empty() {
+        return Ok(());
+    }
+    let ptr = data.as_mut_ptr();
+    // SAFETY: one source that is also the destination: `data`, live, exclusively
+    // borrowed and aligned for the dtype (page-aligned host buffers, blocks at element
+    // boundaries).
+    unsafe { reduce_bytes(desc, size, &[ptr], ptr, data.len()) }?;
+    Ok(())
+}
+
+/// What each process tells the others when a communicator across processes is formed.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Joining {
+    host: String,
+    pid: u32,
+    devices: Vec<String>,
+}
+
+impl Communicator {
+    /// One communicator over the devices of every process of `MPI_COMM_WORLD`: each
+    /// process passes its own devices (its ranks are consecutive, in process order), and
+    /// every process must make it, in the same order. Waits at most the options' timeout
+    /// for the others.
+    ///
+    /// The operations are those of an in-process communicator, called by every rank of
+    /// every process; point-to-point transfers run between ranks of one process.
+    #[cfg(feature = "mpi")]
+    pub fn from_mpi(
+        mpi: &crate::process::mpi::Mpi,
+        devices: Vec<Device>,
+        options: CommOptions,
+    ) -> Result<Communicator> {
+        let peers = mpi.peers(options.timeout)?;
+        Self::across(
+            Box::new(peers),
+            mpi.host().to_string(),
+            crate::process::mpi::SETUP_TAG,
+            devices,
+            options,
+        )
+    }
+
+    /// A communicator over `devices` and the other processes' reached through `peers`.
+    fn across(
+        peers: Box<dyn Peers>,
+        host: String,
+        tag: u32,
+        devices: Vec<Device>,
+        options: CommOptions,
+    ) -> Result<Communicator> {
+        let me = peers.index();
+        let n = peers.count();
+        let joining = Joining {
+            host,
+            pid: std::process::id(),
+            devices: devices.iter().map(|d| d.id().to_string()).collect(),
+        };
+        let mine = serde_json::to_vec(&joining)
+            .map_err(|e| Error::backend_message("collectives", format!("internal error: {e}")))?;
+        let deadline = Instant::now() + options.timeout;
+        let never = AtomicBool::new(false);
+        let joined = |what: &str, e: crate::process::Incomplete| -> Error {
+            Error::Timeout {
+                message: format!(
+                    "forming a communicator across {n} processes failed while exchanging {what}: {e:?}; every process must make the communicator, in the same order, within {:.1} s",
+                    options.timeout.as_secs_f64()
+                ),
+            }
+        };
+        // Lengths first, then each process's description.
+        let my_len = (mine.len() as u64).to_le_bytes();
+        let mut lens = vec![[0u8; 8]; n];
+        {
+            let sends: Vec<(usize, &[u8])> = (0..n)
+                .filter(|&q| q != me)
+                .map(|q| (q, &my_len[..]))
+                .collect();
+            let mut recvs: Vec<(usize, &mut [u8])> = lens
+                .iter_mut()
+                .enumerate()
+                .filter(|(q, _)| *q != me)
+                .map(|(q, b)| (q, &mut b[..]))
+                .collect();
+            // SAFETY: on an error the buffers are leaked below, never freed.
+            if let Err(e) = unsafe { peers.exchange(tag, &sends, &mut recvs, deadline, &never) } {
+                drop(recvs);
+                std::mem::forget(lens);
+                std::mem::forget(mine);
+                return Err(joined("their sizes", e));
+            }
+        }
+        let mut theirs: Vec<Vec<u8>> = Vec::with_capacity(n);
+        for (q, len) in lens.iter().enumerate() {
+            let len = usize::try_from(u64::from_le_bytes(*len)).unwrap_or(usize::MAX);
+            if q != me && len > 1 << 20 {
+                return Err(Error::invalid(format!(
+                    "process {q} described itself in {len} bytes; is it running the same program?"
+                )));
+            }
+            theirs.push(if q == me { Vec::new() } else { vec![0; len] });
+        }
+        {
+            let sends: Vec<(usize, &[u8])> = (0..n)
+                .filter(|&q| q != me)
+                .map(|q| (q, &mine[..]))
+                .collect();
+            let mut recvs: Vec<(usize, &mut [u8])> = theirs
+                .iter_mut()
+                .enumerate()
+                .filter(|(q, _)| *q != me)
+                .map(|(q, b)| (q, &mut b[..]))
+                .collect();
+            // SAFETY: as above.
+            if let Err(e) = unsafe { peers.exchange(tag, &sends, &mut recvs, deadline, &never) } {
+                drop(recvs);
+                std::mem::forget(theirs);
+                std::mem::forget(mine);
+                return Err(joined("their devices", e));
+            }
+        }
+        let mut procs = Vec::with_capacity(n);
+        let mut first = 0;
+        for (q, bytes) in theirs.iter().enumerate() {
+            let j: Joining = if q == me {
+                Joining {
+                    host: joining.host.clone(),
+                    pid: joining.pid,
+                    devices: joining.devices.clone(),
+                }
+            } else {
+                serde_json::from_slice(bytes).map_err(|e| {
+                    Error::invalid(format!(
+                        "process {q} sent a description this process cannot read ({e}); run the same build of the program in every process"
+                    ))
+                })?
+            };
+            procs.push(ProcessInfo {
+                index: q,
+                host: j.host,
+                pid: j.pid,
+                first_rank: first,
+                devices: j.devices,
+            });
+            first += procs[q].ranks();
+        }
+        if let Some(empty) = procs.iter().find(|p| p.devices.is_empty()) {
+            return Err(Error::invalid(format!(
+                "{} contributes no device to the communicator; select at least one device in every process",
+                empty.describe()
+            )));
+        }
+        // Within the process, a rank waits a second longer than the step between
+        // processes, so that a process that never comes is reported by name.
+        let mut local_options = options.clone();
+        local_options.timeout = options.timeout + Duration::from_secs(1);
+        let local = Communicator::new(devices, local_options)?;
+        let local_ranks = local.shared.devices.len();
+        Ok(Communicator {
+            shared: local.shared,
+            span: Some(Arc::new(Span {
+                peers,
+                procs,
+                me,
+                size: first,
+                timeout: options.timeout,
+                seqs: (0..local_ranks)
+                    .map(|_| CachePadded::new(AtomicU64::new(0)))
+                    .collect(),
+                scratch: Mutex::new(Scratch::default()),
+                aborted: AtomicBool::new(false),
+            })),
+        })
+    }
+}

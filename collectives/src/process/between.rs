@@ -1,0 +1,403 @@
+//! The step between processes: each process's leader holds its process's combined data
+//! in host memory and exchanges it with the other leaders over [`Peers`].
+//!
+//! Reductions are direct: block `q` of every process's buffer goes to process `q`, which
+//! combines the copies in process order; with two or more rounds (reduce-scatter, then
+//! all-gather) for large all-reduces, one for small ones. Process order makes every
+//! process's result the same bits. Each message carries the operation's header
+//! ([`wire`]); a header that does not match what this process called is a desync.
+
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use xpu_hal::{Error, Result};
+
+use super::wire::{self, Header};
+use super::{Incomplete, Peers, ProcessInfo};
+use crate::comm::op::{OpDesc, ReduceOp};
+use crate::comm::reduce_bytes;
+
+/// All-reduces of at most this many bytes exchange whole buffers in one round.
+const ONE_ROUND: usize = 64 << 10;
+
+/// How a step between processes failed.
+pub(crate) struct Failure {
+    /// What to report.
+    pub error: Error,
+    /// Whether the transport may still use the step's buffers: then they must never be
+    /// freed or reused.
+    pub in_use: bool,
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Self {
+        Failure {
+            error,
+            in_use: false,
+        }
+    }
+}
+
+/// One operation's step between processes.
+pub(crate) struct Between<'a> {
+    pub peers: &'a dyn Peers,
+    pub procs: &'a [ProcessInfo],
+    /// The operation's number, the same in every process.
+    pub seq: u64,
+    /// The operation, with communicator ranks.
+    pub desc: OpDesc,
+    pub timeout: Duration,
+    pub deadline: Instant,
+    pub abort: &'a AtomicBool,
+    /// Headers received, one per message received.
+    pub heads: &'a mut Vec<Header>,
+}
+
+impl Between<'_> {
+    fn me(&self) -> usize {
+        self.peers.index()
+    }
+
+    fn others(&self) -> impl Iterator<Item = usize> {
+        let me = self.me();
+        (0..self.peers.count()).filter(move |&q| q != me)
+    }
+
+    fn name(&self, p: usize) -> String {
+        self.procs
+            .get(p)
+            .map_or_else(|| format!("process {p}"), ProcessInfo::describe)
+    }
+
+    /// Sends and receives the payloads, each behind the operation's header, and checks
+    /// the headers received.
+    fn swap(
+        &mut self,
+        sends: &[(usize, &[u8])],
+        recvs: &mut [(usize, &mut [u8])],
+    ) -> std::result::Result<(), Failure> {
+        let out = wire::encode(self.seq, &self.desc, self.me());
+        self.heads.clear();
+        self.heads.resize(recvs.len(), [0; wire::WORDS]);
+        let mut all_sends = Vec::with_capacity(sends.len() * 2);
+        for (p, data) in sends {
+            all_sends.push((*p, wire::bytes(&out)));
+            all_sends.push((*p, *data));
+        }
+        let mut all_recvs = Vec::with_capacity(recvs.len() * 2);
+        for ((p, data), head) in recvs.iter_mut().zip(self.heads.iter_mut()) {
+            all_recvs.push((*p, wire::bytes_mut(head)));
+            all_recvs.push((*p, &mut **data));
+        }
+        // Tags wrap; operations far enough apart never share one in flight.
+        let tag = (self.seq % (1 << 20)) as u32;
+        // SAFETY: on an error the buffers are reported in use (`Failure::in_use`), and
+        // the communicator then leaks them (see `comm/span.rs`).
+        let done = unsafe {
+            self.peers
+                .exchange(tag, &all_sends, &mut all_recvs, self.deadline, self.abort)
+        };
+        drop(all_recvs);
+        let mismatch = recvs
+            .iter()
+            .zip(self.heads.iter())
+            .find(|(_, h)| wire::decode(h) != Some((self.seq, self.desc)));
+        match done {
+            Ok(()) => {}
+            Err(Incomplete::Failed { settled: true, .. }) if mismatch.is_some() => {}
+            Err(e) => return Err(self.incomplete(e)),
+        }
+        if let Some(((p, _), h)) = mismatch {
+            let theirs = match wire::decode(h) {
+                Some((seq, d)) => format!("{d} as operation #{seq}"),
+                None => "something that is not an xpu operation".to_string(),
+            };
+            return Err(Error::invalid(format!(
+                "desync between processes: {} called {theirs}, but this process called {} as operation #{}; every process must call the same operations in the same order",
+                self.name(*p),
+                self.desc,
+                self.seq
+            ))
+            .into());
+        }
+        Ok(())
+    }
+
+    fn incomplete(&self, e: Incomplete) -> Failure {
+        let what = format!("{} (operation #{})", self.desc, self.seq);
+        let (error, in_use) = match e {
+            Incomplete::Deadline { peers } => {
+                let names: Vec<String> = peers.iter().map(|&p| self.name(p)).collect();
+                (
+                    Error::Timeout {
+                        message: format!(
+                            "{} did not take part in {what} within {:.1} s; the communicator is now failed: make a new one from the processes that remain",
+                            names.join(" and "),
+                            self.timeout.as_secs_f64()
+                        ),
+                    },
+                    true,
+                )
+            }
+            Incomplete::Aborted { by } => (
+                Error::aborted(format!(
+                    "{} aborted the communicator during {what}",
+                    self.name(by)
+                )),
+                true,
+            ),
+            Incomplete::AbortedHere => (
+                Error::aborted(format!("the communicator was aborted during {what}")),
+                true,
+            ),
+            Incomplete::Failed {
+                peer,
+                message,
+                settled,
+            } => (
+                Error::backend_message(
+                    "collectives",
+                    format!(
+                        "the transfer with {} failed during {what}: {message}",
+                        self.name(peer)
+                    ),
+                ),
+                !settled,
+            ),
+        };
+        Failure { error, in_use }
+    }
+
+    /// The operation's reduction as the processes combine partial results: a sum for
+    /// averages (the caller divides at the end).
+    fn combining(&self) -> OpDesc {
+        let mut d = self.desc;
+        if d.op == Some(ReduceOp::Avg) {
+            d.op = Some(ReduceOp::Sum);
+        }
+        d
+    }
+
+    /// `dest` becomes the reduction of `len` bytes at each of `sources`, in process
+    /// order.
+    ///
+    /// # Safety
+    ///
+    /// Every source must be valid for reads of `len` bytes that nothing writes during
+    /// the call, aligned for the dtype; `dest` one of the sources or a disjoint range
+    /// valid for writes of `len` bytes.
+    unsafe fn reduce(&self, sources: &[*mut u8], dest: *mut u8, len: usize) -> Result<()> {
+        // SAFETY: the caller's contract, which is `reduce_bytes`'s.
+        unsafe { reduce_bytes(&self.combining(), self.peers.count(), sources, dest, len) }
+    }
+
+    /// Every process's `data` becomes the reduction of all processes' `data`; `extra`
+    /// holds at least `(processes - 1) × data.len()` bytes.
+    pub fn all_reduce(
+        &mut self,
+        data: &mut [u8],
+        extra: &mut [u8],
+        elem: usize,
+    ) -> std::result::Result<(), Failure> {
+        let n = self.peers.count();
+        let len = data.len();
+        if n == 1 || len == 0 {
+            return Ok(());
+        }
+        if len <= ONE_ROUND || len / elem < n {
+            let others: Vec<usize> = self.others().collect();
+            let mut recvs: Vec<(usize, &mut [u8])> =
+                others.iter().copied().zip(extra.chunks_mut(len)).collect();
+            self.swap(
+                &others.iter().map(|&q| (q, &*data)).collect::<Vec<_>>(),
+                &mut recvs,
+            )?;
+            let mut sources: Vec<*mut u8> = recvs.iter_mut().map(|(_, b)| b.as_mut_ptr()).collect();
+            let own = data.as_mut_ptr();
+            sources.insert(self.me(), own);
+            // SAFETY: every source is `len` live bytes (this process's buffer, or a chunk
+            // of `extra` that received as much), aligned (host buffers are page aligned,
+            // chunks a whole number of elements), and only the reduction touches them;
+            // the destination is this process's own source.
+            unsafe { self.reduce(&sources, own, len) }?;
+            return Ok(());
+        }
+        let blocks = even_blocks(len, elem, n);
+        self.reduce_scatter(data, extra, &blocks)?;
+        self.all_gather(data, &blocks)
+    }
+
+    /// Block `q` of `data` (`blocks[q]`) at process `q` becomes the reduction of every
+    /// process's block `q`; `extra` holds `(processes - 1) ×` this process's block.
+    pub fn reduce_scatter(
+        &mut self,
+        data: &mut [u8],
+        extra: &mut [u8],
+        blocks: &[(usize, usize)],
+    ) -> std::result::Result<(), Failure> {
+        let me = self.me();
+        let (off, len) = blocks[me];
+        let others: Vec<usize> = self.others().collect();
+        let sends: Vec<(usize, &[u8])> = others
+            .iter()
+            .map(|&q| (q, &data[blocks[q].0..blocks[q].0 + blocks[q].1]))
+            .collect();
+        let mut recvs: Vec<(usize, &mut [u8])> = if len == 0 {
+            others.iter().map(|&q| (q, &mut [][..])).collect()
+        } else {
+            others.iter().copied().zip(extra.chunks_mut(len)).collect()
+        };
+        self.swap(&sends, &mut recvs)?;
+        let mut sources: Vec<*mut u8> = recvs.iter_mut().map(|(_, b)| b.as_mut_ptr()).collect();
+        let own = data[off..off + len].as_mut_ptr();
+        sources.insert(me, own);
+        // SAFETY: as in `all_reduce`: live, aligned, `len`-byte sources (the block
+        // starts at an element boundary), and the destination is this process's own.
+        unsafe { self.reduce(&sources, own, len) }?;
+        Ok(())
+    }
+
+    /// Every process's `data` gets every process's block `q` (`blocks[q]`) from process `q`.
+    pub fn all_gather(
+        &mut self,
+        data: &mut [u8],
+        blocks: &[(usize, usize)],
+    ) -> std::result::Result<(), Failure> {
+        let me = self.me();
+        let mut parts = split_blocks(data, blocks)?;
+        let own = std::mem::take(&mut parts[me]);
+        let sends: Vec<(usize, &[u8])> = self.others().map(|q| (q, &*own)).collect();
+        let mut recvs: Vec<(usize, &mut [u8])> = parts
+            .into_iter()
+            .enumerate()
+            .filter(|(q, _)| *q != me)
+            .collect();
+        self.swap(&sends, &mut recvs)
+    }
+
+    /// Process `root`'s `data` becomes the reduction of every process's `data`; `extra`
+    /// holds `(processes - 1) × data.len()` bytes at the root.
+    pub fn reduce_to(
+        &mut self,
+        data: &mut [u8],
+        extra: &mut [u8],
+        root: usize,
+    ) -> std::result::Result<(), Failure> {
+        let len = data.len();
+        if self.me() != root {
+            return self.swap(&[(root, &*data)], &mut []);
+        }
+        let others: Vec<usize> = self.others().collect();
+        let mut recvs: Vec<(usize, &mut [u8])> = if len == 0 {
+            others.iter().map(|&q| (q, &mut [][..])).collect()
+        } else {
+            others.iter().copied().zip(extra.chunks_mut(len)).collect()
+        };
+        self.swap(&[], &mut recvs)?;
+        let mut sources: Vec<*mut u8> = recvs.iter_mut().map(|(_, b)| b.as_mut_ptr()).collect();
+        let own = data.as_mut_ptr();
+        sources.insert(root, own);
+        // SAFETY: as in `all_reduce`.
+        unsafe { self.reduce(&sources, own, len) }?;
+        Ok(())
+    }
+
+    /// Every process's `data` becomes process `root`'s.
+    pub fn broadcast(&mut self, data: &mut [u8], root: usize) -> std::result::Result<(), Failure> {
+        if self.me() == root {
+            let sends: Vec<(usize, &[u8])> = self.others().map(|q| (q, &*data)).collect();
+            self.swap(&sends, &mut [])
+        } else {
+            self.swap(&[], &mut [(root, data)])
+        }
+    }
+
+    /// Block `q` of `input` (`out_blocks[q]`) goes to process `q`, and block `q` of
+    /// `output` (`in_blocks[q]`) comes from process `q`.
+    pub fn all_to_all(
+        &mut self,
+        input: &[u8],
+        out_blocks: &[(usize, usize)],
+        output: &mut [u8],
+        in_blocks: &[(usize, usize)],
+    ) -> std::result::Result<(), Failure> {
+        let me = self.me();
+        let block = |b: &[(usize, usize)], q: usize| b[q].0..b[q].0 + b[q].1;
+        let sends: Vec<(usize, &[u8])> = self
+            .others()
+            .map(|q| (q, &input[block(out_blocks, q)]))
+            .collect();
+        let mut parts = split_blocks(output, in_blocks)?;
+        parts[me].copy_from_slice(&input[block(out_blocks, me)]);
+        let mut recvs: Vec<(usize, &mut [u8])> = parts
+            .into_iter()
+            .enumerate()
+            .filter(|(q, _)| *q != me)
+            .collect();
+        self.swap(&sends, &mut recvs)
+    }
+
+    /// Returns once every process has reached the barrier.
+    pub fn barrier(&mut self) -> std::result::Result<(), Failure> {
+        let others: Vec<usize> = self.others().collect();
+        let sends: Vec<(usize, &[u8])> = others.iter().map(|&q| (q, &[][..])).collect();
+        let mut recvs: Vec<(usize, &mut [u8])> = others.iter().map(|&q| (q, &mut [][..])).collect();
+        self.swap(&sends, &mut recvs)
+    }
+}
+
+/// `len` bytes cut into `n` blocks of whole `elem`-byte elements, as even as they go.
+pub(crate) fn even_blocks(len: usize, elem: usize, n: usize) -> Vec<(usize, usize)> {
+    let count = len / elem;
+    let (each, rest) = (count / n, count % n);
+    let mut at = 0;
+    (0..n)
+        .map(|q| {
+            let k = (each + usize::from(q < rest)) * elem;
+            let b = (at, k);
+            at += k;
+            b
+        })
+        .collect()
+}
+
+/// `data` cut at `blocks`, which must be in order and disjoint.
+fn split_blocks<'a>(data: &'a mut [u8], blocks: &[(usize, usize)]) -> Result<Vec<&'a mut [u8]>> {
+    let mut parts = Vec::with_capacity(blocks.len());
+    let mut rest = data;
+    let mut at = 0;
+    for &(off, len) in blocks {
+        let skip = off.checked_sub(at).filter(|s| s + len <= rest.len());
+        let Some(skip) = skip else {
+            return Err(Error::backend_message(
+                "collectives",
+                "internal error: blocks between processes out of order or out of range",
+            ));
+        };
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(skip);
+        let (part, tail) = tail.split_at_mut(len);
+        parts.push(part);
+        rest = tail;
+        at = off + len;
+    }
+    Ok(parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn even_blocks_cover_the_buffer_in_whole_elements() {
+        assert_eq!(even_blocks(40, 4, 3), vec![(0, 16), (16, 12), (28, 12)]);
+        assert_eq!(even_blocks(8, 4, 3), vec![(0, 4), (4, 4), (8, 0)]);
+    }
+
+    #[test]
+    fn split_blocks_refuses_overlaps() {
+        let mut data = [0u8; 10];
+        assert!(split_blocks(&mut data, &[(0, 4), (2, 4)]).is_err());
+        let parts = split_blocks(&mut data, &[(0, 4), (6, 4)]).map(|p| p.len());
+        assert!(matches!(parts, Ok(2)));
+    }
+}

@@ -1,0 +1,115 @@
+//! Communicators across processes: the engine between processes and the arithmetic of
+//! the steps that cross them.
+//!
+//! A communicator that spans processes ([`crate::Communicator::from_mpi`]) runs each
+//! operation in up to three steps, as NCCL and MPI libraries do between nodes:
+//!
+//! 1. **within the process**: the process's own ranks combine their data at one of them,
+//!    the *leader* (the root's rank in the root's process, the first local rank
+//!    elsewhere), with the in-process algorithms;
+//! 2. **between processes**: the leader brings the combined data to host memory and
+//!    exchanges it with the other processes' leaders ([`between`]), over [`Peers`]: the
+//!    transport between processes (MPI, [`mpi`]);
+//! 3. **within the process again**: the leader hands the result to its process's other
+//!    ranks with the in-process algorithms.
+//!
+//! Every message between processes is preceded by a header that names the operation, its
+//! number and its size ([`wire`]), so processes that disagree on what they call are told
+//! so (a *desync*) instead of exchanging the wrong bytes. Reductions between processes
+//! combine the processes' partial results in process order, so every process ends with
+//! the same bits. Every wait between processes has a deadline (the communicator's
+//! timeout): a process that stalls or dies is named on the others, with its host, its
+//! process id and its devices.
+
+pub(crate) mod between;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+pub(crate) mod wire;
+
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+/// One process of a communicator that spans processes, as the others see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessInfo {
+    /// The process's index among the communicator's processes (its MPI rank).
+    pub index: usize,
+    /// The host it runs on.
+    pub host: String,
+    /// Its operating-system process id.
+    pub pid: u32,
+    /// The communicator rank of its first device; its ranks are consecutive.
+    pub first_rank: usize,
+    /// Its devices, in rank order.
+    pub devices: Vec<String>,
+}
+
+impl ProcessInfo {
+    /// How many ranks the process holds.
+    pub fn ranks(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// A description for messages: "process 1 (host h, pid 42, ranks 2–3: host:0, host:1)".
+    pub fn describe(&self) -> String {
+        let ranks = match self.devices.len() {
+            0 => "no ranks".to_string(),
+            1 => format!("rank {}", self.first_rank),
+            n => format!("ranks {}–{}", self.first_rank, self.first_rank + n - 1),
+        };
+        format!(
+            "process {} (host {}, pid {}, {ranks}: {})",
+            self.index,
+            self.host,
+            self.pid,
+            self.devices.join(", ")
+        )
+    }
+}
+
+/// Why an exchange between processes did not complete.
+#[derive(Debug, Clone)]
+pub(crate) enum Incomplete {
+    /// The deadline passed with transfers to or from these processes unfinished.
+    Deadline { peers: Vec<usize> },
+    /// Another process aborted the communicator.
+    Aborted { by: usize },
+    /// This process's communicator was aborted while it waited.
+    AbortedHere,
+    /// The transport reported an error on a transfer with `peer`; `settled` when every
+    /// other transfer of the exchange has finished (its buffers are free again).
+    Failed {
+        peer: usize,
+        message: String,
+        settled: bool,
+    },
+}
+
+/// Byte transfers between the processes of a communicator: the engine under
+/// [`between`]'s algorithms. Sends never wait for their receive to be posted.
+pub(crate) trait Peers: Send + Sync {
+    /// This process's index.
+    fn index(&self) -> usize;
+
+    /// The number of processes.
+    fn count(&self) -> usize;
+
+    /// Posts every send and receive of `tag` and waits for all of them until
+    /// `deadline`, or until `abort` is set or another process aborts.
+    ///
+    /// # Safety
+    ///
+    /// When it returns an error, the transport may go on reading the sends and writing
+    /// the receives: the caller must never free, reuse or read those buffers again.
+    unsafe fn exchange(
+        &self,
+        tag: u32,
+        sends: &[(usize, &[u8])],
+        recvs: &mut [(usize, &mut [u8])],
+        deadline: Instant,
+        abort: &AtomicBool,
+    ) -> Result<(), Incomplete>;
+
+    /// Tells every other process that this communicator is aborted, without waiting.
+    fn abort_others(&self);
+}

@@ -1,0 +1,311 @@
+//! Communicators across processes under a real `mpirun`: each trial starts this same
+//! test program in several processes (`XPU_MPI_CASE` names what they run), which form
+//! one communicator with `Communicator::from_mpi` and check every operation element by
+//! element, then the failure paths: desync, a stalled process, an abort.
+//!
+//! Without `mpirun` the trials are ignored, saying why — unless `XPU_REQUIRE_MPI=1`, as
+//! CI sets, in which case they fail.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::{Command, ExitCode};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use xpu_collectives::comm::select::Selector;
+use xpu_collectives::process::mpi::Mpi;
+use xpu_collectives::{Collective, CommOptions, Communicator, ReduceOp};
+use xpu_hal::{DType, Device, DeviceSelector, Error, Registry};
+use xpu_host::{HostBackend, HostConfig};
+
+mod support;
+
+const KINDS: [Collective; 6] = [
+    Collective::AllReduce,
+    Collective::Reduce,
+    Collective::Broadcast,
+    Collective::AllGather,
+    Collective::ReduceScatter,
+    Collective::AllToAll,
+];
+
+fn main() -> ExitCode {
+    if let Ok(case) = std::env::var("XPU_MPI_CASE") {
+        return match child(&case) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("process {}: {e}", std::process::id());
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let args = Arguments::from_args();
+    let trials = vec![
+        trial(
+            "every_operation_between_two_processes_of_one_device",
+            "one",
+            2,
+        ),
+        trial(
+            "every_operation_between_two_processes_of_two_devices",
+            "two",
+            2,
+        ),
+        trial("three_processes_of_uneven_device_counts", "uneven", 3),
+        trial("processes_that_disagree_are_told_of_a_desync", "desync", 2),
+        trial("a_stalled_process_is_named_within_the_timeout", "stall", 2),
+        trial("an_abort_releases_the_other_processes", "abort", 2),
+    ];
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+fn required() -> bool {
+    std::env::var("XPU_REQUIRE_MPI").is_ok_and(|v| v.trim() == "1")
+}
+
+/// A trial that runs `case` in `processes` processes under mpirun.
+fn trial(name: &'static str, case: &'static str, processes: usize) -> Trial {
+    Trial::ignorable_test(name, move || {
+        let probe = Command::new("mpirun").arg("--version").output();
+        if probe.as_ref().map_or(true, |o| !o.status.success()) {
+            let why = "mpirun is not installed (scripts/deps.sh installs Open MPI)";
+            if required() {
+                return Err(Failed::from(format!("{why}, and XPU_REQUIRE_MPI=1")));
+            }
+            return Ok(Completion::ignored_with(why));
+        }
+        let exe = std::env::current_exe().map_err(|e| Failed::from(e.to_string()))?;
+        let started = Instant::now();
+        let out = Command::new("mpirun")
+            .args(["-np", &processes.to_string(), "--oversubscribe"])
+            .arg(exe)
+            .env("XPU_MPI_CASE", case)
+            // Open MPI refuses to run as root unless told that it is meant.
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            // The launcher need not look for network interfaces: one machine.
+            .env("OMPI_MCA_btl", "self,vader")
+            .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+            .output()
+            .map_err(|e| Failed::from(format!("mpirun did not start: {e}")))?;
+        if !out.status.success() {
+            return Err(Failed::from(format!(
+                "mpirun -np {processes} ({case}) failed after {:.1} s with {}:\n{}\n{}",
+                started.elapsed().as_secs_f64(),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Ok(Completion::Completed)
+    })
+}
+
+fn host_devices(count: usize) -> xpu_hal::Result<Vec<Device>> {
+    let mut r = Registry::new();
+    r.register(Arc::new(HostBackend::new(HostConfig {
+        devices: count as u32,
+        capacity: 256 << 20,
+    })))?;
+    r.devices(&DeviceSelector::parse("host:*")?)
+}
+
+fn communicator(mpi: &Mpi, devices: usize, timeout: Duration) -> xpu_hal::Result<Communicator> {
+    Communicator::from_mpi(
+        mpi,
+        host_devices(devices)?,
+        CommOptions {
+            timeout,
+            selector: Selector::default(),
+        },
+    )
+}
+
+type Outcome = Result<(), String>;
+
+fn child(case: &str) -> Outcome {
+    let mpi = Mpi::init().map_err(|e| e.to_string())?;
+    match case {
+        "one" => sweep(&communicator(&mpi, 1, Duration::from_secs(60)).map_err(|e| e.to_string())?),
+        "two" => sweep(&communicator(&mpi, 2, Duration::from_secs(60)).map_err(|e| e.to_string())?),
+        "uneven" => {
+            // One, two and three devices: ranks 0, 1–2 and 3–5.
+            let comm = communicator(&mpi, mpi.rank() + 1, Duration::from_secs(60))
+                .map_err(|e| e.to_string())?;
+            if comm.size() != 6 || comm.first_rank() != [0, 1, 3][mpi.rank()] {
+                return Err(format!(
+                    "{} ranks, this process's first {}",
+                    comm.size(),
+                    comm.first_rank()
+                ));
+            }
+            sweep(&comm)
+        }
+        "desync" => desync(&mpi),
+        "stall" => stall(&mpi),
+        "abort" => abort(&mpi),
+        other => Err(format!("unknown case {other}")),
+    }
+}
+
+/// Every operation in and out of place, several dtypes and sizes (odd ones, and all-reduces
+/// large enough to take two rounds between processes), every reduction.
+fn sweep(comm: &Communicator) -> Outcome {
+    let mut checked = 0;
+    for kind in KINDS {
+        for dtype in [DType::F32, DType::I32, DType::BF16] {
+            for elems in [1, 7, 20_003] {
+                for in_place in [false, true] {
+                    if kind == Collective::AllToAll && in_place {
+                        continue;
+                    }
+                    let wrong = support::run(comm, kind, dtype, ReduceOp::Sum, elems, in_place);
+                    if wrong.iter().any(|&w| w != 0) {
+                        return Err(format!(
+                            "{kind} of {elems} × {dtype:?} (in place: {in_place}): wrong elements per local rank {wrong:?}"
+                        ));
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    for op in ReduceOp::ALL {
+        for kind in [
+            Collective::AllReduce,
+            Collective::Reduce,
+            Collective::ReduceScatter,
+        ] {
+            for dtype in [DType::F32, DType::I64] {
+                let wrong = support::run(comm, kind, dtype, op, 1_001, false);
+                if wrong.iter().any(|&w| w != 0) {
+                    return Err(format!("{kind} {op} of {dtype:?}: wrong {wrong:?}"));
+                }
+                checked += 1;
+            }
+        }
+    }
+    on_every_rank(comm, |rank, stream| rank.barrier(stream))?;
+    if checked == 0 {
+        return Err("nothing was checked".into());
+    }
+    Ok(())
+}
+
+/// Runs `f` on every local rank, each on its own thread.
+fn on_every_rank(
+    comm: &Communicator,
+    f: impl Fn(&xpu_collectives::Rank, &xpu_hal::Stream) -> xpu_hal::Result<()> + Sync,
+) -> Outcome {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comm
+            .ranks()
+            .into_iter()
+            .map(|rank| {
+                let f = &f;
+                s.spawn(move || {
+                    let stream = rank.device().create_stream().map_err(|e| e.to_string())?;
+                    f(&rank, &stream).map_err(|e| format!("rank {}: {e}", rank.rank()))?;
+                    stream.synchronize().map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err("a rank's thread panicked".into()))
+        })
+    })
+}
+
+/// Process 0 all-reduces 4 elements, process 1 eight: both are told of a desync naming
+/// the other process and what it called.
+fn desync(mpi: &Mpi) -> Outcome {
+    let comm = communicator(mpi, 1, Duration::from_secs(30)).map_err(|e| e.to_string())?;
+    let rank = comm.rank(comm.first_rank()).map_err(|e| e.to_string())?;
+    let stream = rank.device().create_stream().map_err(|e| e.to_string())?;
+    let elems = if mpi.rank() == 0 { 4 } else { 8 };
+    let buf = rank
+        .device()
+        .allocate(elems * 4)
+        .map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let result = rank.all_reduce(&buf, &buf, DType::F32, ReduceOp::Sum, &stream);
+    let other = 1 - mpi.rank();
+    match result {
+        Err(Error::InvalidArgument { message })
+            if message.contains("desync")
+                && message.contains(&format!("process {other}"))
+                && message.contains("allreduce of 4") =>
+        {
+            if started.elapsed() > Duration::from_secs(10) {
+                return Err(format!("the desync took {:?} to show", started.elapsed()));
+            }
+        }
+        other => return Err(format!("expected a desync, got {other:?}")),
+    }
+    // The communicator is failed from then on.
+    match rank.barrier(&stream) {
+        Err(_) => Ok(()),
+        Ok(()) => Err("the communicator went on after a desync".into()),
+    }
+}
+
+/// Process 1 comes 3 s late to an operation with a 1 s timeout: process 0 is told, within
+/// the timeout and a second, that process 1 never came.
+fn stall(mpi: &Mpi) -> Outcome {
+    let timeout = Duration::from_secs(1);
+    let comm = communicator(mpi, 1, timeout).map_err(|e| e.to_string())?;
+    let rank = comm.rank(comm.first_rank()).map_err(|e| e.to_string())?;
+    let stream = rank.device().create_stream().map_err(|e| e.to_string())?;
+    let buf = rank.device().allocate(4096).map_err(|e| e.to_string())?;
+    if mpi.rank() == 1 {
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    let started = Instant::now();
+    let result = rank.all_reduce(&buf, &buf, DType::F32, ReduceOp::Sum, &stream);
+    let took = started.elapsed();
+    let other = 1 - mpi.rank();
+    match result {
+        Err(Error::Timeout { message })
+            if message.contains(&format!("process {other}"))
+                && message.contains("pid")
+                && message.contains("operation #0") =>
+        {
+            if took > timeout + Duration::from_secs(1) {
+                return Err(format!("the timeout took {took:?}"));
+            }
+            Ok(())
+        }
+        got => Err(format!(
+            "expected a timeout naming process {other}, got {got:?}"
+        )),
+    }
+}
+
+/// Process 0 aborts while process 1 waits in an all-reduce with a long timeout: process 1
+/// returns at once, told that process 0 aborted.
+fn abort(mpi: &Mpi) -> Outcome {
+    let comm = communicator(mpi, 1, Duration::from_secs(60)).map_err(|e| e.to_string())?;
+    let rank = comm.rank(comm.first_rank()).map_err(|e| e.to_string())?;
+    let stream = rank.device().create_stream().map_err(|e| e.to_string())?;
+    let buf = rank.device().allocate(4096).map_err(|e| e.to_string())?;
+    if mpi.rank() == 0 {
+        std::thread::sleep(Duration::from_millis(500));
+        comm.abort();
+        return match rank.all_reduce(&buf, &buf, DType::F32, ReduceOp::Sum, &stream) {
+            Err(Error::Aborted { .. }) => Ok(()),
+            other => Err(format!("an aborted communicator answered {other:?}")),
+        };
+    }
+    let started = Instant::now();
+    match rank.all_reduce(&buf, &buf, DType::F32, ReduceOp::Sum, &stream) {
+        Err(Error::Aborted { message }) if message.contains("process 0") => {
+            if started.elapsed() > Duration::from_secs(10) {
+                return Err(format!("the abort took {:?} to arrive", started.elapsed()));
+            }
+            Ok(())
+        }
+        other => Err(format!("expected an abort by process 0, got {other:?}")),
+    }
+}
