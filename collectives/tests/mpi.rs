@@ -56,6 +56,7 @@ fn main() -> ExitCode {
         trial("processes_that_disagree_are_told_of_a_desync", "desync", 2),
         trial("a_stalled_process_is_named_within_the_timeout", "stall", 2),
         trial("an_abort_releases_the_other_processes", "abort", 2),
+        trial("a_dead_process_is_named_within_the_timeout", "kill", 2),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }
@@ -77,7 +78,13 @@ fn trial(name: &'static str, case: &'static str, processes: usize) -> Trial {
         }
         let exe = std::env::current_exe().map_err(|e| Failed::from(e.to_string()))?;
         let started = Instant::now();
-        let out = Command::new("mpirun")
+        let dies = case == "kill";
+        let mut mpirun = Command::new("mpirun");
+        if dies {
+            // Without it Open MPI ends the whole job when one process dies.
+            mpirun.arg("--enable-recovery");
+        }
+        let out = mpirun
             .args(["-np", &processes.to_string(), "--oversubscribe"])
             .arg(exe)
             .env("XPU_MPI_CASE", case)
@@ -89,7 +96,11 @@ fn trial(name: &'static str, case: &'static str, processes: usize) -> Trial {
             .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
             .output()
             .map_err(|e| Failed::from(format!("mpirun did not start: {e}")))?;
-        if !out.status.success() {
+        let survived = String::from_utf8_lossy(&out.stdout).contains(SURVIVED);
+        if dies && survived {
+            return Ok(Completion::Completed);
+        }
+        if dies || !out.status.success() {
             return Err(Failed::from(format!(
                 "mpirun -np {processes} ({case}) failed after {:.1} s with {}:\n{}\n{}",
                 started.elapsed().as_secs_f64(),
@@ -124,6 +135,9 @@ fn communicator(mpi: &Mpi, devices: usize, timeout: Duration) -> xpu_hal::Result
 
 type Outcome = Result<(), String>;
 
+/// What the surviving process of the `kill` case prints once it has checked its error.
+const SURVIVED: &str = "xpu-mpi-test: the survivor named the dead process";
+
 fn child(case: &str) -> Outcome {
     let mpi = Mpi::init().map_err(|e| e.to_string())?;
     match case {
@@ -145,6 +159,7 @@ fn child(case: &str) -> Outcome {
         "desync" => desync(&mpi),
         "stall" => stall(&mpi),
         "abort" => abort(&mpi),
+        "kill" => kill(&mpi),
         other => Err(format!("unknown case {other}")),
     }
 }
@@ -307,5 +322,33 @@ fn abort(mpi: &Mpi) -> Outcome {
             Ok(())
         }
         other => Err(format!("expected an abort by process 0, got {other:?}")),
+    }
+}
+
+/// Process 1 dies (abort, SIGABRT) after the communicator is formed: process 0 is told,
+/// within the timeout and a second, that process 1 never came. (mpirun runs it with
+/// `--enable-recovery`, so that the survivor is not killed with the job.)
+fn kill(mpi: &Mpi) -> Outcome {
+    let timeout = Duration::from_secs(2);
+    let comm = communicator(mpi, 1, timeout).map_err(|e| e.to_string())?;
+    let rank = comm.rank(comm.first_rank()).map_err(|e| e.to_string())?;
+    let stream = rank.device().create_stream().map_err(|e| e.to_string())?;
+    let buf = rank.device().allocate(4096).map_err(|e| e.to_string())?;
+    if mpi.rank() == 1 {
+        std::process::abort();
+    }
+    let started = Instant::now();
+    let result = rank.all_reduce(&buf, &buf, DType::F32, ReduceOp::Sum, &stream);
+    let took = started.elapsed();
+    match result {
+        Err(Error::Timeout { message })
+            if message.contains("process 1") && took <= timeout + Duration::from_secs(1) =>
+        {
+            println!("{SURVIVED}");
+            Ok(())
+        }
+        got => Err(format!(
+            "expected a timeout naming process 1, got {got:?} after {took:?}"
+        )),
     }
 }
