@@ -19,7 +19,7 @@ use xpu_hal::{
 use xpu_host::{HostBackend, HostConfig};
 
 mod support;
-use support::run;
+use support::{run, KINDS};
 
 fn registry() -> Registry {
     let mut r = Registry::new();
@@ -51,15 +51,6 @@ fn comm(devices: Vec<Device>, overrides: &str, timeout: Duration) -> Communicato
     )
     .unwrap()
 }
-
-const KINDS: [Collective; 6] = [
-    Collective::AllReduce,
-    Collective::Reduce,
-    Collective::Broadcast,
-    Collective::AllGather,
-    Collective::ReduceScatter,
-    Collective::AllToAll,
-];
 
 /// Runs every operation with every algorithm forced by an override (an operation the
 /// algorithm lacks ignores its override and runs the model's choice, checked here too).

@@ -20,15 +20,7 @@ use xpu_hal::{DType, Device, DeviceSelector, Error, Registry};
 use xpu_host::{HostBackend, HostConfig};
 
 mod support;
-
-const KINDS: [Collective; 6] = [
-    Collective::AllReduce,
-    Collective::Reduce,
-    Collective::Broadcast,
-    Collective::AllGather,
-    Collective::ReduceScatter,
-    Collective::AllToAll,
-];
+use support::KINDS;
 
 fn main() -> ExitCode {
     if let Ok(case) = std::env::var("XPU_MPI_CASE") {

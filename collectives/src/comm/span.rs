@@ -662,6 +662,46 @@ fn finish_avg(desc: &OpDesc, size: usize, data: &mut [u8]) -> std::result::Resul
     Ok(())
 }
 
+/// Sends `mine` to every other process and receives `sizes[q]` bytes from each process
+/// `q`; the result holds each process's bytes (empty for this one). On a failure the
+/// buffers are leaked: the transport may still use them.
+fn swap_with_all(
+    peers: &dyn Peers,
+    tag: u32,
+    mine: Vec<u8>,
+    sizes: Vec<usize>,
+    deadline: Instant,
+) -> std::result::Result<Vec<Vec<u8>>, crate::process::Incomplete> {
+    let me = peers.index();
+    let mut theirs: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(q, &len)| if q == me { Vec::new() } else { vec![0; len] })
+        .collect();
+    let sends: Vec<(usize, &[u8])> = (0..sizes.len())
+        .filter(|&q| q != me)
+        .map(|q| (q, &mine[..]))
+        .collect();
+    let mut recvs: Vec<(usize, &mut [u8])> = theirs
+        .iter_mut()
+        .enumerate()
+        .filter(|(q, _)| *q != me)
+        .map(|(q, b)| (q, &mut b[..]))
+        .collect();
+    let never = AtomicBool::new(false);
+    // SAFETY: on an error the buffers are leaked below, never freed.
+    let done = unsafe { peers.exchange(tag, &sends, &mut recvs, deadline, &never) };
+    drop((sends, recvs));
+    match done {
+        Ok(()) => Ok(theirs),
+        Err(e) => {
+            std::mem::forget(theirs);
+            std::mem::forget(mine);
+            Err(e)
+        }
+    }
+}
+
 /// What each process tells the others when a communicator across processes is formed.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Joining {
@@ -712,7 +752,6 @@ impl Communicator {
         let mine = serde_json::to_vec(&joining)
             .map_err(|e| Error::backend_message("collectives", format!("internal error: {e}")))?;
         let deadline = Instant::now() + options.timeout;
-        let never = AtomicBool::new(false);
         let joined = |what: &str, e: crate::process::Incomplete| -> Error {
             Error::Timeout {
                 message: format!(
@@ -722,56 +761,22 @@ impl Communicator {
             }
         };
         // Lengths first, then each process's description.
-        let my_len = (mine.len() as u64).to_le_bytes();
-        let mut lens = vec![[0u8; 8]; n];
-        {
-            let sends: Vec<(usize, &[u8])> = (0..n)
-                .filter(|&q| q != me)
-                .map(|q| (q, &my_len[..]))
-                .collect();
-            let mut recvs: Vec<(usize, &mut [u8])> = lens
-                .iter_mut()
-                .enumerate()
-                .filter(|(q, _)| *q != me)
-                .map(|(q, b)| (q, &mut b[..]))
-                .collect();
-            // SAFETY: on an error the buffers are leaked below, never freed.
-            if let Err(e) = unsafe { peers.exchange(tag, &sends, &mut recvs, deadline, &never) } {
-                drop(recvs);
-                std::mem::forget(lens);
-                std::mem::forget(mine);
-                return Err(joined("their sizes", e));
-            }
-        }
-        let mut theirs: Vec<Vec<u8>> = Vec::with_capacity(n);
+        let my_len = (mine.len() as u64).to_le_bytes().to_vec();
+        let lens = swap_with_all(&*peers, tag, my_len, vec![8; n], deadline)
+            .map_err(|e| joined("their sizes", e))?;
+        let mut sizes = Vec::with_capacity(n);
         for (q, len) in lens.iter().enumerate() {
-            let len = usize::try_from(u64::from_le_bytes(*len)).unwrap_or(usize::MAX);
+            let bytes: [u8; 8] = len.as_slice().try_into().unwrap_or([0; 8]);
+            let len = usize::try_from(u64::from_le_bytes(bytes)).unwrap_or(usize::MAX);
             if q != me && len > 1 << 20 {
                 return Err(Error::invalid(format!(
                     "process {q} described itself in {len} bytes; is it running the same program?"
                 )));
             }
-            theirs.push(if q == me { Vec::new() } else { vec![0; len] });
+            sizes.push(if q == me { 0 } else { len });
         }
-        {
-            let sends: Vec<(usize, &[u8])> = (0..n)
-                .filter(|&q| q != me)
-                .map(|q| (q, &mine[..]))
-                .collect();
-            let mut recvs: Vec<(usize, &mut [u8])> = theirs
-                .iter_mut()
-                .enumerate()
-                .filter(|(q, _)| *q != me)
-                .map(|(q, b)| (q, &mut b[..]))
-                .collect();
-            // SAFETY: as above.
-            if let Err(e) = unsafe { peers.exchange(tag, &sends, &mut recvs, deadline, &never) } {
-                drop(recvs);
-                std::mem::forget(theirs);
-                std::mem::forget(mine);
-                return Err(joined("their devices", e));
-            }
-        }
+        let theirs = swap_with_all(&*peers, tag, mine, sizes, deadline)
+            .map_err(|e| joined("their devices", e))?;
         let mut procs = Vec::with_capacity(n);
         let mut first = 0;
         for (q, bytes) in theirs.iter().enumerate() {

@@ -7,6 +7,16 @@ use xpu_collectives::check;
 use xpu_collectives::{Collective, Communicator, ReduceOp};
 use xpu_hal::DType;
 
+/// The operations with data, as the tests sweep them.
+pub const KINDS: [Collective; 6] = [
+    Collective::AllReduce,
+    Collective::Reduce,
+    Collective::Broadcast,
+    Collective::AllGather,
+    Collective::ReduceScatter,
+    Collective::AllToAll,
+];
+
 /// Runs `kind` on every rank (each on its own thread) and returns the number of wrong
 /// elements per rank.
 pub fn run(
