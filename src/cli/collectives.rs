@@ -129,6 +129,23 @@ struct Row {
     enqueued: Option<(String, bool)>,
 }
 
+/// `println!` where `$on` (the process that prints for all, under mpirun).
+macro_rules! say {
+    ($on:expr, $($t:tt)*) => {
+        if $on {
+            println!($($t)*);
+        }
+    };
+}
+
+/// Without the `mpi` feature no communicator spans processes.
+#[cfg(not(feature = "mpi"))]
+fn unreachable_without_mpi() -> Result<Communicator> {
+    Err(Error::unsupported(
+        "this xpu was built without the mpi feature; rebuild with it to run across processes",
+    ))
+}
+
 /// A barrier that spins (briefly, then yields): waking a sleeping thread costs tens of
 /// microseconds here, more than a small collective.
 struct SpinBarrier {
@@ -163,6 +180,69 @@ impl SpinBarrier {
             }
         }
     }
+}
+
+/// The ranks' start line: a spinning barrier within the process, then, across
+/// processes, the communicator's own barrier.
+struct Barrier<'a> {
+    local: &'a SpinBarrier,
+    spanning: bool,
+}
+
+impl Barrier<'_> {
+    fn wait(&self, rank: &xpu_collectives::Rank, stream: &Stream) -> Result<()> {
+        self.local.wait();
+        if self.spanning {
+            rank.barrier(stream)?;
+            stream.synchronize()?;
+        }
+        Ok(())
+    }
+}
+
+/// One rank's times of a measurement.
+type RankTimes = (Duration, Vec<Duration>, usize, Vec<Duration>);
+
+/// Across processes: every rank's times become the slowest rank's, iteration by
+/// iteration, and its wrong count the sum over ranks (through the communicator, in µs).
+fn slowest_everywhere(
+    rank: &xpu_collectives::Rank,
+    stream: &Stream,
+    mean: Duration,
+    samples: Vec<Duration>,
+    wrong: usize,
+    copies: Vec<Duration>,
+) -> Result<RankTimes> {
+    let us = |d: &Duration| d.as_secs_f64() * 1e6;
+    let mut values: Vec<f64> = vec![us(&mean)];
+    values.extend(samples.iter().map(us));
+    values.extend(copies.iter().map(us));
+    let device = rank.device();
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let times = device.allocate(bytes.len() as u64)?;
+    stream.write(&times, &bytes)?;
+    rank.all_reduce(&times, &times, DType::F64, ReduceOp::Max, stream)?;
+    let counted = device.allocate(8)?;
+    stream.write(&counted, &(wrong as i64).to_le_bytes())?;
+    rank.all_reduce(&counted, &counted, DType::I64, ReduceOp::Sum, stream)?;
+    stream.synchronize()?;
+    let got: Vec<Duration> = stream
+        .read(&times)?
+        .chunks_exact(8)
+        .map(|c| {
+            let v = f64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
+            Duration::from_secs_f64(v.max(0.0) / 1e6)
+        })
+        .collect();
+    let wrong = stream.read(&counted)?;
+    let wrong = i64::from_le_bytes(wrong[..8].try_into().unwrap_or([0; 8]));
+    let k = samples.len();
+    Ok((
+        got[0],
+        got[1..1 + k].to_vec(),
+        usize::try_from(wrong).unwrap_or(usize::MAX),
+        got[1 + k..].to_vec(),
+    ))
 }
 
 /// Per-rank buffer sizes (send, receive) for `size` bytes of the operation, as
@@ -318,8 +398,14 @@ fn measure(
 ) -> Result<Measured> {
     let n = comm.size();
     let (send_bytes, recv_bytes) = buffer_bytes(o.collective, size, n as u64);
-    let barrier = SpinBarrier::new(n);
-    type RankTimes = (Duration, Vec<Duration>, usize, Vec<Duration>);
+    let local = SpinBarrier::new(comm.ranks().len());
+    let spanning = !comm.processes().is_empty();
+    // Across processes the ranks of every process start together: this process's at
+    // the spinning barrier, then all through the communicator's own barrier.
+    let barrier = Barrier {
+        local: &local,
+        spanning,
+    };
     let results: Vec<Result<RankTimes>> = std::thread::scope(|s| {
         let handles: Vec<_> = comm
             .ranks()
@@ -347,13 +433,13 @@ fn measure(
                         enqueue(&rank, o, &send, &recv, in_place, &stream)?;
                     }
                     stream.synchronize()?;
-                    barrier.wait();
+                    barrier.wait(&rank, &stream)?;
                     let start = Instant::now();
                     for _ in 0..o.iters {
                         enqueue(&rank, o, &send, &recv, in_place, &stream)?;
                     }
                     stream.synchronize()?;
-                    barrier.wait();
+                    barrier.wait(&rank, &stream)?;
                     let mean = start.elapsed() / o.iters.max(1) as u32;
                     let copies = match reference && size > 0 {
                         true => {
@@ -371,13 +457,13 @@ fn measure(
                     // done (as MPI benchmarks time a call between barriers); the
                     // slowest rank's time is the iteration's.
                     for _ in 0..o.iters {
-                        barrier.wait();
+                        barrier.wait(&rank, &stream)?;
                         let t = Instant::now();
                         enqueue(&rank, o, &send, &recv, in_place, &stream)?;
                         stream.synchronize()?;
                         samples.push(t.elapsed());
                         if let Some((a, b)) = &copies {
-                            barrier.wait();
+                            barrier.wait(&rank, &stream)?;
                             let t = Instant::now();
                             stream.copy(a, b)?;
                             stream.synchronize()?;
@@ -387,7 +473,7 @@ fn measure(
                     let mut wrong = 0;
                     if o.check {
                         load(&stream)?;
-                        barrier.wait();
+                        barrier.wait(&rank, &stream)?;
                         enqueue(&rank, o, &send, &recv, in_place, &stream)?;
                         stream.synchronize()?;
                         if let Some(want) = want {
@@ -400,6 +486,11 @@ fn measure(
                             };
                             wrong = check::wrong_elements(o.dtype, &got, &want);
                         }
+                    }
+                    if spanning {
+                        return slowest_everywhere(
+                            &rank, &stream, mean, samples, wrong, copy_times,
+                        );
                     }
                     Ok((mean, samples, wrong, copy_times))
                 })
@@ -495,29 +586,48 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
             "need -b <= -e, a step factor -f of at least 2, and at least one iteration -n",
         ));
     }
-    let n = devices.len();
-    if o.root >= n {
-        return Err(Error::invalid(format!(
-            "root {} is not a rank of the {n} devices",
-            o.root
-        )));
-    }
     let mut selector = Selector::from_env()?;
     if let Some(a) = &o.algorithm {
         let forced = Selector::parse(&format!("{}:{a}", o.collective.name()))?;
         selector.overrides.splice(0..0, forced.overrides);
     }
-    let topology = Topology::discover_calibrated(&devices)?;
-    let comm = Communicator::with_topology(
-        devices.clone(),
-        topology,
-        CommOptions {
-            selector,
-            ..CommOptions::from_env()?
-        },
-    )?;
+    let options = CommOptions {
+        selector,
+        ..CommOptions::from_env()?
+    };
+    // Started by mpirun or srun: one communicator over every process's devices.
+    #[cfg(feature = "mpi")]
+    let across = xpu_collectives::process::mpi::Mpi::launched()
+        .then(xpu_collectives::process::mpi::Mpi::init)
+        .transpose()?;
+    #[cfg(not(feature = "mpi"))]
+    let across: Option<()> = None;
+    let comm = match &across {
+        #[cfg(feature = "mpi")]
+        Some(mpi) => Communicator::from_mpi(mpi, devices.clone(), options)?,
+        #[cfg(not(feature = "mpi"))]
+        Some(()) => unreachable_without_mpi()?,
+        None => {
+            let topology = Topology::discover_calibrated(&devices)?;
+            Communicator::with_topology(devices.clone(), topology, options)?
+        }
+    };
+    // Across processes, the first process prints for all.
+    let printing = comm.first_rank() == 0;
+    let n = comm.size();
+    if o.root >= n {
+        return Err(Error::invalid(format!(
+            "root {} is not a rank of the {n} ranks",
+            o.root
+        )));
+    }
     // One communicator per algorithm, each forced by an override, to time them all.
     let mut forced = Vec::new();
+    if o.compare_algorithms && !comm.processes().is_empty() {
+        return Err(Error::invalid(
+            "--compare-algorithms times the in-process algorithms; run it without mpirun",
+        ));
+    }
     if o.compare_algorithms {
         for a in xpu_collectives::Algorithm::ALL {
             let sel = Selector::parse(&format!("{}:{}", o.collective.name(), a.name()))?;
@@ -559,25 +669,32 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
         "none".to_string()
     };
     if !o.json {
-        let ids: Vec<String> = devices.iter().map(|d| d.id().to_string()).collect();
-        println!(
+        let ids: Vec<String> = match comm.processes() {
+            [] => devices.iter().map(|d| d.id().to_string()).collect(),
+            procs => procs
+                .iter()
+                .map(|p| format!("process {}: {}", p.index, p.devices.join(", ")))
+                .collect(),
+        };
+        say!(
+            printing,
             "# xpu bench collectives: {} on {n} ranks ({})",
             o.collective,
-            ids.join(", ")
+            ids.join("; ")
         );
-        println!(
+        say!(printing,
             "# reference `ceiling`: every rank copying the same bytes within its own device at once, each copy"
         );
-        println!(
+        say!(printing,
             "# right after a p50 sample; `ratio`: busbw at the p50 time / ceiling (medians of the same iterations)"
         );
-        println!("#");
-        println!(
+        say!(printing, "#");
+        say!(printing,
             "# {:>10} {:>12} {:>8} {:>6} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}   {:>8} {:>8}   {:>7} {:>6}  algo",
             "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
             "algbw", "busbw", "#wrong", "p50", "p99", "ceiling", "ratio"
         );
-        println!(
+        say!(printing,
             "# {:>10} {:>12} {:>8} {:>6} {:>5}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}   {:>8} {:>8}   {:>7} {:>6}",
             "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "o-o-p", "(us)", "(GB/s)",
             "(GB/s)", "in-pl", "(us)", "(us)", "(GB/s)", ""
@@ -661,7 +778,13 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
             dtype: nccl_type(o.dtype),
             redop: redop.clone(),
             root: if rooted { o.root as i64 } else { -1 },
-            algorithm: algorithm.name().to_string(),
+            // Across processes: the in-process algorithm (with more than one rank in a
+            // process), then MPI between the processes.
+            algorithm: match (comm.processes().is_empty(), comm.ranks().len()) {
+                (true, _) => algorithm.name().to_string(),
+                (false, 1) => "mpi".to_string(),
+                (false, _) => format!("{}+mpi", algorithm.name()),
+            },
             out_of_place: f_oop,
             in_place: f_ip.unwrap_or(Figures {
                 time_us: 0.0,
@@ -686,7 +809,7 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
         if o.json {
             let text = serde_json::to_string(&row)
                 .map_err(|e| Error::backend_message("xpu", format!("encoding JSON: {e}")))?;
-            println!("{text}");
+            say!(printing, "{text}");
         } else {
             let w = |f: Option<usize>| f.map_or_else(|| "N/A".to_string(), |w| w.to_string());
             let (ip_t, ip_a, ip_b, ip_w) = match f_ip {
@@ -698,7 +821,7 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
                 ),
                 None => ("-".into(), "-".into(), "-".into(), "-".into()),
             };
-            println!(
+            say!(printing,
                 "  {:>10} {:>12} {:>8} {:>6} {:>5}   {:>9.2} {:>7.2} {:>7.2} {:>6}   {:>9} {:>7} {:>7} {:>6}   {:>8.2} {:>8.2}   {:>7.2} {:>6.2}  {}",
                 row.size,
                 row.count,
@@ -729,7 +852,8 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
                     })
                     .collect();
                 let yes = |b: bool| if b { "yes" } else { "no" };
-                println!(
+                say!(
+                    printing,
                     "  {:>10}   measured: {}; chosen ({}) was the fastest: {}",
                     "",
                     times.join(", "),
@@ -737,7 +861,7 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
                     yes(fastest)
                 );
                 if let Some((busy, fastest)) = &row.enqueued {
-                    println!(
+                    say!(printing,
                         "  {:>10}   with busy streams: {busy}, the fastest of the enqueued ones: {}",
                         "",
                         yes(*fastest)
@@ -757,19 +881,20 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
         size = next;
     }
     if !o.json && compared > 0 {
-        println!(
+        say!(printing,
             "# the cost model chose the fastest measured algorithm at {chosen_fastest} of {compared} sizes; its choices took {:.2}× the fastest's time (geometric mean)",
             (chosen_log_ratio / compared as f64).exp()
         );
         if enqueued_compared > 0 {
-            println!(
+            say!(printing,
                 "# with busy streams (no shared memory), it chose the fastest enqueued algorithm at {enqueued_fastest} of {enqueued_compared} sizes; its choices took {:.2}× the fastest enqueued one's time",
                 (enqueued_log_ratio / enqueued_compared as f64).exp()
             );
         }
     }
     if !o.json {
-        println!(
+        say!(
+            printing,
             "# {} (all results checked: {})",
             if all_right {
                 "0 wrong elements"
@@ -780,7 +905,7 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
         );
         let staging = xpu_memory::host_staging().stats();
         if staging.acquired > 0 {
-            println!(
+            say!(printing,
                 "# host staging (copies between devices that cannot reach each other): {:.1} MiB reserved, {:.1} MiB at peak; {} buffers handed out: {} idle, {} after a stream wait, {} new ({} over the limit); {} pinned for a device ({} refused)",
                 staging.reserved_bytes as f64 / (1u64 << 20) as f64,
                 staging.peak_reserved_bytes as f64 / (1u64 << 20) as f64,
@@ -793,7 +918,7 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
                 staging.pin_failures
             );
             if let Some(e) = xpu_memory::host_staging().last_pin_error() {
-                println!("# the latest refusal to pin: {e}");
+                say!(printing, "# the latest refusal to pin: {e}");
             }
         }
     }

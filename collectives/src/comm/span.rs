@@ -10,7 +10,7 @@
 
 use xpu_hal::HostBuffer;
 
-use super::args::{check_len, Range};
+use super::args::{check_aliasing, check_dtype, check_len, check_slice, Range};
 use super::*;
 use crate::process::between::{Between, Failure};
 use crate::process::wire::Header;
@@ -79,10 +79,36 @@ impl Span {
 
 /// What the leader's step stages in and out: device ranges and their offsets in `data`.
 struct Stage<'s> {
+    /// A range `data` bytes long that the exchange may work in itself, when the CPU
+    /// can reach it.
+    home: Option<BufferSlice<'s>>,
     fill: Vec<(BufferSlice<'s>, usize)>,
     drain: Vec<(usize, BufferSlice<'s>)>,
     data: usize,
     extra: usize,
+}
+
+/// The CPU's view of a slice: its address and length, and the view that keeps the
+/// memory alive (forgotten, so never freed, when the transport may still use it).
+struct View {
+    view: xpu_hal::HostView,
+    ptr: *mut u8,
+    len: usize,
+}
+
+/// The CPU's view of `slice`, when its memory has one and the slice lies within the
+/// allocation.
+fn view_of(slice: &BufferSlice<'_>) -> Option<View> {
+    let view = slice.allocation.host_view()?;
+    let end = slice.offset.checked_add(slice.len)?;
+    if end > view.len() {
+        return None;
+    }
+    let len = usize::try_from(slice.len).ok()?;
+    let at = usize::try_from(slice.offset).ok()?;
+    // In bounds, as checked above.
+    let ptr = view.as_ptr().wrapping_add(at);
+    Some(View { view, ptr, len })
 }
 
 fn usize_of(n: u64) -> Result<usize> {
@@ -136,22 +162,66 @@ impl Rank {
         ) -> std::result::Result<(), Failure>,
     ) -> Result<()> {
         let mut scratch = span.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        // With the stream idle and every range the CPU's, the leader copies itself, and
+        // the exchange works in the home range itself where there is one; otherwise the
+        // stream copies through the scratch buffers, and the leader waits for it.
+        let direct = matches!(stream.query(), Ok(true))
+            && stage
+                .fill
+                .iter()
+                .map(|(s, _)| s)
+                .chain(stage.drain.iter().map(|(_, s)| s))
+                .chain(stage.home.iter())
+                .all(|s| view_of(s).is_some());
+        let home = stage
+            .home
+            .filter(|_| direct)
+            .and_then(|h| view_of(&h).map(|v| (h, v)))
+            .filter(|(_, v)| v.len == stage.data);
         let result = (|| -> std::result::Result<(), Failure> {
             {
                 let st = self.shared.lock();
                 self.shared.check_failed(&st)?;
             }
+            // Whether `slice` is the home range's bytes at `off` already.
+            let at_home = |slice: &BufferSlice<'_>, off: usize| {
+                home.as_ref().is_some_and(|(h, _)| {
+                    slice.allocation.id() == h.allocation.id()
+                        && slice.offset.checked_sub(h.offset) == Some(off as u64)
+                })
+            };
             let s = &mut *scratch;
             let data = at_least(&mut s.data, stage.data)?;
+            let region = match &home {
+                Some((_, v)) => v.ptr,
+                None => data.as_mut_slice()?.as_mut_ptr(),
+            };
             for (slice, off) in &stage.fill {
-                stream.copy_to_host(*slice, data, *off as u64)?;
+                if at_home(slice, *off) {
+                    continue;
+                }
+                match direct.then(|| view_of(slice)).flatten() {
+                    Some(v) if off + v.len <= stage.data => {
+                        // SAFETY: the view covers the slice's `len` bytes of live memory
+                        // (checked in `view_of`) that no enqueued work touches (the
+                        // stream is idle); the region holds `stage.data` bytes, and
+                        // `off + len` is within them.
+                        unsafe { std::ptr::copy(v.ptr, region.add(*off), v.len) };
+                    }
+                    _ => stream.copy_to_host(*slice, data, *off as u64)?,
+                }
             }
-            stream.synchronize()?;
+            if !direct {
+                stream.synchronize()?;
+            }
             let extra = at_least(&mut s.extra, stage.extra)?;
-            let (data_bytes, extra_bytes) = (
-                &mut data.as_mut_slice()?[..stage.data],
-                &mut extra.as_mut_slice()?[..stage.extra],
-            );
+            let data_bytes: &mut [u8] = match &home {
+                // SAFETY: the home range's `stage.data` bytes of live memory, which
+                // nothing else touches during the step (the stream is idle, and the
+                // caller's other ranks wait for this step).
+                Some((_, v)) => unsafe { std::slice::from_raw_parts_mut(v.ptr, v.len) },
+                None => &mut data.as_mut_slice()?[..stage.data],
+            };
             let mut between = Between {
                 peers: &*span.peers,
                 procs: &span.procs,
@@ -162,11 +232,26 @@ impl Rank {
                 abort: &span.aborted,
                 heads: &mut s.heads,
             };
-            exchange(&mut between, data_bytes, extra_bytes)?;
+            exchange(
+                &mut between,
+                data_bytes,
+                &mut extra.as_mut_slice()?[..stage.extra],
+            )?;
             for (off, slice) in &stage.drain {
-                stream.copy_from_host(data, *off as u64, *slice)?;
+                if at_home(slice, *off) {
+                    continue;
+                }
+                match direct.then(|| view_of(slice)).flatten() {
+                    Some(v) if off + v.len <= stage.data => {
+                        // SAFETY: as for the fill (nothing was enqueued since).
+                        unsafe { std::ptr::copy(region.add(*off), v.ptr, v.len) };
+                    }
+                    _ => stream.copy_from_host(data, *off as u64, *slice)?,
+                }
             }
-            stream.synchronize()?;
+            if !direct {
+                stream.synchronize()?;
+            }
             Ok(())
         })();
         let Err(failure) = result else {
@@ -175,6 +260,9 @@ impl Rank {
         if failure.in_use {
             // The transport may still write them: never free them.
             std::mem::forget(std::mem::take(&mut *scratch));
+            if let Some((_, v)) = home {
+                std::mem::forget(v.view);
+            }
         }
         drop(scratch);
         // The other processes learn of it at once rather than at their deadline.
@@ -214,8 +302,21 @@ impl Rank {
         };
         let here = self.here();
         let leader = self.rank == 0;
-        here.reduce(send, leader.then_some(recv), dtype, local_op, 0, stream)
-            .map_err(|e| self.failed_here(span, e))?;
+        let alone = self.local_size() == 1;
+        if alone {
+            // The only rank here: its send buffer goes into the exchange as it is.
+            check_slice(self.device(), &send, "send buffer")
+                .and_then(|s| Ok((s, check_slice(self.device(), &recv, "receive buffer")?)))
+                .and_then(|(s, r)| {
+                    check_len(r.len, s.len, "receive buffer (the send buffer's length)")?;
+                    check_dtype(self.device(), s.len, dtype, "send buffer")?;
+                    check_aliasing(&s, &r)
+                })
+                .map_err(|e| self.failed_here(span, e))?;
+        } else {
+            here.reduce(send, leader.then_some(recv), dtype, local_op, 0, stream)
+                .map_err(|e| self.failed_here(span, e))?;
+        }
         if leader {
             let len = usize_of(recv.len)?;
             let desc = OpDesc {
@@ -227,7 +328,8 @@ impl Rank {
             };
             let n = span.procs.len();
             let stage = Stage {
-                fill: vec![(recv, 0)],
+                home: Some(recv),
+                fill: vec![(if alone { send } else { recv }, 0)],
                 drain: vec![(0, recv)],
                 data: len,
                 extra: len * (n - 1),
@@ -296,6 +398,7 @@ impl Rank {
             root: Some(root),
         };
         let stage = Stage {
+            home: Some(target),
             fill: vec![(target, 0)],
             drain: if at_root {
                 vec![(0, target)]
@@ -353,6 +456,7 @@ impl Rank {
             };
             let len = usize_of(recv.len)?;
             let stage = Stage {
+                home: Some(recv),
                 fill: if at_root { vec![(recv, 0)] } else { Vec::new() },
                 drain: if at_root { Vec::new() } else { vec![(0, recv)] },
                 data: len,
@@ -400,6 +504,7 @@ impl Rank {
             let unit = usize_of(unit)?;
             let blocks = span.process_blocks(unit);
             let stage = Stage {
+                home: Some(recv),
                 fill: vec![(mine, blocks[span.me].0)],
                 drain: vec![(0, recv)],
                 data: unit * span.size,
@@ -479,6 +584,7 @@ impl Rank {
             }
         }
         let stage = Stage {
+            home: None,
             fill: vec![(source, 0)],
             drain,
             data: unit * span.size,
@@ -570,6 +676,7 @@ impl Rank {
         };
         let total = local * row;
         let stage = Stage {
+            home: None,
             fill,
             drain,
             data: total,
@@ -635,6 +742,7 @@ impl Rank {
                 root: None,
             };
             let stage = Stage {
+                home: None,
                 fill: Vec::new(),
                 drain: Vec::new(),
                 data: 0,
