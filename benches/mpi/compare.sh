@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# All-reduce on 2 ranks: xpu (`xpu bench collectives`, host:0 and host:1) beside Open
-# MPI's MPI_Allreduce (2 processes started by mpirun), both measured in this run, at
-# every size from MIN to MAX bytes (default 8 B to 256 MiB, factor 2), float sum.
-# The two alternate ROUNDS times (default 3) and each figure is the median of its rounds,
-# since these machines are noisy: where the scheduler puts two busy threads changes a
-# small message's time several-fold from one run to the next.
-# Prints size, both times, both p50s and the ratio MPI time / xpu time (above 1: xpu is
-# faster). Needs Debian's openmpi-bin and libopenmpi-dev.
+# Float-sum all-reduce on 2 ranks at 4 KiB, 1 MiB and 64 MiB: xpu across two processes
+# (`mpirun -np 2 xpu bench collectives --devices host:0`, one rank per process), xpu
+# within one process (`xpu bench collectives --devices host:0,1`), and Open MPI's own
+# MPI_Allreduce on the same two processes (benches/mpi/allreduce.c), all measured in
+# this run, in ROUNDS interleaved rounds (default 5), first on an idle machine, then
+# with a competing busy process on one core.
 #
-#   benches/mpi/compare.sh [MIN] [MAX] [FACTOR] [ITERS] [WARMUP] [ROUNDS]
+# Open MPI runs as it runs best on these cores: no --oversubscribe when the processes
+# fit the cores (it would switch it to its slow yielding mode).
+#
+# Prints per size and condition the median over rounds of each mean time and p50, the
+# ratios MPI/xpu (1 or more: xpu is at least as fast), and every round's mean, so that
+# a figure that holds in one round only shows. Needs Debian's openmpi-bin and
+# libopenmpi-dev (scripts/deps.sh installs them).
+#
+#   benches/mpi/compare.sh [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-min="${1:-8}" max="${2:-268435456}" factor="${3:-2}" iters="${4:-20}" warmup="${5:-5}"
-rounds="${6:-3}"
+rounds="${1:-5}"
 for tool in mpicc mpirun; do
   command -v "$tool" >/dev/null 2>&1 || {
     echo "compare.sh: $tool not found; install Debian's openmpi-bin and libopenmpi-dev" >&2
@@ -21,39 +26,83 @@ for tool in mpicc mpirun; do
 done
 out=target/mpi-compare
 mkdir -p "$out"
-rm -f "$out"/mpi.*.jsonl "$out"/xpu.*.jsonl
+rm -f "$out"/*.jsonl
 mpicc -O2 -o "$out/allreduce" benches/mpi/allreduce.c
 cargo build --release --locked --quiet --bin xpu
+# As root, Open MPI wants to be told.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+launch=(mpirun -np 2)
+if (($(nproc) < 2)); then
+  launch+=(--oversubscribe)
+fi
 
-for round in $(seq 1 "$rounds"); do
-  # As root, Open MPI wants to be told; more ranks than cores need oversubscription.
-  mpirun --allow-run-as-root --oversubscribe -np 2 "$out/allreduce" "$min" "$max" "$factor" \
-    "$iters" "$warmup" >"$out/mpi.$round.jsonl"
-  target/release/xpu bench collectives --devices host:0,1 -b "$min" -e "$max" -f "$factor" \
-    -n "$iters" -w "$warmup" --json >"$out/xpu.$round.jsonl"
+# size:iterations — enough iterations for the mean to settle at each size.
+sizes=(4096:500 1048576:200 67108864:20)
+
+busy_pid=""
+stop_busy() {
+  if [[ -n "$busy_pid" ]]; then
+    kill "$busy_pid" 2>/dev/null || true
+    wait "$busy_pid" 2>/dev/null || true
+    busy_pid=""
+  fi
+}
+trap stop_busy EXIT
+
+for condition in idle busy; do
+  if [[ "$condition" == busy ]]; then
+    # One core kept busy by another process for the whole condition.
+    (while :; do :; done) &
+    busy_pid=$!
+  fi
+  for round in $(seq 1 "$rounds"); do
+    for entry in "${sizes[@]}"; do
+      size="${entry%%:*}" iters="${entry##*:}"
+      tag="$condition.$size.$round"
+      # Alternate which runs first from round to round.
+      runs=(mpi across within)
+      if ((round % 2 == 0)); then runs=(within across mpi); fi
+      for run in "${runs[@]}"; do
+        case "$run" in
+          mpi)
+            "${launch[@]}" "$out/allreduce" "$size" "$size" 2 "$iters" 5 >"$out/mpi.$tag.jsonl"
+            ;;
+          across)
+            "${launch[@]}" target/release/xpu bench collectives --devices host:0 -b "$size" \
+              -e "$size" -n "$iters" -w 5 --json >"$out/across.$tag.jsonl"
+            ;;
+          within)
+            target/release/xpu bench collectives --devices host:0,1 -b "$size" -e "$size" \
+              -n "$iters" -w 5 --json >"$out/within.$tag.jsonl"
+            ;;
+        esac
+      done
+    done
+  done
+  stop_busy
 done
 
-python3 - "$out" "$rounds" <<'PY'
+python3 - "$out" "$rounds" "${sizes[@]}" <<'PY'
 import json, statistics, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
-def load(name):
-    runs = [{r["size"]: r for r in map(json.loads, open(f"{out}/{name}.{k}.jsonl"))}
-            for k in range(1, rounds + 1)]
-    return runs
-mpi, xpu = load("mpi"), load("xpu")
-sizes = sorted(set.intersection(*(set(r) for r in mpi + xpu)))
+out, rounds, sizes = sys.argv[1], int(sys.argv[2]), [int(s.split(":")[0]) for s in sys.argv[3:]]
 med = statistics.median
-print(f"# medians of {rounds} alternating rounds")
-print(f"{'size':>11} {'xpu us':>10} {'mpi us':>10} {'xpu p50':>9} {'mpi p50':>9} {'mpi/xpu':>8} {'wrong':>6}")
-slower = 0
-for size in sizes:
-    xt = med(r[size]["out_of_place"]["time_us"] for r in xpu)
-    mt = med(r[size]["time_us"] for r in mpi)
-    xp = med(r[size]["out_of_place"]["p50_us"] for r in xpu)
-    mp = med(r[size]["p50_us"] for r in mpi)
-    wrong = sum((r[size]["out_of_place"]["wrong"] or 0) for r in xpu) + sum(r[size]["wrong"] for r in mpi)
-    ratio = mt / xt if xt > 0 else float("inf")
-    slower += ratio < 1
-    print(f"{size:>11} {xt:>10.2f} {mt:>10.2f} {xp:>9.2f} {mp:>9.2f} {ratio:>8.2f} {wrong:>6}")
-print(f"sizes where xpu is slower than MPI_Allreduce: {slower}")
+def row(name, condition, size, r):
+    rec = json.loads(open(f"{out}/{name}.{condition}.{size}.{r}.jsonl").readline())
+    if name == "mpi":
+        return rec["time_us"], rec["p50_us"], rec["wrong"]
+    f = rec["out_of_place"]
+    return f["time_us"], f["p50_us"], f["wrong"] or 0
+print(f"# medians over {rounds} interleaved rounds; ratio = MPI time / xpu time (>= 1: xpu at least as fast)")
+print(f"{'condition':>9} {'size':>9} {'run':>7} {'mean us':>10} {'p50 us':>9} {'MPI/xpu':>8} {'p50 ratio':>9} {'wrong':>5}  means per round")
+for condition in ("idle", "busy"):
+    for size in sizes:
+        m = [row("mpi", condition, size, r) for r in range(1, rounds + 1)]
+        mt, mp = med(x[0] for x in m), med(x[1] for x in m)
+        print(f"{condition:>9} {size:>9} {'mpi':>7} {mt:>10.2f} {mp:>9.2f} {'':>8} {'':>9} {sum(x[2] for x in m):>5}  "
+              + " ".join(f"{x[0]:.1f}" for x in m))
+        for name in ("across", "within"):
+            x = [row(name, condition, size, r) for r in range(1, rounds + 1)]
+            xt, xp = med(v[0] for v in x), med(v[1] for v in x)
+            print(f"{condition:>9} {size:>9} {name:>7} {xt:>10.2f} {xp:>9.2f} {mt / xt:>8.2f} {mp / xp:>9.2f} "
+                  f"{sum(v[2] for v in x):>5}  " + " ".join(f"{v[0]:.1f}" for v in x))
 PY

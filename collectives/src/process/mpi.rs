@@ -23,6 +23,13 @@ const ABORT_TAG: c_int = (1 << 21) + 7;
 pub(crate) const SETUP_TAG: u32 = (1 << 21) + 1;
 /// The longest piece one MPI call moves (its counts are C ints).
 const PIECE: usize = 1 << 30;
+/// Messages up to this size go in pieces of [`EAGER_PIECE`] bytes: MPI libraries send
+/// small messages eagerly (copied through shared memory at once) but larger ones with a
+/// rendezvous first, which costs several microseconds (Open MPI's shared-memory transport
+/// switches at 4 KiB, its own header included).
+const SPLIT_UP_TO: usize = 64 << 10;
+/// The piece size below [`SPLIT_UP_TO`]: under 4 KiB with room for MPI's header.
+const EAGER_PIECE: usize = 4000;
 /// Polls of a pending transfer before the waiting thread starts yielding its core.
 const SPINS: u32 = 64;
 /// `usize::MAX` in [`MpiPeers::aborted_by`]: no other process has aborted.
@@ -391,9 +398,14 @@ impl Peers for MpiPeers {
         {
             let _serial = self.mpi.serial();
             let mut post = |peer: usize, ptr: *mut u8, len: usize, send: bool| {
+                let piece = if len <= SPLIT_UP_TO {
+                    EAGER_PIECE
+                } else {
+                    PIECE
+                };
                 let mut at = 0;
                 loop {
-                    let k = (len - at).min(PIECE);
+                    let k = (len - at).min(piece);
                     // SAFETY: RSMPI_REQUEST_NULL is a valid request handle value.
                     let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
                     // SAFETY: `ptr + at` is valid for `k` bytes (a piece of the caller's
