@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+mod mpi;
 mod ops;
 mod placement;
 mod sched;

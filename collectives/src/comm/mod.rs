@@ -477,7 +477,7 @@ impl Communicator {
     pub fn abort(&self) {
         if let Some(span) = &self.span {
             span.aborted.store(true, Ordering::Release);
-            span.peers.abort_others();
+            span.peers.abort_others(crate::process::GiveUp::Aborted);
         }
         self.shared.aborted.store(true, Ordering::Release);
         self.shared.failed_flag.store(true, Ordering::Release);

@@ -14,7 +14,7 @@ use super::args::{check_aliasing, check_dtype, check_len, check_slice, Range};
 use super::*;
 use crate::process::between::{Between, Failure};
 use crate::process::wire::Header;
-use crate::process::{Peers, ProcessInfo};
+use crate::process::{GiveUp, Peers, ProcessInfo};
 
 /// A communicator's processes, and this process's place among them.
 pub(crate) struct Span {
@@ -265,9 +265,16 @@ impl Rank {
             }
         }
         drop(scratch);
-        // The other processes learn of it at once rather than at their deadline.
-        if !matches!(failure.error, Error::Timeout { .. } | Error::Aborted { .. }) {
-            span.peers.abort_others();
+        // The other processes learn of it at once rather than at their deadline, and
+        // none goes on with messages this process sent before it gave up.
+        let why = match &failure.error {
+            Error::Aborted { .. } => None,
+            Error::Timeout { .. } => Some(GiveUp::Timeout),
+            Error::InvalidArgument { .. } => Some(GiveUp::Desync),
+            _ => Some(GiveUp::Failed),
+        };
+        if let Some(why) = why {
+            span.peers.abort_others(why);
         }
         self.shared.fail(failure.error.clone());
         Err(failure.error)
@@ -280,7 +287,10 @@ impl Rank {
 
     /// A failure in this process's own step, which the other processes must hear of.
     fn failed_here(&self, span: &Span, error: Error) -> Error {
-        span.peers.abort_others();
+        span.peers.abort_others(match error {
+            Error::InvalidArgument { .. } => GiveUp::Refused,
+            _ => GiveUp::Failed,
+        });
         self.shared.fail(error.clone());
         error
     }

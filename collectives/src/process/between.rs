@@ -139,10 +139,11 @@ impl Between<'_> {
                     true,
                 )
             }
-            Incomplete::Aborted { by } => (
+            Incomplete::Aborted { by, why } => (
                 Error::aborted(format!(
-                    "{} aborted the communicator during {what}",
-                    self.name(by)
+                    "{} gave up on the communicator during {what}: {}",
+                    self.name(by),
+                    why.says()
                 )),
                 true,
             ),

@@ -67,13 +67,58 @@ impl ProcessInfo {
     }
 }
 
+/// Why a process gave up on a communicator, as it tells the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GiveUp {
+    /// The application aborted it.
+    Aborted = 1,
+    /// Processes called different operations.
+    Desync = 2,
+    /// Another process did not come in time.
+    Timeout = 3,
+    /// A rank of the process passed invalid arguments.
+    Refused = 4,
+    /// A transfer or a device failed.
+    Failed = 5,
+}
+
+impl GiveUp {
+    /// Every reason, by its code.
+    pub const ALL: [GiveUp; 5] = [
+        GiveUp::Aborted,
+        GiveUp::Desync,
+        GiveUp::Timeout,
+        GiveUp::Refused,
+        GiveUp::Failed,
+    ];
+
+    /// The reason of a received code (a failure for an unknown one).
+    pub fn from_code(code: u64) -> GiveUp {
+        GiveUp::ALL
+            .into_iter()
+            .find(|g| *g as u64 == code)
+            .unwrap_or(GiveUp::Failed)
+    }
+
+    /// The reason, in words.
+    pub fn says(self) -> &'static str {
+        match self {
+            GiveUp::Aborted => "the application aborted it",
+            GiveUp::Desync => "it found that the processes called different operations (a desync)",
+            GiveUp::Timeout => "another process did not come in time",
+            GiveUp::Refused => "one of its ranks passed invalid arguments",
+            GiveUp::Failed => "a transfer or a device failed there",
+        }
+    }
+}
+
 /// Why an exchange between processes did not complete.
 #[derive(Debug, Clone)]
 pub(crate) enum Incomplete {
     /// The deadline passed with transfers to or from these processes unfinished.
     Deadline { peers: Vec<usize> },
-    /// Another process aborted the communicator.
-    Aborted { by: usize },
+    /// Another process gave up on the communicator, for the reason it sent.
+    Aborted { by: usize, why: GiveUp },
     /// This process's communicator was aborted while it waited.
     AbortedHere,
     /// The transport reported an error on a transfer with `peer`; `settled` when every
@@ -110,6 +155,7 @@ pub(crate) trait Peers: Send + Sync {
         abort: &AtomicBool,
     ) -> Result<(), Incomplete>;
 
-    /// Tells every other process that this communicator is aborted, without waiting.
-    fn abort_others(&self);
+    /// Tells every other process that this process gave up on the communicator, and
+    /// why, without waiting.
+    fn abort_others(&self, why: GiveUp);
 }

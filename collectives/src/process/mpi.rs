@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use mpi::ffi;
 use xpu_hal::{Error, Result};
 
-use super::{Incomplete, Peers};
+use super::{GiveUp, Incomplete, Peers};
 
 /// The tag of the message that tells the other processes of an abort.
 const ABORT_TAG: c_int = (1 << 21) + 7;
@@ -231,6 +231,7 @@ impl Mpi {
             abort_slot: Box::new(Slot(std::cell::UnsafeCell::new(0))),
             abort_req: Mutex::new(None),
             aborted_by: AtomicUsize::new(NOBODY),
+            abort_why: std::sync::atomic::AtomicU64::new(0),
         };
         peers.post_abort_receive()?;
         Ok(peers)
@@ -290,6 +291,8 @@ pub(crate) struct MpiPeers {
     abort_slot: Box<Slot>,
     abort_req: Mutex<Option<Request>>,
     aborted_by: AtomicUsize,
+    /// The reason code the aborting process sent.
+    abort_why: std::sync::atomic::AtomicU64,
 }
 
 impl MpiPeers {
@@ -315,11 +318,12 @@ impl MpiPeers {
         Ok(())
     }
 
-    /// Which process aborted the communicator, if one did.
-    fn aborted_by(&self) -> Option<usize> {
+    /// Which process gave up on the communicator, and why, if one did.
+    fn aborted_by(&self) -> Option<(usize, GiveUp)> {
+        let why = || GiveUp::from_code(self.abort_why.load(Ordering::Acquire));
         let by = self.aborted_by.load(Ordering::Acquire);
         if by != NOBODY {
-            return Some(by);
+            return Some((by, why()));
         }
         let mut guard = self.abort_req.lock().unwrap_or_else(|p| p.into_inner());
         let req = guard.as_mut()?;
@@ -335,9 +339,12 @@ impl MpiPeers {
             return None;
         }
         *guard = None;
+        // SAFETY: the receive has completed: MPI no longer writes the slot.
+        let code = unsafe { *self.abort_slot.0.get() };
+        self.abort_why.store(code, Ordering::Release);
         let by = usize::try_from(status.MPI_SOURCE).unwrap_or(0);
         self.aborted_by.store(by, Ordering::Release);
-        Some(by)
+        Some((by, why()))
     }
 
     /// Cancels and releases pending requests (their buffers stay the caller's to leak).
@@ -391,6 +398,11 @@ impl Peers for MpiPeers {
         deadline: Instant,
         abort: &AtomicBool,
     ) -> std::result::Result<(), Incomplete> {
+        // A process that gave up on an earlier operation has aborted: its messages for
+        // this one may already be here, but the communicator is failed.
+        if let Some((by, why)) = self.aborted_by() {
+            return Err(Incomplete::Aborted { by, why });
+        }
         let tag = c_int::try_from(tag).unwrap_or(0);
         // (request, peer, bytes expected for receives or usize::MAX for sends)
         let mut pending: Vec<(Request, usize, usize)> = Vec::new();
@@ -518,8 +530,8 @@ impl Peers for MpiPeers {
             }
             let stop = if abort.load(Ordering::Acquire) {
                 Some(Incomplete::AbortedHere)
-            } else if let Some(by) = self.aborted_by() {
-                Some(Incomplete::Aborted { by })
+            } else if let Some((by, why)) = self.aborted_by() {
+                Some(Incomplete::Aborted { by, why })
             } else if Instant::now() >= deadline {
                 let mut peers: Vec<usize> = pending.iter().map(|p| p.1).collect();
                 peers.sort_unstable();
@@ -536,12 +548,17 @@ impl Peers for MpiPeers {
         }
         match failure {
             Some(e) => Err(e),
-            None => Ok(()),
+            None => match self.aborted_by() {
+                Some((by, why)) => Err(Incomplete::Aborted { by, why }),
+                None => Ok(()),
+            },
         }
     }
 
-    fn abort_others(&self) {
-        static SIGNAL: u64 = 1;
+    fn abort_others(&self, why: GiveUp) {
+        // One static message per reason, valid for as long as MPI may read it.
+        static CODES: [u64; 6] = [0, 1, 2, 3, 4, 5];
+        let signal = &CODES[why as usize];
         let _serial = self.mpi.serial();
         for p in (0..self.count()).filter(|&p| p != self.index()) {
             // SAFETY: RSMPI_REQUEST_NULL is a valid request handle value.
@@ -550,7 +567,7 @@ impl Peers for MpiPeers {
             // it; the request is released at once (a fire-and-forget send).
             unsafe {
                 let rc = ffi::MPI_Isend(
-                    std::ptr::from_ref(&SIGNAL).cast(),
+                    std::ptr::from_ref(signal).cast(),
                     8,
                     ffi::RSMPI_UINT8_T,
                     p as c_int,
