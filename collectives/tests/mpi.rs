@@ -49,6 +49,7 @@ fn main() -> ExitCode {
         trial("a_stalled_process_is_named_within_the_timeout", "stall", 2),
         trial("an_abort_releases_the_other_processes", "abort", 2),
         trial("a_dead_process_is_named_within_the_timeout", "kill", 2),
+        trial("sends_and_receives_cross_processes_in_order", "p2p", 2),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }
@@ -161,6 +162,7 @@ fn child(case: &str) -> Outcome {
         "stall" => stall(&mpi),
         "abort" => abort(&mpi),
         "kill" => kill(&mpi),
+        "p2p" => p2p(&mpi),
         other => Err(format!("unknown case {other}")),
     }
 }
@@ -364,4 +366,40 @@ fn kill(mpi: &Mpi) -> Outcome {
             "expected a timeout naming process 1, got {got:?} after {took:?}"
         )),
     }
+}
+
+/// Two ranks per process in a ring: each sends two messages (5 bytes, then 100 KiB) to
+/// the next rank — in its own process or the other — and receives the previous rank's,
+/// in the order sent.
+fn p2p(mpi: &Mpi) -> Outcome {
+    let comm = communicator(mpi, 2, Duration::from_secs(60)).map_err(|e| e.to_string())?;
+    let n = comm.size();
+    let message = |from: usize, len: usize| -> Vec<u8> {
+        (0..len).map(|i| (from * 31 + i * 7 + len) as u8).collect()
+    };
+    on_every_rank(&comm, |rank, stream| {
+        let r = rank.rank();
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        let device = rank.device();
+        let mut bufs = Vec::new();
+        for len in [5usize, 100 << 10] {
+            let b = device.allocate(len as u64)?;
+            stream.write(&b, &message(r, len))?;
+            rank.send(&b, next, stream)?;
+            bufs.push(b);
+        }
+        for len in [5usize, 100 << 10] {
+            let b = device.allocate(len as u64)?;
+            rank.recv(&b, prev, stream)?;
+            stream.synchronize()?;
+            if stream.read(&b)? != message(prev, len) {
+                return Err(Error::invalid(format!(
+                    "rank {r} received the wrong {len} bytes from rank {prev}"
+                )));
+            }
+        }
+        stream.synchronize()?;
+        drop(bufs);
+        Ok(())
+    })
 }

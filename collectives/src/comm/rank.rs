@@ -629,8 +629,10 @@ impl Rank {
         stream: &Stream,
     ) -> Result<()> {
         if let Some(span) = self.span() {
-            let local = self.span_peer(span, peer, "a send")?;
-            return self.here().send(data, local, stream);
+            return match self.span_peer(span, peer)? {
+                Some(local) => self.here().send(data, local, stream),
+                None => self.span_send(span, data.into(), peer, stream),
+            };
         }
         let data = data.into();
         self.check_peer(peer)?;
@@ -665,8 +667,10 @@ impl Rank {
         stream: &Stream,
     ) -> Result<()> {
         if let Some(span) = self.span() {
-            let local = self.span_peer(span, peer, "a receive")?;
-            return self.here().recv(data, local, stream);
+            return match self.span_peer(span, peer)? {
+                Some(local) => self.here().recv(data, local, stream),
+                None => self.span_recv(span, data.into(), peer, stream),
+            };
         }
         let data = data.into();
         self.check_peer(peer)?;

@@ -14,7 +14,11 @@ use super::args::{check_aliasing, check_dtype, check_len, check_slice, Range};
 use super::*;
 use crate::process::between::{Between, Failure};
 use crate::process::wire::Header;
-use crate::process::{GiveUp, Peers, ProcessInfo};
+use crate::process::{GiveUp, Incomplete, Peers, ProcessInfo};
+
+/// The first tag of point-to-point messages between processes (collectives use the
+/// tags below 2^20, communicator set-up and aborts those just above 2^21).
+const P2P_TAGS: u32 = 1 << 22;
 
 /// A communicator's processes, and this process's place among them.
 pub(crate) struct Span {
@@ -131,16 +135,103 @@ impl Rank {
         }
     }
 
-    /// The local index of `peer`, a rank of this process.
-    pub(super) fn span_peer(&self, span: &Span, peer: usize, what: &str) -> Result<usize> {
-        let (p, l) = span.locate(peer)?;
-        if p != span.me {
-            return Err(Error::unsupported(format!(
-                "{what} to or from rank {peer}, in {}: point-to-point transfers run between ranks of one process; between processes use a collective (a broadcast rooted at the sender)",
-                span.procs[p].describe()
+    /// The local index of `peer` when it is a rank of this process; `None` when it is
+    /// another process's.
+    pub(super) fn span_peer(&self, span: &Span, peer: usize) -> Result<Option<usize>> {
+        if peer == self.rank() {
+            return Err(Error::invalid(format!(
+                "peer {peer} is this rank; send to and receive from another rank"
             )));
         }
-        Ok(l)
+        let (p, l) = span.locate(peer)?;
+        Ok((p == span.me).then_some(l))
+    }
+
+    /// The tag of messages from rank `from` to rank `to` (the pair, modulo 2048 ranks).
+    fn pair_tag(from: usize, to: usize) -> u32 {
+        P2P_TAGS + ((from % 2048) * 2048 + to % 2048) as u32
+    }
+
+    /// Sends to a rank of another process: waits for `stream` to reach the data, then
+    /// hands a copy to the transport and returns.
+    pub(super) fn span_send(
+        &self,
+        span: &Span,
+        data: BufferSlice<'_>,
+        peer: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let d = check_slice(self.device(), &data, "send buffer")?;
+        {
+            let st = self.shared.lock();
+            self.shared.check_failed(&st)?;
+        }
+        let bytes = stream.read(d)?;
+        let (process, _) = span.locate(peer)?;
+        span.peers
+            .post(Self::pair_tag(self.rank(), peer), process, bytes)
+            .map_err(|e| self.p2p_failure(span, e, peer, "send to"))
+    }
+
+    /// Receives from a rank of another process the oldest unmatched send, waiting for it
+    /// up to the communicator's timeout; the lengths must agree.
+    pub(super) fn span_recv(
+        &self,
+        span: &Span,
+        data: BufferSlice<'_>,
+        peer: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let d = check_slice(self.device(), &data, "receive buffer")?;
+        {
+            let st = self.shared.lock();
+            self.shared.check_failed(&st)?;
+        }
+        let mut bytes = vec![0u8; usize_of(d.len)?];
+        let (process, _) = span.locate(peer)?;
+        let deadline = Instant::now() + span.timeout;
+        span.peers
+            .receive(
+                Self::pair_tag(peer, self.rank()),
+                process,
+                &mut bytes,
+                deadline,
+                &span.aborted,
+            )
+            .map_err(|e| self.p2p_failure(span, e, peer, "receive from"))?;
+        stream.write(d, &bytes)
+    }
+
+    /// The error of a failed transfer with `peer`; a transfer that may still be in
+    /// flight fails the communicator.
+    fn p2p_failure(&self, span: &Span, e: Incomplete, peer: usize, what: &str) -> Error {
+        let (process, _) = span.locate(peer).unwrap_or((0, 0));
+        let name = span
+            .procs
+            .get(process)
+            .map_or_else(|| format!("process {process}"), ProcessInfo::describe);
+        let error = match e {
+            Incomplete::Deadline { .. } => Error::Timeout {
+                message: format!(
+                    "rank {} waited {:.1} s to {what} rank {peer} in {name}, which never came; the communicator is now failed: make a new one",
+                    self.rank(),
+                    span.timeout.as_secs_f64()
+                ),
+            },
+            Incomplete::Aborted { by, why } => Error::aborted(format!(
+                "{} gave up on the communicator: {}",
+                span.procs
+                    .get(by)
+                    .map_or_else(|| format!("process {by}"), ProcessInfo::describe),
+                why.says()
+            )),
+            Incomplete::AbortedHere => Error::aborted("the communicator was aborted"),
+            Incomplete::Failed { message, .. } => Error::invalid(format!(
+                "the transfer to {what} rank {peer} in {name} failed: {message}; post a send and a receive of the same length"
+            )),
+        };
+        self.shared.fail(error.clone());
+        error
     }
 
     fn local_size(&self) -> usize {

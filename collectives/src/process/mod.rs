@@ -155,6 +155,21 @@ pub(crate) trait Peers: Send + Sync {
         abort: &AtomicBool,
     ) -> Result<(), Incomplete>;
 
+    /// Sends `data` to process `peer` under `tag` and returns at once; the transport
+    /// owns the bytes until they are delivered.
+    fn post(&self, tag: u32, peer: usize, data: Vec<u8>) -> Result<(), Incomplete>;
+
+    /// Receives the oldest message of `tag` from process `peer` into `data`, which must
+    /// be exactly as long, waiting until `deadline`.
+    fn receive(
+        &self,
+        tag: u32,
+        peer: usize,
+        data: &mut Vec<u8>,
+        deadline: Instant,
+        abort: &AtomicBool,
+    ) -> Result<(), Incomplete>;
+
     /// Tells every other process that this process gave up on the communicator, and
     /// why, without waiting.
     fn abort_others(&self, why: GiveUp);

@@ -232,6 +232,7 @@ impl Mpi {
             abort_req: Mutex::new(None),
             aborted_by: AtomicUsize::new(NOBODY),
             abort_why: std::sync::atomic::AtomicU64::new(0),
+            outgoing: Mutex::new(Vec::new()),
         };
         peers.post_abort_receive()?;
         Ok(peers)
@@ -269,6 +270,13 @@ unsafe impl Send for Comm {}
 // SAFETY: as above; the handle itself is never changed after creation.
 unsafe impl Sync for Comm {}
 
+/// Requests in flight: each with its peer and the bytes a receive expects
+/// (`usize::MAX` for sends).
+type Pending = Vec<(Request, usize, usize)>;
+
+/// Point-to-point sends in flight, each with the bytes it sends.
+type Outgoing = Vec<(Pending, Vec<u8>)>;
+
 /// A pending MPI request.
 struct Request(ffi::MPI_Request);
 
@@ -293,6 +301,8 @@ pub(crate) struct MpiPeers {
     aborted_by: AtomicUsize,
     /// The reason code the aborting process sent.
     abort_why: std::sync::atomic::AtomicU64,
+    /// Point-to-point sends still in flight, with the bytes they send.
+    outgoing: Mutex<Outgoing>,
 }
 
 impl MpiPeers {
@@ -347,6 +357,89 @@ impl MpiPeers {
         Some((by, why()))
     }
 
+    /// Starts sending (or receiving) `len` bytes at `ptr` to (from) process `peer`, in
+    /// pieces, adding the requests to `pending`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be valid for `len` bytes until every request added completes or is
+    /// released, and forever if that cannot be known.
+    unsafe fn start(
+        &self,
+        tag: u32,
+        peer: usize,
+        ptr: *mut u8,
+        len: usize,
+        send: bool,
+        pending: &mut Pending,
+    ) -> std::result::Result<(), Incomplete> {
+        let tag = c_int::try_from(tag).unwrap_or(0);
+        let piece = if len <= SPLIT_UP_TO {
+            EAGER_PIECE
+        } else {
+            PIECE
+        };
+        let mut at = 0;
+        loop {
+            let k = (len - at).min(piece);
+            // SAFETY: RSMPI_REQUEST_NULL is a valid request handle value.
+            let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+            // SAFETY: `ptr + at` is valid for `k` bytes (a piece of the caller's range)
+            // for as long as this function's contract says; the count fits a C int.
+            let rc = unsafe {
+                let buf = ptr.add(at).cast::<c_void>();
+                let (count, dest) = (k as c_int, peer as c_int);
+                if send {
+                    ffi::MPI_Isend(
+                        buf,
+                        count,
+                        ffi::RSMPI_UINT8_T,
+                        dest,
+                        tag,
+                        self.comm.0,
+                        &mut req,
+                    )
+                } else {
+                    ffi::MPI_Irecv(
+                        buf,
+                        count,
+                        ffi::RSMPI_UINT8_T,
+                        dest,
+                        tag,
+                        self.comm.0,
+                        &mut req,
+                    )
+                }
+            };
+            if rc != 0 {
+                return Err(Incomplete::Failed {
+                    peer,
+                    message: error_string(rc),
+                    settled: false,
+                });
+            }
+            pending.push((Request(req), peer, if send { usize::MAX } else { k }));
+            at += k;
+            if at >= len {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Releases the buffers of posted sends that have completed.
+    fn reap(&self, outgoing: &mut Outgoing) {
+        let _serial = self.mpi.serial();
+        outgoing.retain_mut(|(requests, _)| {
+            requests.retain_mut(|(req, _, _)| {
+                let mut flag: c_int = 0;
+                // SAFETY: a pending send request of this communicator.
+                let rc = unsafe { ffi::MPI_Test(&mut req.0, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+                rc == 0 && flag == 0
+            });
+            !requests.is_empty()
+        });
+    }
+
     /// Cancels and releases pending requests (their buffers stay the caller's to leak).
     fn cancel(&self, pending: &mut [(Request, usize, usize)]) {
         let _serial = self.mpi.serial();
@@ -363,6 +456,17 @@ impl MpiPeers {
 
 impl Drop for MpiPeers {
     fn drop(&mut self) {
+        // Sends still in flight get a moment to finish; the bytes of any that do not
+        // are leaked, never freed under MPI.
+        let mut outgoing =
+            std::mem::take(self.outgoing.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let until = Instant::now() + Duration::from_secs(1);
+        let mut spins = 0;
+        while !outgoing.is_empty() && Instant::now() < until {
+            self.reap(&mut outgoing);
+            pause(&mut spins);
+        }
+        std::mem::forget(outgoing);
         let req = self
             .abort_req
             .get_mut()
@@ -403,64 +507,15 @@ impl Peers for MpiPeers {
         if let Some((by, why)) = self.aborted_by() {
             return Err(Incomplete::Aborted { by, why });
         }
-        let tag = c_int::try_from(tag).unwrap_or(0);
         // (request, peer, bytes expected for receives or usize::MAX for sends)
-        let mut pending: Vec<(Request, usize, usize)> = Vec::new();
+        let mut pending: Pending = Vec::new();
         let mut failure: Option<Incomplete> = None;
         {
             let _serial = self.mpi.serial();
             let mut post = |peer: usize, ptr: *mut u8, len: usize, send: bool| {
-                let piece = if len <= SPLIT_UP_TO {
-                    EAGER_PIECE
-                } else {
-                    PIECE
-                };
-                let mut at = 0;
-                loop {
-                    let k = (len - at).min(piece);
-                    // SAFETY: RSMPI_REQUEST_NULL is a valid request handle value.
-                    let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
-                    // SAFETY: `ptr + at` is valid for `k` bytes (a piece of the caller's
-                    // slice) and stays so until the request completes or, on an error,
-                    // forever (this function's contract); the count fits a C int.
-                    let rc = unsafe {
-                        let buf = ptr.add(at).cast::<c_void>();
-                        let (count, dest) = (k as c_int, peer as c_int);
-                        if send {
-                            ffi::MPI_Isend(
-                                buf,
-                                count,
-                                ffi::RSMPI_UINT8_T,
-                                dest,
-                                tag,
-                                self.comm.0,
-                                &mut req,
-                            )
-                        } else {
-                            ffi::MPI_Irecv(
-                                buf,
-                                count,
-                                ffi::RSMPI_UINT8_T,
-                                dest,
-                                tag,
-                                self.comm.0,
-                                &mut req,
-                            )
-                        }
-                    };
-                    if rc != 0 {
-                        return Err(Incomplete::Failed {
-                            peer,
-                            message: error_string(rc),
-                            settled: false,
-                        });
-                    }
-                    pending.push((Request(req), peer, if send { usize::MAX } else { k }));
-                    at += k;
-                    if at >= len {
-                        return Ok(());
-                    }
-                }
+                // SAFETY: the caller's slices, valid for `len` bytes until the requests
+                // complete or, on an error, forever (this function's contract).
+                unsafe { self.start(tag, peer, ptr, len, send, &mut pending) }
             };
             for (peer, data) in sends {
                 if let Err(e) = post(*peer, data.as_ptr().cast_mut(), data.len(), true) {
@@ -553,6 +608,54 @@ impl Peers for MpiPeers {
                 None => Ok(()),
             },
         }
+    }
+
+    fn post(
+        &self,
+        tag: u32,
+        peer: usize,
+        mut data: Vec<u8>,
+    ) -> std::result::Result<(), Incomplete> {
+        if let Some((by, why)) = self.aborted_by() {
+            return Err(Incomplete::Aborted { by, why });
+        }
+        let mut outgoing = self.outgoing.lock().unwrap_or_else(|p| p.into_inner());
+        self.reap(&mut outgoing);
+        let mut requests = Vec::new();
+        let started = {
+            let _serial = self.mpi.serial();
+            // SAFETY: the bytes move into `outgoing` below with their requests, and are
+            // released only once those complete (or leaked).
+            unsafe {
+                self.start(
+                    tag,
+                    peer,
+                    data.as_mut_ptr(),
+                    data.len(),
+                    true,
+                    &mut requests,
+                )
+            }
+        };
+        outgoing.push((requests, data));
+        started
+    }
+
+    fn receive(
+        &self,
+        tag: u32,
+        peer: usize,
+        data: &mut Vec<u8>,
+        deadline: Instant,
+        abort: &AtomicBool,
+    ) -> std::result::Result<(), Incomplete> {
+        // SAFETY: on an error the buffer is leaked here, never freed or reused.
+        let done =
+            unsafe { self.exchange(tag, &[], &mut [(peer, &mut data[..])], deadline, abort) };
+        if done.is_err() {
+            std::mem::forget(std::mem::take(data));
+        }
+        done
     }
 
     fn abort_others(&self, why: GiveUp) {
