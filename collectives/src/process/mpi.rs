@@ -30,8 +30,13 @@ const PIECE: usize = 1 << 30;
 const SPLIT_UP_TO: usize = 64 << 10;
 /// The piece size below [`SPLIT_UP_TO`]: under 4 KiB with room for MPI's header.
 const EAGER_PIECE: usize = 4000;
-/// Polls of a pending transfer before the waiting thread starts yielding its core.
-const SPINS: u32 = 64;
+/// Polls of a pending transfer before the waiting thread yields its core, when this
+/// node's processes fit its cores: a waiting process keeps its core, as MPI's own waits
+/// do, since yielding it to a busy neighbour costs a whole time slice (milliseconds).
+const SPINS_FITTING: u32 = 1 << 16;
+/// The same when processes outnumber the cores: yield soon, so that the awaited process
+/// gets a core.
+const SPINS_CROWDED: u32 = 64;
 /// `usize::MAX` in [`MpiPeers::aborted_by`]: no other process has aborted.
 const NOBODY: usize = usize::MAX;
 
@@ -52,6 +57,8 @@ struct Inner {
     /// Held around each MPI call when MPI was not initialised for concurrent calls from
     /// several threads.
     serial: Option<Mutex<()>>,
+    /// Polls before a waiting thread yields its core.
+    spins: u32,
 }
 
 impl std::fmt::Debug for Mpi {
@@ -143,6 +150,11 @@ impl Mpi {
             size: usize::try_from(size).unwrap_or(1),
             host,
             serial: (threading < mpi::Threading::Multiple).then(|| Mutex::new(())),
+            spins: if local_processes() <= cores() {
+                SPINS_FITTING
+            } else {
+                SPINS_CROWDED
+            },
         });
         *ADOPTED.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::downgrade(&inner));
         Ok(Mpi { inner })
@@ -217,7 +229,7 @@ impl Mpi {
                     ),
                 });
             }
-            pause(&mut spins);
+            pause(&mut spins, self.spins());
         }
         {
             let _serial = self.serial();
@@ -238,6 +250,10 @@ impl Mpi {
         Ok(peers)
     }
 
+    fn spins(&self) -> u32 {
+        self.inner.spins
+    }
+
     fn serial(&self) -> Option<MutexGuard<'_, ()>> {
         self.inner
             .serial
@@ -246,13 +262,31 @@ impl Mpi {
     }
 }
 
+/// The number of this job's processes on this node, as the launcher tells it (Open
+/// MPI, MPICH and Slurm); 1 when none does.
+fn local_processes() -> usize {
+    [
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "MPI_LOCALNRANKS",
+        "SLURM_NTASKS_PER_NODE",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+    .unwrap_or(1)
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |c| c.get())
+}
+
 /// The [`Mpi`] every later [`Mpi::init`] in this process shares while it lives.
 static ADOPTED: Mutex<Option<std::sync::Weak<Inner>>> = Mutex::new(None);
 
-/// Waits a little: spins first, then gives the core away, so that a waiting process does
-/// not keep a core from the process it waits for when cores are scarce.
-fn pause(spins: &mut u32) {
-    if *spins < SPINS {
+/// Waits a little: spins `budget` polls first, then gives the core away at each poll,
+/// so that a waiting process does not keep a core from the process it waits for when
+/// processes outnumber the cores.
+fn pause(spins: &mut u32, budget: u32) {
+    if *spins < budget {
         *spins += 1;
         std::hint::spin_loop();
     } else {
@@ -464,7 +498,7 @@ impl Drop for MpiPeers {
         let mut spins = 0;
         while !outgoing.is_empty() && Instant::now() < until {
             self.reap(&mut outgoing);
-            pause(&mut spins);
+            pause(&mut spins, self.mpi.spins());
         }
         std::mem::forget(outgoing);
         let req = self
@@ -599,7 +633,7 @@ impl Peers for MpiPeers {
                 self.cancel(&mut pending);
                 return Err(stop);
             }
-            pause(&mut spins);
+            pause(&mut spins, self.mpi.spins());
         }
         match failure {
             Some(e) => Err(e),
