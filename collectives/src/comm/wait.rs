@@ -22,6 +22,11 @@ pub(crate) enum Waited {
 
 use crossbeam_utils::Backoff;
 
+/// How long an exclusive spin goes before it also yields its core at each round of
+/// polls: longer than a small collective takes when every rank has a core, short
+/// beside the time slice a rank sharing this core would otherwise wait.
+const YIELD_AFTER: Duration = Duration::from_micros(4);
+
 /// How a group of `ranks` threads waits for each other on this machine.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Spinner {
@@ -59,8 +64,14 @@ impl Spinner {
                 if polls(32) {
                     return true;
                 }
-                if start.elapsed() >= budget {
+                let waited = start.elapsed();
+                if waited >= budget {
                     return done();
+                }
+                // Still waiting after a while: the awaited rank may share this core
+                // (another process took one), so let it run.
+                if waited >= YIELD_AFTER {
+                    std::thread::yield_now();
                 }
             }
         }
