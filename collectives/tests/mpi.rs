@@ -50,6 +50,11 @@ fn main() -> ExitCode {
         trial("an_abort_releases_the_other_processes", "abort", 2),
         trial("a_dead_process_is_named_within_the_timeout", "kill", 2),
         trial("sends_and_receives_cross_processes_in_order", "p2p", 2),
+        trial(
+            "a_process_without_devices_is_named_on_every_process",
+            "empty",
+            2,
+        ),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }
@@ -163,6 +168,7 @@ fn child(case: &str) -> Outcome {
         "abort" => abort(&mpi),
         "kill" => kill(&mpi),
         "p2p" => p2p(&mpi),
+        "empty" => empty(&mpi),
         other => Err(format!("unknown case {other}")),
     }
 }
@@ -402,4 +408,25 @@ fn p2p(mpi: &Mpi) -> Outcome {
         drop(bufs);
         Ok(())
     })
+}
+
+/// Process 1 selects no device: every process is refused, naming process 1.
+fn empty(mpi: &Mpi) -> Outcome {
+    let devices = if mpi.rank() == 1 {
+        Vec::new()
+    } else {
+        host_devices(1).map_err(|e| e.to_string())?
+    };
+    let options = CommOptions {
+        timeout: Duration::from_secs(60),
+        selector: Selector::default(),
+    };
+    match Communicator::from_mpi(mpi, devices, options) {
+        Err(Error::InvalidArgument { message })
+            if message.contains("process 1") && message.contains("no device") =>
+        {
+            Ok(())
+        }
+        got => Err(format!("expected a refusal naming process 1, got {got:?}")),
+    }
 }
