@@ -697,13 +697,7 @@ impl Rank {
             let (o, l) = blocks[b.peers.index()];
             finish_avg(&desc, size, &mut data[o..o + l])
         })?;
-        if let Some(t) = &temp {
-            for l in 1..local {
-                here.send(t.slice((l * unit) as u64, unit as u64), l, stream)?;
-            }
-            stream.synchronize()?;
-        }
-        Ok(())
+        hand_out(&here, temp.as_ref(), unit, stream)
     }
 
     pub(super) fn span_all_to_all(
@@ -817,13 +811,7 @@ impl Rank {
             }
             Ok(())
         })?;
-        if let Some(t) = &temp {
-            for l in 1..local {
-                here.send(t.slice((l * row) as u64, row as u64), l, stream)?;
-            }
-            stream.synchronize()?;
-        }
-        Ok(())
+        hand_out(&here, temp.as_ref(), row, stream)
     }
 
     pub(super) fn span_barrier(&self, span: &Span, stream: &Stream) -> Result<()> {
@@ -856,6 +844,19 @@ impl Rank {
         }
         Ok(())
     }
+}
+
+/// The leader's last step where each local rank gets its own block: block `l` of
+/// `temp` (`unit` bytes each) goes to local rank `l`, for every rank but the leader's.
+fn hand_out(here: &Rank, temp: Option<&Allocation>, unit: usize, stream: &Stream) -> Result<()> {
+    let Some(t) = temp else {
+        return Ok(());
+    };
+    for l in 1..here.local_size() {
+        here.send(t.slice((l * unit) as u64, unit as u64), l, stream)?;
+    }
+    // The blocks are copied out on the stream before `temp` is freed.
+    stream.synchronize()
 }
 
 /// Divides a finished sum over `size` ranks in place, for [`ReduceOp::Avg`].

@@ -207,8 +207,7 @@ impl Between<'_> {
         }
         if len <= ONE_ROUND || len / elem < n {
             let others: Vec<usize> = self.others().collect();
-            let mut recvs: Vec<(usize, &mut [u8])> =
-                others.iter().copied().zip(extra.chunks_mut(len)).collect();
+            let mut recvs = from_others(&others, extra, len)?;
             self.swap(
                 &others.iter().map(|&q| (q, &*data)).collect::<Vec<_>>(),
                 &mut recvs,
@@ -243,11 +242,7 @@ impl Between<'_> {
             .iter()
             .map(|&q| (q, &data[blocks[q].0..blocks[q].0 + blocks[q].1]))
             .collect();
-        let mut recvs: Vec<(usize, &mut [u8])> = if len == 0 {
-            others.iter().map(|&q| (q, &mut [][..])).collect()
-        } else {
-            others.iter().copied().zip(extra.chunks_mut(len)).collect()
-        };
+        let mut recvs = from_others(&others, extra, len)?;
         self.swap(&sends, &mut recvs)?;
         let mut sources: Vec<*mut u8> = recvs.iter_mut().map(|(_, b)| b.as_mut_ptr()).collect();
         let own = data[off..off + len].as_mut_ptr();
@@ -289,11 +284,7 @@ impl Between<'_> {
             return self.swap(&[(root, &*data)], &mut []);
         }
         let others: Vec<usize> = self.others().collect();
-        let mut recvs: Vec<(usize, &mut [u8])> = if len == 0 {
-            others.iter().map(|&q| (q, &mut [][..])).collect()
-        } else {
-            others.iter().copied().zip(extra.chunks_mut(len)).collect()
-        };
+        let mut recvs = from_others(&others, extra, len)?;
         self.swap(&[], &mut recvs)?;
         let mut sources: Vec<*mut u8> = recvs.iter_mut().map(|(_, b)| b.as_mut_ptr()).collect();
         let own = data.as_mut_ptr();
@@ -345,6 +336,29 @@ impl Between<'_> {
         let mut recvs: Vec<(usize, &mut [u8])> = others.iter().map(|&q| (q, &mut [][..])).collect();
         self.swap(&sends, &mut recvs)
     }
+}
+
+/// Where each of `others` sends its `len` bytes: consecutive chunks of `extra`, which
+/// must hold them all.
+fn from_others<'a>(
+    others: &[usize],
+    extra: &'a mut [u8],
+    len: usize,
+) -> Result<Vec<(usize, &'a mut [u8])>> {
+    let Some(need) = others.len().checked_mul(len).filter(|&n| n <= extra.len()) else {
+        return Err(Error::backend_message(
+            "collectives",
+            "internal error: the scratch for other processes' data is too small",
+        ));
+    };
+    let mut rest = &mut extra[..need];
+    let mut out = Vec::with_capacity(others.len());
+    for &q in others {
+        let (chunk, tail) = std::mem::take(&mut rest).split_at_mut(len);
+        out.push((q, chunk));
+        rest = tail;
+    }
+    Ok(out)
 }
 
 /// `len` bytes cut into `n` blocks of whole `elem`-byte elements, as even as they go.
