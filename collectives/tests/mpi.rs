@@ -210,6 +210,17 @@ fn sweep(comm: &Communicator) -> Outcome {
             }
         }
     }
+    // A stream of another device is refused before anything crosses processes (the
+    // other process is not waiting for it: it never arrives there).
+    let ranks = comm.ranks();
+    if let [first, second, ..] = ranks.as_slice() {
+        let foreign = second.device().create_stream().map_err(|e| e.to_string())?;
+        let buf = first.device().allocate(64).map_err(|e| e.to_string())?;
+        match first.all_reduce(&buf, &buf, DType::F32, ReduceOp::Sum, &foreign) {
+            Err(Error::InvalidArgument { .. }) => {}
+            got => return Err(format!("a foreign stream was not refused: {got:?}")),
+        }
+    }
     on_every_rank(comm, |rank, stream| rank.barrier(stream))?;
     if checked == 0 {
         return Err("nothing was checked".into());

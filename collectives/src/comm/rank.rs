@@ -353,6 +353,7 @@ impl Rank {
         stream: &Stream,
     ) -> Result<()> {
         if let Some(span) = self.span() {
+            self.check_stream(stream)?;
             return self.span_all_reduce(span, send.into(), recv.into(), dtype, op, stream);
         }
         let (send, recv) = (send.into(), recv.into());
@@ -387,6 +388,7 @@ impl Rank {
         stream: &Stream,
     ) -> Result<()> {
         if let Some(span) = self.span() {
+            self.check_stream(stream)?;
             return self.span_reduce(span, send.into(), recv, dtype, op, root, stream);
         }
         let send = send.into();
@@ -434,6 +436,7 @@ impl Rank {
         stream: &Stream,
     ) -> Result<()> {
         if let Some(span) = self.span() {
+            self.check_stream(stream)?;
             return self.span_broadcast(span, send, recv.into(), root, stream);
         }
         let recv = recv.into();
@@ -474,6 +477,7 @@ impl Rank {
         stream: &Stream,
     ) -> Result<()> {
         if let Some(span) = self.span() {
+            self.check_stream(stream)?;
             return self.span_all_gather(span, send.into(), recv.into(), stream);
         }
         let (send, recv) = (send.into(), recv.into());
@@ -511,6 +515,7 @@ impl Rank {
         stream: &Stream,
     ) -> Result<()> {
         if let Some(span) = self.span() {
+            self.check_stream(stream)?;
             return self.span_reduce_scatter(span, send.into(), recv.into(), dtype, op, stream);
         }
         let (send, recv) = (send.into(), recv.into());
@@ -547,6 +552,7 @@ impl Rank {
         stream: &Stream,
     ) -> Result<()> {
         if let Some(span) = self.span() {
+            self.check_stream(stream)?;
             return self.span_all_to_all(span, send.into(), recv.into(), stream);
         }
         let (send, recv) = (send.into(), recv.into());
@@ -583,6 +589,7 @@ impl Rank {
     /// the barrier starts only when every rank's stream has reached it.
     pub fn barrier(&self, stream: &Stream) -> Result<()> {
         if let Some(span) = self.span() {
+            self.check_stream(stream)?;
             return self.span_barrier(span, stream);
         }
         self.arrive(stream, || {
@@ -629,6 +636,7 @@ impl Rank {
         stream: &Stream,
     ) -> Result<()> {
         if let Some(span) = self.span() {
+            self.check_stream(stream)?;
             return match self.span_peer(span, peer)? {
                 Some(local) => self.here().send(data, local, stream),
                 None => self.span_send(span, data.into(), peer, stream),
@@ -667,6 +675,7 @@ impl Rank {
         stream: &Stream,
     ) -> Result<()> {
         if let Some(span) = self.span() {
+            self.check_stream(stream)?;
             return match self.span_peer(span, peer)? {
                 Some(local) => self.here().recv(data, local, stream),
                 None => self.span_recv(span, data.into(), peer, stream),
