@@ -366,6 +366,13 @@ impl BufferSlice<'_> {
     pub fn resolve(&self, device: &crate::Device) -> Result<Option<RawSlice>> {
         crate::validate::resolve(device, self, "the buffer")
     }
+
+    /// Whether the two ranges share a byte of one allocation; an empty range shares
+    /// none. The rule every argument check of the HAL applies, for layers above it to
+    /// apply the same.
+    pub fn overlaps(&self, other: &BufferSlice<'_>) -> bool {
+        crate::validate::overlap(self, other) != crate::validate::Overlap::Disjoint
+    }
 }
 
 impl<'a> From<&'a Allocation> for BufferSlice<'a> {

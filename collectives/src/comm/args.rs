@@ -38,14 +38,13 @@ impl<'a> Args<'a> {
 }
 
 /// Byte-range arithmetic on slices: the argument checks, and the transport's owned
-/// slices through [`Slice::buf`].
+/// slices through [`Slice::buf`]. Whether two ranges overlap is the HAL's rule
+/// ([`BufferSlice::overlaps`]: an empty range overlaps nothing).
 pub(super) trait Range<'a> {
     /// `[offset, offset + len)` of this range.
     fn sub(&self, offset: u64, len: u64) -> BufferSlice<'a>;
     /// Whether both are the same bytes.
     fn same_as(&self, other: &BufferSlice<'_>) -> bool;
-    /// Whether the two share a byte.
-    fn overlaps(&self, other: &BufferSlice<'_>) -> bool;
 }
 
 impl<'a> Range<'a> for BufferSlice<'a> {
@@ -57,12 +56,6 @@ impl<'a> Range<'a> for BufferSlice<'a> {
         self.allocation.id() == other.allocation.id()
             && self.offset == other.offset
             && self.len == other.len
-    }
-
-    fn overlaps(&self, other: &BufferSlice<'_>) -> bool {
-        self.allocation.id() == other.allocation.id()
-            && self.offset < other.offset + other.len
-            && other.offset < self.offset + self.len
     }
 }
 
