@@ -124,3 +124,19 @@ pub(super) fn check_aliasing(send: &BufferSlice<'_>, recv: &BufferSlice<'_>) -> 
     }
     Ok(())
 }
+
+/// Checks an all-reduce's buffers on this rank: both usable, equally long, a whole
+/// number of `dtype` elements, identical or disjoint.
+pub(super) fn check_all_reduce<'a, 'b>(
+    device: &Device,
+    send: &BufferSlice<'a>,
+    recv: &BufferSlice<'b>,
+    dtype: DType,
+) -> Result<(BufferSlice<'a>, BufferSlice<'b>)> {
+    let s = check_slice(device, send, "send buffer")?;
+    let r = check_slice(device, recv, "receive buffer")?;
+    check_len(r.len, s.len, "receive buffer (the send buffer's length)")?;
+    check_dtype(device, s.len, dtype, "send buffer")?;
+    check_aliasing(&s, &r)?;
+    Ok((s, r))
+}

@@ -3,7 +3,9 @@
 //! at the rendezvous (`mod.rs`), staging its buffers through host memory first where
 //! that lets the operation run in shared memory (`staging.rs`).
 
-use super::args::{check_aliasing, check_dtype, check_len, check_slice, Args, Range};
+use super::args::{
+    check_aliasing, check_all_reduce, check_dtype, check_len, check_slice, Args, Range,
+};
 use super::*;
 
 /// One rank of a communicator: the handle its driving thread calls operations on.
@@ -358,11 +360,7 @@ impl Rank {
         }
         let (send, recv) = (send.into(), recv.into());
         self.arrive(stream, || {
-            let s = check_slice(self.device(), &send, "send buffer")?;
-            let r = check_slice(self.device(), &recv, "receive buffer")?;
-            check_len(r.len, s.len, "receive buffer (the send buffer's length)")?;
-            check_dtype(self.device(), s.len, dtype, "send buffer")?;
-            check_aliasing(&s, &r)?;
+            let (s, r) = check_all_reduce(self.device(), &send, &recv, dtype)?;
             Ok((
                 OpDesc {
                     kind: Collective::AllReduce,

@@ -10,11 +10,11 @@
 
 use xpu_hal::HostBuffer;
 
-use super::args::{check_aliasing, check_dtype, check_len, check_slice, Range};
+use super::args::{check_all_reduce, check_len, check_slice, Range};
 use super::*;
 use crate::process::between::{Between, Failure};
 use crate::process::wire::Header;
-use crate::process::{GiveUp, Incomplete, Peers, ProcessInfo};
+use crate::process::{process_name, GiveUp, Incomplete, Peers, ProcessInfo};
 
 /// The first tag of point-to-point messages between processes (collectives use the
 /// tags below 2^20, communicator set-up and aborts those just above 2^21).
@@ -206,10 +206,7 @@ impl Rank {
     /// flight fails the communicator.
     fn p2p_failure(&self, span: &Span, e: Incomplete, peer: usize, what: &str) -> Error {
         let (process, _) = span.locate(peer).unwrap_or((0, 0));
-        let name = span
-            .procs
-            .get(process)
-            .map_or_else(|| format!("process {process}"), ProcessInfo::describe);
+        let name = process_name(&span.procs, process);
         let error = match e {
             Incomplete::Deadline { .. } => Error::Timeout {
                 message: format!(
@@ -220,9 +217,7 @@ impl Rank {
             },
             Incomplete::Aborted { by, why } => Error::aborted(format!(
                 "{} gave up on the communicator: {}",
-                span.procs
-                    .get(by)
-                    .map_or_else(|| format!("process {by}"), ProcessInfo::describe),
+                process_name(&span.procs, by),
                 why.says()
             )),
             Incomplete::AbortedHere => Error::aborted("the communicator was aborted"),
@@ -406,13 +401,7 @@ impl Rank {
         let alone = self.local_size() == 1;
         if alone {
             // The only rank here: its send buffer goes into the exchange as it is.
-            check_slice(self.device(), &send, "send buffer")
-                .and_then(|s| Ok((s, check_slice(self.device(), &recv, "receive buffer")?)))
-                .and_then(|(s, r)| {
-                    check_len(r.len, s.len, "receive buffer (the send buffer's length)")?;
-                    check_dtype(self.device(), s.len, dtype, "send buffer")?;
-                    check_aliasing(&s, &r)
-                })
+            check_all_reduce(self.device(), &send, &recv, dtype)
                 .map_err(|e| self.failed_here(span, e))?;
         } else {
             here.reduce(send, leader.then_some(recv), dtype, local_op, 0, stream)

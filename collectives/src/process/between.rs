@@ -64,9 +64,7 @@ impl Between<'_> {
     }
 
     fn name(&self, p: usize) -> String {
-        self.procs
-            .get(p)
-            .map_or_else(|| format!("process {p}"), ProcessInfo::describe)
+        super::process_name(self.procs, p)
     }
 
     /// Sends and receives the payloads, each behind the operation's header, and checks

@@ -67,6 +67,14 @@ impl ProcessInfo {
     }
 }
 
+/// How messages name process `p` of `procs`: its description, or its index alone when
+/// it is not among them.
+pub(crate) fn process_name(procs: &[ProcessInfo], p: usize) -> String {
+    procs
+        .get(p)
+        .map_or_else(|| format!("process {p}"), ProcessInfo::describe)
+}
+
 /// Why a process gave up on a communicator, as it tells the others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum GiveUp {
