@@ -138,14 +138,6 @@ macro_rules! say {
     };
 }
 
-/// Without the `mpi` feature no communicator spans processes.
-#[cfg(not(feature = "mpi"))]
-fn unreachable_without_mpi() -> Result<Communicator> {
-    Err(Error::unsupported(
-        "this xpu was built without the mpi feature; rebuild with it to run across processes",
-    ))
-}
-
 /// A barrier that spins (briefly, then yields): waking a sleeping thread costs tens of
 /// microseconds here, more than a small collective.
 struct SpinBarrier {
@@ -596,17 +588,9 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
         ..CommOptions::from_env()?
     };
     // Started by mpirun or srun: one communicator over every process's devices.
-    #[cfg(feature = "mpi")]
-    let across = xpu_collectives::process::mpi::Mpi::launched()
-        .then(xpu_collectives::process::mpi::Mpi::init)
-        .transpose()?;
-    #[cfg(not(feature = "mpi"))]
-    let across: Option<()> = None;
+    let across = super::launch::Launch::detect()?;
     let comm = match &across {
-        #[cfg(feature = "mpi")]
-        Some(mpi) => Communicator::from_mpi(mpi, devices.clone(), options)?,
-        #[cfg(not(feature = "mpi"))]
-        Some(()) => unreachable_without_mpi()?,
+        Some(launch) => launch.communicator(devices.clone(), options)?,
         None => {
             let topology = Topology::discover_calibrated(&devices)?;
             Communicator::with_topology(devices.clone(), topology, options)?

@@ -7,6 +7,7 @@ pub mod collectives;
 pub mod compare;
 pub mod conformance;
 pub mod devices;
+pub mod launch;
 pub mod memory;
 pub mod sched;
 pub mod sched_bench;

@@ -1,10 +1,13 @@
-//! `xpu bench collectives` under a real `mpirun`: one communicator over every process's
-//! devices, every operation checked element by element, with two ranks per process and
-//! with a host device and a simulated NPU in each process.
+//! The commands under a real `mpirun`: `xpu bench collectives` over one communicator
+//! across every process's devices, every operation checked element by element, with
+//! two ranks per process and with a host device and a simulated NPU in each process;
+//! `xpu train` over a group across processes, on the one-process trajectory, resumed
+//! from its checkpoints, and refused when the processes disagree.
 
 use std::process::Command;
 
-use crate::{run, sim_npu, xpu};
+use crate::train::lines;
+use crate::{run, scratch, sim_npu, xpu};
 
 /// Whether mpirun runs here; without it the test returns early, saying so, unless
 /// `XPU_REQUIRE_MPI=1` (as CI sets), which makes that a failure.
@@ -26,11 +29,21 @@ fn mpirun_available() -> bool {
 /// `mpirun -np 2` around the `xpu` command with `args`, in the environment the `xpu`
 /// helper gives it.
 fn mpirun(args: &[&str]) -> Command {
+    mpirun_each(&[args, args])
+}
+
+/// `mpirun` with one process per entry of `each`, each running the `xpu` command with
+/// its arguments, in the environment the `xpu` helper gives it.
+fn mpirun_each(each: &[&[&str]]) -> Command {
     let helper = xpu(&[]);
     let mut m = Command::new("mpirun");
-    m.args(["-np", "2", "--oversubscribe"])
-        .arg(helper.get_program())
-        .args(args);
+    m.arg("--oversubscribe");
+    for (i, args) in each.iter().enumerate() {
+        if i > 0 {
+            m.arg(":");
+        }
+        m.args(["-np", "1"]).arg(helper.get_program()).args(*args);
+    }
     for (k, v) in helper.get_envs() {
         match v {
             Some(v) => m.env(k, v),
@@ -101,4 +114,120 @@ fn every_operation_across_processes_is_right_at_odd_sizes() {
             }
         }
     }
+}
+
+/// `v` as string slices, for an argument list.
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// The losses of the logged steps of `xpu train --json` output.
+fn losses(steps: &[serde_json::Value]) -> Vec<f64> {
+    steps.iter().map(|s| s["loss"].as_f64().unwrap()).collect()
+}
+
+/// The standard output of `cmd`, which must succeed.
+fn succeeds(cmd: &mut Command) -> String {
+    let (code, out, err) = run(cmd);
+    assert_eq!(code, 0, "{cmd:?}:\n{out}\n{err}");
+    out
+}
+
+#[test]
+fn train_across_processes_follows_the_one_process_trajectory_and_resumes() {
+    if !mpirun_available() {
+        return;
+    }
+    let base = ["train", "--model", "mlp", "--log-every", "5", "--json"];
+    let with = |extra: &[&str]| -> Vec<String> {
+        base.iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    // One host device in one process: the reference trajectory.
+    let one = with(&["--devices", "host:0", "--steps", "30"]);
+    let (reference, _) = lines(&succeeds(&mut xpu(&refs(&one))));
+    // One host device in each of two processes, then two in each: the same losses bit
+    // for bit (the sum over micro-batches is one fixed tree whatever the split), printed
+    // once.
+    for (devices, ranks) in [("host:0", 2), ("host:0,1", 4)] {
+        let args = with(&["--devices", devices, "--steps", "30"]);
+        let out = succeeds(&mut mpirun(&refs(&args)));
+        let (steps, summary) = lines(&out);
+        assert_eq!(
+            steps.len(),
+            6,
+            "{devices}: one line per logged step:\n{out}"
+        );
+        assert_eq!(losses(&steps), losses(&reference), "{devices}:\n{out}");
+        let names = summary["devices"].as_array().unwrap();
+        assert_eq!(names.len(), ranks, "{summary}");
+        assert_eq!(names[0], "host:0@p0", "{summary}");
+        assert_eq!(
+            names[ranks - 1].as_str().unwrap().split('@').nth(1),
+            Some("p1")
+        );
+        for s in &steps {
+            let shares = s["shares"].as_array().unwrap();
+            assert_eq!(shares.len(), ranks, "{s}");
+            // Across processes every device keeps a micro-batch.
+            assert!(shares.iter().all(|v| v.as_u64().unwrap() >= 1), "{s}");
+            assert_eq!(shares.iter().map(|v| v.as_u64().unwrap()).sum::<u64>(), 8);
+        }
+    }
+    // Checkpoints written by the first process; both resume from them and go on bit
+    // for bit.
+    let dir = scratch("train-mpi-checkpoints");
+    let dir_s = dir.to_str().unwrap();
+    let first = with(&[
+        "--devices",
+        "host:0",
+        "--steps",
+        "15",
+        "--checkpoint-dir",
+        dir_s,
+        "--checkpoint-every",
+        "5",
+    ]);
+    let (_, summary) = lines(&succeeds(&mut mpirun(&refs(&first))));
+    assert_eq!(
+        summary["checkpoints"].as_array().unwrap().len(),
+        3,
+        "{summary}"
+    );
+    let resumed = with(&["--devices", "host:0", "--steps", "30", "--resume", dir_s]);
+    let (steps, _) = lines(&succeeds(&mut mpirun(&refs(&resumed))));
+    assert_eq!(steps[0]["step"], 20);
+    assert_eq!(losses(&steps), losses(&reference)[3..]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn train_across_processes_refuses_processes_that_disagree() {
+    if !mpirun_available() {
+        return;
+    }
+    let base = ["train", "--model", "mlp", "--devices", "host:0"];
+    let a: Vec<&str> = base.iter().copied().chain(["--steps", "20"]).collect();
+    let b: Vec<&str> = base.iter().copied().chain(["--steps", "30"]).collect();
+    let (code, out, err) = run(&mut mpirun_each(&[&a, &b]));
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(
+        err.contains("different options") && err.contains("--steps 30 from step 0"),
+        "{err}"
+    );
+    let c: Vec<&str> = a.iter().copied().chain(["--lr", "0.01"]).collect();
+    let (code, out, err) = run(&mut mpirun_each(&[&a, &c]));
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(
+        err.contains("different training configurations") && err.contains("lr 0.01"),
+        "{err}"
+    );
+    // What works only within one process is refused, not half done.
+    let d: Vec<&str> = a
+        .iter()
+        .copied()
+        .chain(["--inject-fault", "host:0@5"])
+        .collect();
+    let (code, out, err) = run(&mut mpirun(&d));
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(err.contains("without mpirun"), "{err}");
 }

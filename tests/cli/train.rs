@@ -4,7 +4,7 @@
 use super::{run, scratch, sim_npu, xpu};
 
 /// The JSON objects `xpu train --json` printed: the logged steps, then the summary.
-fn lines(out: &str) -> (Vec<serde_json::Value>, serde_json::Value) {
+pub(crate) fn lines(out: &str) -> (Vec<serde_json::Value>, serde_json::Value) {
     let mut all: Vec<serde_json::Value> = out
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))

@@ -136,7 +136,7 @@ impl DirectTrainer {
             r.sum_blocks(&self.exec, &plan, 0, b)?;
         }
         let scale = self.loss_scale.map(|s| s.scale);
-        crate::replica::sum_all(&[r], &self.exec, &plan, scale)?;
+        crate::replica::sum_all(&[r], &self.exec, &plan, 0, scale)?;
         crate::replica::apply_all(
             &[r],
             &self.exec,

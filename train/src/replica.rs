@@ -645,18 +645,20 @@ impl Replica {
     }
 }
 
-/// Every replica's gradients (`replicas` in rank order) summed by the tree of `plan`
-/// after the backward passes and [`Replica::sum_blocks`] (and the exchange); with a
-/// loss `scale`, divided by it and checked.
+/// Every replica's gradients (`replicas` in rank order, the first of them rank
+/// `first` of the plan) summed by the tree of `plan` after the backward passes and
+/// [`Replica::sum_blocks`] (and the exchange); with a loss `scale`, divided by it and
+/// checked.
 pub(crate) fn sum_all(
     replicas: &[&Replica],
     exec: &dyn Exec,
     plan: &Plan,
+    first: usize,
     scale: Option<f32>,
 ) -> Result<()> {
-    for (rank, r) in replicas.iter().enumerate() {
+    for (i, r) in replicas.iter().enumerate() {
         for b in 0..r.bucket_elements.len() {
-            r.sum_gradients(exec, plan, rank, b, scale)?;
+            r.sum_gradients(exec, plan, first + i, b, scale)?;
         }
     }
     Ok(())

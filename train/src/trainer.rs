@@ -304,6 +304,28 @@ pub(crate) fn model_of(config: &TrainConfig) -> Result<(Box<dyn Model>, Box<dyn 
     })
 }
 
+/// What differs between two texts, as `(theirs, ours)`: the differing fields when
+/// both are JSON objects, else the texts themselves.
+fn differences(theirs: &str, ours: &str) -> (String, String) {
+    let parse = |t: &str| serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(t);
+    if let (Ok(a), Ok(b)) = (parse(theirs), parse(ours)) {
+        let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+        let mut left = Vec::new();
+        let mut right = Vec::new();
+        for k in keys {
+            let (x, y) = (a.get(k), b.get(k));
+            if x != y {
+                let show =
+                    |v: Option<&serde_json::Value>| v.map_or("nothing".into(), |v| v.to_string());
+                left.push(format!("{k} {}", show(x)));
+                right.push(format!("{k} {}", show(y)));
+            }
+        }
+        return (left.join(", "), right.join(", "));
+    }
+    (format!("`{theirs}`"), format!("`{ours}`"))
+}
+
 /// How many times slower than before, against the others, a device must become to be
 /// reported as a straggler.
 pub const STRAGGLER_FACTOR: f64 = 1.5;
@@ -364,6 +386,18 @@ pub struct Trainer {
     replayed_flops: u64,
     /// Steps replayed so far.
     replayed: u64,
+    /// When the group spans processes: this process's place in it.
+    span: Option<Spanning>,
+}
+
+/// A data-parallel group across processes, seen from one of them: its replicas are
+/// ranks `first..first + replicas` of the communicator, the others belong to the
+/// other processes.
+struct Spanning {
+    /// The rank of this process's first replica.
+    first: usize,
+    /// Every rank's device, with its process (`host:0@p1`), in rank order.
+    names: Vec<String>,
 }
 
 /// A step recorded for replay, with what it was recorded for.
@@ -383,6 +417,64 @@ impl Trainer {
         if devices.is_empty() {
             return Err(Error::invalid("no device to train on; select at least one"));
         }
+        let comm = if devices.len() > 1 {
+            Some(Communicator::new(
+                devices.to_vec(),
+                CommOptions::from_env()?,
+            )?)
+        } else {
+            None
+        };
+        Trainer::build(devices, config, comm, None)
+    }
+
+    /// A trainer whose group is `comm`'s ranks, in every process the communicator spans
+    /// (one replica per rank, in rank order; this process holds the replicas of its own
+    /// ranks). Every process calls this with the same configuration (checked) and then
+    /// makes the same calls in the same order: each step is one step of the whole
+    /// group, the global batch shared among all its ranks, and every process reports
+    /// the same losses. A communicator within one process gives the trainer of
+    /// [`Trainer::new`] on its devices.
+    ///
+    /// Across processes no device is left out of the group (re-forming it would need
+    /// every process), and the all-reduce of a bucket waits for the bucket's backward
+    /// pass on this process's devices.
+    pub fn across(comm: Communicator, config: TrainConfig) -> Result<Trainer> {
+        config.check()?;
+        let devices = comm.devices().to_vec();
+        if devices.is_empty() {
+            return Err(Error::invalid("no device to train on; select at least one"));
+        }
+        let procs = comm.processes();
+        if procs.is_empty() {
+            let comm = (devices.len() > 1).then_some(comm);
+            return Trainer::build(&devices, config, comm, None);
+        }
+        let span = Spanning {
+            first: comm.first_rank(),
+            names: procs
+                .iter()
+                .flat_map(|p| p.devices.iter().map(move |d| format!("{d}@p{}", p.index)))
+                .collect(),
+        };
+        let trainer = Trainer::build(&devices, config, Some(comm), Some(span))?;
+        let text = serde_json::to_string(&trainer.config).map_err(|e| {
+            Error::invalid(format!(
+                "could not encode the configuration to compare it: {e}"
+            ))
+        })?;
+        trainer.agree("training configuration", &text)?;
+        Ok(trainer)
+    }
+
+    /// The trainer on `devices` (this process's replicas) with `comm` over them (and,
+    /// with `span`, the other processes' ranks).
+    fn build(
+        devices: &[Device],
+        config: TrainConfig,
+        comm: Option<Communicator>,
+        span: Option<Spanning>,
+    ) -> Result<Trainer> {
         let (model, data) = model_of(&config)?;
         let mut fallback = fallbacks(
             model.as_ref(),
@@ -402,14 +494,6 @@ impl Trainer {
                 ..SchedulerOptions::from_env()?
             },
         )?;
-        let comm = if devices.len() > 1 {
-            Some(Communicator::new(
-                devices.to_vec(),
-                CommOptions::from_env()?,
-            )?)
-        } else {
-            None
-        };
         let micro_batches = config.global_batch / config.micro_batch;
         let mut replicas = Vec::with_capacity(devices.len());
         for (sched_index, device) in devices.iter().enumerate() {
@@ -423,7 +507,8 @@ impl Trainer {
                 fallback.next().unwrap_or_default(),
             )?);
         }
-        let shares = split::proportional(micro_batches, &vec![None; devices.len()]);
+        let ranks = span.as_ref().map_or(devices.len(), |s| s.names.len());
+        let shares = split::proportional(micro_batches, &vec![None; ranks]);
         let tokens_per_step = tokens_per_step(data.as_ref(), &config);
         let config_scales = config.precision.scales_loss();
         let sample = data.examples(0, config.micro_batch as usize);
@@ -452,7 +537,105 @@ impl Trainer {
             replay: None,
             replayed_flops: 0,
             replayed: 0,
+            span,
         })
+    }
+
+    /// Ranks of the group, in every process.
+    pub fn ranks(&self) -> usize {
+        self.span
+            .as_ref()
+            .map_or(self.replicas.len(), |s| s.names.len())
+    }
+
+    /// The rank of this process's first replica (0 unless the group spans processes).
+    pub fn first_rank(&self) -> usize {
+        self.span.as_ref().map_or(0, |s| s.first)
+    }
+
+    /// Every rank's device name, in rank order; across processes each with its process
+    /// (`host:0@p1`).
+    pub fn rank_names(&self) -> Vec<String> {
+        match &self.span {
+            Some(s) => s.names.clone(),
+            None => self
+                .replicas
+                .iter()
+                .map(|r| r.device.id().to_string())
+                .collect(),
+        }
+    }
+
+    /// `mine` (one value per position, this process's filled in, zero elsewhere) with
+    /// every process's positions filled in: a sum over the processes, exact because
+    /// each position has one non-zero contributor. Within one process, `mine` itself.
+    fn everywhere(&self, mine: Vec<f32>) -> Result<Vec<f32>> {
+        let (Some(_), Some(comm)) = (&self.span, &self.comm) else {
+            return Ok(mine);
+        };
+        let zeros = vec![0f32; mine.len()];
+        let mut handles = Vec::with_capacity(self.replicas.len());
+        for i in 0..self.replicas.len() {
+            let values = if i == 0 { &mine } else { &zeros };
+            let buffer = HostBuffer::from_bytes(bytemuck::cast_slice(values))?;
+            handles.push(self.sched.register(buffer)?);
+        }
+        let summed = self
+            .sched
+            .all_reduce(comm, &handles, DType::F32, ReduceOp::Sum)
+            .and_then(|_| self.sched.read(handles[0]));
+        for h in handles {
+            self.sched.unregister(h)?;
+        }
+        Ok(bytemuck::pod_collect_to_vec(&summed?))
+    }
+
+    /// Aborts the group's communicator: every rank waiting in one of its collectives,
+    /// in every process it spans, returns an error. (After a failure within a group
+    /// across processes, so that the other processes stop instead of waiting out the
+    /// timeout.)
+    pub fn abort(&self) {
+        if let Some(comm) = &self.comm {
+            comm.abort();
+        }
+    }
+
+    /// Checks that every process of the group gives the same `text` for `what` (its
+    /// options, its configuration as JSON), naming the first process that differs and
+    /// what differs. Within one process there is nothing to compare.
+    pub fn agree(&self, what: &str, text: &str) -> Result<()> {
+        let (Some(_), Some(comm)) = (&self.span, &self.comm) else {
+            return Ok(());
+        };
+        let procs = comm.processes();
+        let Some(me) = procs.iter().position(|p| p.first_rank == self.first_rank()) else {
+            return Ok(());
+        };
+        // The lengths, then the bytes (each exact in f32), every process in its row.
+        let mut lengths = vec![0f32; procs.len()];
+        lengths[me] = text.len() as f32;
+        let lengths = self.everywhere(lengths)?;
+        let longest = lengths.iter().fold(0f32, |a, &b| a.max(b)) as usize;
+        let mut bytes = vec![0f32; procs.len() * longest];
+        for (slot, &b) in bytes[me * longest..].iter_mut().zip(text.as_bytes()) {
+            *slot = f32::from(b);
+        }
+        let bytes = self.everywhere(bytes)?;
+        for (p, (row, &len)) in procs.iter().zip(bytes.chunks(longest.max(1)).zip(&lengths)) {
+            let theirs: Vec<u8> = row.iter().take(len as usize).map(|&b| b as u8).collect();
+            if theirs == text.as_bytes() {
+                continue;
+            }
+            let theirs = String::from_utf8_lossy(&theirs);
+            return Err(Error::invalid(format!(
+                "the processes of the group were started with different {what}s: {} has {}, this one ({}) {}; start every process with the same options",
+                p.describe(),
+                differences(&theirs, text).0,
+                procs[me].describe(),
+                differences(&theirs, text).1,
+            )));
+        }
+        Ok(())
     }
 
     /// Steps done so far.
@@ -470,7 +653,7 @@ impl Trainer {
         self.model.layout().total()
     }
 
-    /// Micro-batches each replica computes in the next step.
+    /// Micro-batches each rank of the group computes in the next step.
     pub fn shares(&self) -> &[u64] {
         &self.shares
     }
@@ -479,10 +662,10 @@ impl Trainer {
     /// to the step's micro-batches). Rebalancing may change them again.
     pub fn set_shares(&mut self, shares: &[u64]) -> Result<()> {
         let total = self.config.global_batch / self.config.micro_batch;
-        if shares.len() != self.replicas.len() || shares.iter().sum::<u64>() != total {
+        if shares.len() != self.ranks() || shares.iter().sum::<u64>() != total {
             return Err(Error::invalid(format!(
-                "shares {shares:?}: give one per replica ({}) adding up to the {total} micro-batches of a step",
-                self.replicas.len()
+                "shares {shares:?}: give one per rank of the group ({}) adding up to the {total} micro-batches of a step",
+                self.ranks()
             )));
         }
         self.shares = shares.to_vec();
@@ -531,7 +714,7 @@ impl Trainer {
         let shares = self.shares.clone();
         // The order of the sum and the blocks the replicas exchange.
         let plan = Plan::new(&shares);
-        if self.replicas.len() > 1 {
+        if self.comm.is_some() {
             for r in &mut self.replicas {
                 r.set_exchange(&self.sched, plan.rows)?;
             }
@@ -585,27 +768,32 @@ impl Trainer {
             step,
             &mut self.loss_scale,
         )?;
-        // The losses, in example order.
+        // The losses, in example order (each process's, gathered across processes).
         let rows = self.model.loss_rows();
-        let mut sum = 0.0f64;
-        for (r, &share) in self.replicas.iter().zip(&shares) {
-            if share == 0 {
+        let ranges = split::ranges(&shares);
+        let mut losses = vec![0f32; (plan.m * rows) as usize];
+        for (r, range) in self.replicas.iter().zip(&ranges[self.first_rank()..]) {
+            if range.is_empty() {
                 continue;
             }
-            let losses = r.decode(&self.sched.read(r.loss)?)?;
-            for l in &losses[..(share * rows) as usize] {
-                sum += f64::from(*l);
-            }
+            let mine = r.decode(&self.sched.read(r.loss)?)?;
+            let (at, n) = (
+                (range.start * rows) as usize,
+                ((range.end - range.start) * rows) as usize,
+            );
+            let (Some(to), Some(from)) = (losses.get_mut(at..at + n), mine.get(..n)) else {
+                return Err(Error::invalid(
+                    "internal error: a replica's losses do not fit its micro-batches",
+                ));
+            };
+            to.copy_from_slice(from);
         }
+        let sum: f64 = self.everywhere(losses)?.iter().map(|&l| f64::from(l)).sum();
         self.sched.wait_all()?;
         self.step = step;
         // Early on, after every step (as soon as the models know every device); then
         // every `rebalance_every` steps.
-        let devices = self
-            .replicas
-            .iter()
-            .map(|r| r.device.id().to_string())
-            .collect();
+        let devices = self.rank_names();
         let (mut left_out, mut stragglers) = (Vec::new(), Vec::new());
         if learning {
             (left_out, stragglers) = self.rebalance(step < every)?;
@@ -652,8 +840,12 @@ impl Trainer {
             }
         }
         let rows = self.model.loss_rows();
+        // This process's replicas' micro-batches (the ranks from `first` on).
+        let first = self.first_rank();
         let batches: Vec<Vec<MicroBatch>> = split::ranges(shares)
             .into_iter()
+            .skip(first)
+            .take(self.replicas.len())
             .map(|range| {
                 range
                     .enumerate()
@@ -700,8 +892,8 @@ impl Trainer {
                             self.model.backward(&self.sched, r, mb, bucket)?;
                         }
                     }
-                    for (rank, r) in self.replicas.iter().enumerate() {
-                        r.sum_blocks(&self.sched, plan, rank, bucket)?;
+                    for (i, r) in self.replicas.iter().enumerate() {
+                        r.sum_blocks(&self.sched, plan, first + i, bucket)?;
                     }
                     if let Some(comm) = &self.comm {
                         let blocks: Vec<_> =
@@ -713,7 +905,7 @@ impl Trainer {
             }
         }
         let replicas: Vec<&Replica> = self.replicas.iter().collect();
-        crate::replica::sum_all(&replicas, &self.sched, plan, scale)?;
+        crate::replica::sum_all(&replicas, &self.sched, plan, first, scale)?;
         Ok(kept)
     }
 
@@ -830,7 +1022,7 @@ impl Trainer {
             }
         }
         self.step = c.step;
-        if c.shares.len() == self.replicas.len() {
+        if c.shares.len() == self.ranks() {
             self.shares = c.shares.clone();
         }
         self.replay = None;
@@ -838,87 +1030,67 @@ impl Trainer {
     }
 
     /// Re-splits the micro-batches so that the step ends soonest ([`split::fastest`]),
-    /// from each device's predicted time for one micro-batch (the scheduler's learned models, over the tasks every device's
-    /// models predict); unchanged while fewer than half of them are calibrated on
-    /// every device.
+    /// from each device's predicted time for one micro-batch (the scheduler's learned
+    /// models, over the tasks every device's models predict); unchanged while fewer
+    /// than half of them are calibrated on some device. Across processes each process
+    /// predicts its own devices and the predictions are exchanged, so that every
+    /// process computes the same split.
     ///
     /// In the `early` phase (before step `rebalance_every`, while the models still rest
     /// on cold first runs) every device keeps at least one micro-batch. From then on, a
     /// device whose share would be no micro-batch at all is left out of the group (it
     /// would only slow the all-reduce and the update down): its replica is dropped and
-    /// the communicator re-formed over the others. Returns those left out, with
-    /// the reason, and the stragglers: devices predicted [`STRAGGLER_FACTOR`] times
-    /// slower than at the last rebalancing, relative to the others.
+    /// the communicator re-formed over the others. (Across processes every device
+    /// keeps at least one micro-batch.) Returns those left out, with the reason, and the
+    /// stragglers: devices predicted [`STRAGGLER_FACTOR`] times slower than at the last
+    /// rebalancing, relative to the others.
     fn rebalance(&mut self, early: bool) -> Result<(Vec<String>, Vec<String>)> {
-        if self.micro_batch_tasks.is_empty() || self.replicas.len() < 2 {
+        if self.ranks() < 2 {
             return Ok((Vec::new(), Vec::new()));
         }
-        // A micro-batch's time on each device, over the tasks every device's models
-        // already predict (a device calibrates some codelets later than others); at
-        // least half of them, or the split stays as it is.
-        let mut totals = vec![0.0f64; self.replicas.len()];
-        let mut counted = 0usize;
-        for t in &self.micro_batch_tasks {
-            let each: Option<Vec<f64>> = self
-                .replicas
-                .iter()
-                .map(|r| self.sched.predict_task(t, r.sched_index))
-                .collect();
-            if let Some(each) = each {
-                counted += 1;
-                for (total, p) in totals.iter_mut().zip(each) {
-                    *total += p;
-                }
-            }
-        }
-        if counted * 2 < self.micro_batch_tasks.len() {
-            return Ok((Vec::new(), Vec::new()));
-        }
-        let predicted: Vec<Option<f64>> = totals.iter().map(|&t| (t > 0.0).then_some(t)).collect();
+        let predicted = self.predictions()?;
         if !predicted.iter().all(Option::is_some) {
             return Ok((Vec::new(), Vec::new()));
         }
         let total = self.config.global_batch / self.config.micro_batch;
         // Early predictions rest on cold first runs: every device keeps at least one
         // micro-batch then, and only a later rebalancing may leave one out.
-        let floor = u64::from(early);
+        let floor = u64::from(early || self.span.is_some());
         let shares = split::at_least(split::fastest(total, &predicted), floor);
         let fastest = predicted
             .iter()
             .enumerate()
             .min_by(|a, b| a.1.unwrap_or(f64::MAX).total_cmp(&b.1.unwrap_or(f64::MAX)))
             .map_or(0, |(i, _)| i);
-        let fastest_name = self.replicas[fastest].device.id().to_string();
-        let slowed = self.slowdowns(&predicted);
-        let names: Vec<String> = self
-            .replicas
-            .iter()
-            .map(|r| r.device.id().to_string())
-            .collect();
+        let names = self.rank_names();
+        let slowed = self.slowdowns(&names, &predicted);
         self.predicted = names
             .iter()
             .zip(&predicted)
             .map(|(n, p)| (n.clone(), p.unwrap_or(0.0)))
             .collect();
         let mut left_out = Vec::new();
-        let mut keep = Vec::new();
-        let mut kept_times = Vec::new();
-        for (i, r) in std::mem::take(&mut self.replicas).into_iter().enumerate() {
-            if shares[i] > 0 || i == fastest || early {
-                keep.push(r);
-                kept_times.push(predicted[i]);
-                continue;
+        let mut kept_times = predicted.clone();
+        if self.span.is_none() {
+            let mut keep = Vec::new();
+            kept_times.clear();
+            for (i, r) in std::mem::take(&mut self.replicas).into_iter().enumerate() {
+                if shares[i] > 0 || i == fastest || early {
+                    keep.push(r);
+                    kept_times.push(predicted[i]);
+                    continue;
+                }
+                left_out.push(format!(
+                    "{}: a micro-batch takes it {:.2} ms against {:.2} ms on {}, so the step ends sooner without it ({total} micro-batches)",
+                    r.device.id(),
+                    predicted[i].unwrap_or(0.0) * 1e3,
+                    predicted[fastest].unwrap_or(0.0) * 1e3,
+                    names[fastest]
+                ));
+                self.release(&r)?;
             }
-            left_out.push(format!(
-                "{}: a micro-batch takes it {:.2} ms against {:.2} ms on {}, so the step ends sooner without it ({total} micro-batches)",
-                r.device.id(),
-                predicted[i].unwrap_or(0.0) * 1e3,
-                predicted[fastest].unwrap_or(0.0) * 1e3,
-                fastest_name
-            ));
-            self.release(&r)?;
+            self.replicas = keep;
         }
-        self.replicas = keep;
         if !left_out.is_empty() {
             self.replay = None;
             let devices: Vec<Device> = self.replicas.iter().map(|r| r.device.clone()).collect();
@@ -932,14 +1104,14 @@ impl Trainer {
             &mut self.shares,
             split::at_least(split::fastest(total, &kept_times), floor),
         );
+        let kept_names = self.rank_names();
         let stragglers = slowed
             .into_iter()
             .map(|(i, was, now)| {
                 let name = &names[i];
-                let share = self
-                    .replicas
+                let share = kept_names
                     .iter()
-                    .position(|r| r.device.id().to_string() == *name)
+                    .position(|n| n == name)
                     .map_or(0, |k| self.shares[k]);
                 format!(
                     "{name} slowed down: a micro-batch takes it {:.2} ms, {:.1}× the {:.2} ms of before; its share goes from {} to {share} of {total} micro-batches",
@@ -953,18 +1125,57 @@ impl Trainer {
         Ok((left_out, stragglers))
     }
 
-    /// The replicas (by index) whose predicted micro-batch time rose by
-    /// [`STRAGGLER_FACTOR`] or more since the last rebalancing, relative to the median
+    /// Every rank's predicted time of one micro-batch, in seconds: the sum over the
+    /// tasks of a micro-batch of the scheduler's predictions, over the tasks every
+    /// local device's model predicts, if at least half of them. `None` for a rank
+    /// without a prediction (across processes, those of a process without one).
+    fn predictions(&self) -> Result<Vec<Option<f64>>> {
+        let tasks = &self.micro_batch_tasks;
+        let mut totals = vec![0.0f64; self.replicas.len()];
+        let mut counted = 0usize;
+        for t in tasks {
+            let each: Option<Vec<f64>> = self
+                .replicas
+                .iter()
+                .map(|r| self.sched.predict_task(t, r.sched_index))
+                .collect();
+            if let Some(each) = each {
+                counted += 1;
+                for (total, p) in totals.iter_mut().zip(each) {
+                    *total += p;
+                }
+            }
+        }
+        let known = !tasks.is_empty() && counted * 2 >= tasks.len();
+        let mine: Vec<Option<f64>> = totals
+            .iter()
+            .map(|&t| (known && t > 0.0).then_some(t))
+            .collect();
+        if self.span.is_none() {
+            return Ok(mine);
+        }
+        // Across processes: NaN marks a rank without a prediction (NaN + 0 is NaN).
+        let mut all = vec![0f32; self.ranks()];
+        for (slot, p) in all[self.first_rank()..].iter_mut().zip(&mine) {
+            *slot = p.map_or(f32::NAN, |t| t as f32);
+        }
+        Ok(self
+            .everywhere(all)?
+            .into_iter()
+            .map(|t| (t.is_finite() && t > 0.0).then_some(f64::from(t)))
+            .collect())
+    }
+
+    /// The ranks (by index, `names` their devices) whose predicted micro-batch time rose
+    /// by [`STRAGGLER_FACTOR`] or more since the last rebalancing, relative to the median
     /// change of the others (a machine that slows down as a whole has no straggler):
     /// `(index, before, now)` in seconds.
-    fn slowdowns(&self, predicted: &[Option<f64>]) -> Vec<(usize, f64, f64)> {
-        let ratios: Vec<Option<(f64, f64)>> = self
-            .replicas
+    fn slowdowns(&self, names: &[String], predicted: &[Option<f64>]) -> Vec<(usize, f64, f64)> {
+        let ratios: Vec<Option<(f64, f64)>> = names
             .iter()
             .zip(predicted)
-            .map(|(r, now)| {
-                let name = r.device.id().to_string();
-                let was = self.predicted.iter().find(|(n, _)| *n == name)?.1;
+            .map(|(name, now)| {
+                let was = self.predicted.iter().find(|(n, _)| n == name)?.1;
                 let now = (*now)?;
                 (was > 0.0).then_some((was, now))
             })

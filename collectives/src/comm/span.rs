@@ -864,6 +864,7 @@ fn finish_avg(desc: &OpDesc, size: usize, data: &mut [u8]) -> std::result::Resul
 /// Sends `mine` to every other process and receives `sizes[q]` bytes from each process
 /// `q`; the result holds each process's bytes (empty for this one). On a failure the
 /// buffers are leaked: the transport may still use them.
+#[cfg(feature = "mpi")]
 fn swap_with_all(
     peers: &dyn Peers,
     tag: u32,
@@ -902,6 +903,7 @@ fn swap_with_all(
 }
 
 /// What each process tells the others when a communicator across processes is formed.
+#[cfg(feature = "mpi")]
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Joining {
     host: String,
@@ -934,6 +936,7 @@ impl Communicator {
     }
 
     /// A communicator over `devices` and the other processes' reached through `peers`.
+    #[cfg(feature = "mpi")]
     fn across(
         peers: Box<dyn Peers>,
         host: String,

@@ -90,6 +90,8 @@ pub(crate) enum GiveUp {
     Failed = 5,
 }
 
+// Received codes are decoded by the transports (MPI's, behind its feature).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 impl GiveUp {
     /// Every reason, by its code.
     pub const ALL: [GiveUp; 5] = [
@@ -120,8 +122,10 @@ impl GiveUp {
     }
 }
 
-/// Why an exchange between processes did not complete.
+/// Why an exchange between processes did not complete (made by the transports: MPI's
+/// is behind its feature).
 #[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) enum Incomplete {
     /// The deadline passed with transfers to or from these processes unfinished.
     Deadline { peers: Vec<usize> },

@@ -3,9 +3,12 @@
 use super::*;
 
 impl Scheduler {
-    /// A collective over one handle per rank of `comm`, as a task: rank `r`'s handles
-    /// are `send[r]` (read) and `recv[r]` (written; the same handle as `send[r]` for an
-    /// in-place operation), on rank `r`'s device, which must be one of the scheduler's.
+    /// A collective over one handle per rank of `comm` in this process, as a task: the
+    /// `r`-th of this process's ranks has handles `send[r]` (read) and `recv[r]`
+    /// (written; the same handle as `send[r]` for an in-place operation), on its device,
+    /// which must be one of the scheduler's. (For a communicator within one process
+    /// those are all its ranks; for one across processes, each process submits the
+    /// collective with its own ranks' handles, every process in the same order.)
     /// It waits for what wrote those handles, and what reads them after waits for it,
     /// like any task; the operation itself is enqueued on each rank's task stream, so
     /// it overlaps the work other devices do meanwhile. Under the queued policies the
@@ -17,11 +20,19 @@ impl Scheduler {
         send: &[Handle],
         recv: &[Handle],
     ) -> Result<TaskId> {
+        // Every rank's blocks count in the sizes; handles are given for this
+        // process's ranks.
         let n = comm.size();
+        let here = comm.devices().len();
         let label: Arc<str> = Arc::from(kind.name());
-        if send.len() != n || recv.len() != n {
+        if send.len() != here || recv.len() != here {
+            let whose = if here == n {
+                format!("the communicator has {n} ranks")
+            } else {
+                format!("this process holds {here} of the communicator's {n} ranks")
+            };
             return Err(Error::invalid(format!(
-                "{label}: the communicator has {n} ranks but {} send and {} receive handles were given; give one of each per rank",
+                "{label}: {whose} but {} send and {} receive handles were given; give one of each per rank",
                 send.len(),
                 recv.len()
             )));
@@ -30,7 +41,8 @@ impl Scheduler {
         for (r, device) in comm.devices().iter().enumerate() {
             let Some(d) = self.shared.devices.iter().position(|x| x == device) else {
                 return Err(Error::invalid(format!(
-                    "{label}: rank {r} is on {}, which is not one of this scheduler's devices",
+                    "{label}: rank {} is on {}, which is not one of this scheduler's devices",
+                    comm.first_rank() + r,
                     device.id()
                 )));
             };
@@ -220,9 +232,10 @@ impl State {
                 None
             });
         }
+        let first = comm.first_rank();
         let call = |r: usize| -> Result<()> {
             let (send, recv, stream) = &memory[r];
-            let rank = comm.rank(r)?;
+            let rank = comm.rank(first + r)?;
             match kind {
                 CollectiveTask::AllReduce { dtype, op } => {
                     rank.all_reduce(send, recv, dtype, op, stream)

@@ -244,6 +244,13 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
     // A checkpoint to resume from is read and verified before any device is touched.
     let resume = args.resume.as_deref().map(Checkpoint::load).transpose()?;
     let devices = select(registry, args, &config)?;
+    // Started by mpirun or srun: one group over every process's devices.
+    let launch = super::launch::Launch::detect()?;
+    if launch.is_some() && (!args.inject_fault.is_empty() || args.compare_with.is_some()) {
+        return Err(xpu::Error::invalid(
+            "--inject-fault and --compare-with work within one process; run them without mpirun",
+        ));
+    }
     let mut faults = faults::parse(&args.inject_fault, &devices, args.steps)?;
     let compare_devices = match &args.compare_with {
         Some(text) => Some(registry.devices(&xpu::DeviceSelector::parse(text)?)?),
@@ -251,8 +258,26 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
     };
     let start_point = resume.clone();
     let start = Instant::now();
-    let mut trainer = Trainer::new(&devices, config.clone())?;
-    let reporter = Reporter::new(args.json, args.steps, 0);
+    let mut trainer = match &launch {
+        Some(launch) => {
+            let options = xpu_collectives::CommOptions::from_env()?;
+            let trainer = Trainer::across(
+                launch.communicator(devices.clone(), options)?,
+                config.clone(),
+            )?;
+            // What decides the steps every process takes.
+            let resumed_at = resume.as_ref().map_or(0, |c| c.step);
+            trainer.agree(
+                "option",
+                &format!("--steps {} from step {resumed_at}", args.steps),
+            )?;
+            trainer
+        }
+        None => Trainer::new(&devices, config.clone())?,
+    };
+    // Across processes, the first prints (and writes the checkpoints) for all.
+    let printing = trainer.first_rank() == 0;
+    let reporter = Reporter::new(printing, args.json, args.steps, 0);
     if let (Some(c), Some(path)) = (&resume, &args.resume) {
         trainer.restore(c)?;
         reporter.line(&format!(
@@ -270,6 +295,7 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
     let mut writer = args
         .checkpoint_dir
         .as_deref()
+        .filter(|_| printing)
         .map(Writer::new)
         .transpose()?;
     // Timing every task costs throughput: only when the figures are asked for.
@@ -279,7 +305,7 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
     } else {
         None
     };
-    let names: Vec<String> = devices.iter().map(|d| d.id().to_string()).collect();
+    let names = trainer.rank_names();
     let model = match args.model {
         ModelKind::Transformer => "transformer",
         ModelKind::Mlp => "mlp",
@@ -324,22 +350,26 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
                     // The failed group's last window, as far as it was recorded.
                     let _ = t.window(&trainer, false);
                 }
-                let (next_trainer, recovery) =
-                    match elastic::recover(trainer, e, last_checkpoint.as_ref()) {
-                        Ok(done) => done,
-                        Err(e) => {
-                            reporter.finish();
-                            if let Some(w) = &mut writer {
-                                if let Some(path) = w.finish()?.last() {
-                                    eprintln!(
-                                        "xpu train: the latest checkpoint is {}",
-                                        path.display()
-                                    );
-                                }
+                // Across processes the group is not re-formed: the others are told to
+                // stop, and the run can resume from the latest checkpoint.
+                let recovered = if launch.is_some() {
+                    trainer.abort();
+                    Err(e)
+                } else {
+                    elastic::recover(trainer, e, last_checkpoint.as_ref())
+                };
+                let (next_trainer, recovery) = match recovered {
+                    Ok(done) => done,
+                    Err(e) => {
+                        reporter.finish();
+                        if let Some(w) = &mut writer {
+                            if let Some(path) = w.finish()?.last() {
+                                eprintln!("xpu train: the latest checkpoint is {}", path.display());
                             }
-                            return Err(e);
                         }
-                    };
+                        return Err(e);
+                    }
+                };
                 trainer = next_trainer;
                 reporter.recovered(&recovery);
                 let lost: Vec<&str> = recovery.lost.iter().map(|(d, _)| d.as_str()).collect();
@@ -355,7 +385,8 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
                 continue;
             }
         };
-        if report.step % args.checkpoint_every == 0 || report.step == args.steps {
+        let checkpointed = printing || launch.is_none();
+        if checkpointed && (report.step % args.checkpoint_every == 0 || report.step == args.steps) {
             let c = trainer.checkpoint()?;
             if let Some(w) = &mut writer {
                 w.write(c.clone())?;
@@ -419,6 +450,9 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
         }
     }
     reporter.finish();
+    if !printing {
+        return Ok(true);
+    }
     let elapsed = start.elapsed().as_secs_f64();
     let whole = timeline.and_then(|mut t| t.whole.take());
     if let (Some(path), Some(p)) = (&args.profile, &whole) {
@@ -463,7 +497,7 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
     };
     let matched = comparison.as_ref().is_none_or(compare::Comparison::matches);
     let stats = trainer.scheduler().stats();
-    let final_names: Vec<String> = final_devices.iter().map(|d| d.id().to_string()).collect();
+    let final_names = trainer.rank_names();
     if let Some(path) = &args.plot {
         let title = format!(
             "xpu train --model {model}: {} steps on {}",
@@ -518,8 +552,14 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
         accuracy * 100.0,
         args.eval_examples
     );
+    // Across processes the matrix products and peaks are this process's devices'.
+    let whose = if launch.is_some() {
+        "this process's devices'"
+    } else {
+        "the devices'"
+    };
     println!(
-        "{tokens_per_s:.0} tokens/s; matrix products at {:.2} GFLOP/s, {:.1}% of the devices' measured peak ({:.1} GFLOP/s)",
+        "{tokens_per_s:.0} tokens/s; matrix products at {:.2} GFLOP/s, {:.1}% of {whose} measured peak ({:.1} GFLOP/s)",
         model_flops_per_s * 1e-9,
         mfu * 100.0,
         peak_sum * 1e-9

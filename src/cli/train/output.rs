@@ -19,6 +19,8 @@ pub enum Reporter {
     Plain,
     /// A progress bar with the lines printed above it.
     Bar(ProgressBar),
+    /// Nothing: another process of a run across processes prints for all.
+    Silent,
 }
 
 /// One logged step's figures.
@@ -31,12 +33,17 @@ pub struct Logged<'a> {
 }
 
 impl Reporter {
-    /// JSON when asked for, a bar when stdout is a terminal, plain lines otherwise.
-    pub fn new(json: bool, steps: u64, done: u64) -> Reporter {
+    /// JSON when asked for, a bar when stdout and stderr are terminals, plain lines
+    /// otherwise; nothing unless `printing`.
+    pub fn new(printing: bool, json: bool, steps: u64, done: u64) -> Reporter {
+        if !printing {
+            return Reporter::Silent;
+        }
         if json {
             return Reporter::Json;
         }
-        if !std::io::stdout().is_terminal() {
+        // The bar and the lines above it are drawn on stderr.
+        if !(std::io::stdout().is_terminal() && std::io::stderr().is_terminal()) {
             return Reporter::Plain;
         }
         let bar = ProgressBar::new(steps);
@@ -52,7 +59,7 @@ impl Reporter {
     /// A line of text (plain and bar modes only).
     pub fn line(&self, text: &str) {
         match self {
-            Reporter::Json => {}
+            Reporter::Json | Reporter::Silent => {}
             Reporter::Plain => println!("{text}"),
             Reporter::Bar(bar) => bar.println(text),
         }
@@ -62,6 +69,7 @@ impl Reporter {
     pub fn event(&self, text: &str, object: Value) {
         match self {
             Reporter::Json => println!("{object}"),
+            Reporter::Silent => {}
             _ => self.line(text),
         }
     }
@@ -94,6 +102,7 @@ impl Reporter {
                     "loss_scale": r.loss_scale,
                 })
             ),
+            Reporter::Silent => {}
             _ => {
                 let shares: Vec<String> = r.shares.iter().map(u64::to_string).collect();
                 self.line(&format!(
