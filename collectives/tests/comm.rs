@@ -805,3 +805,14 @@ fn a_stream_that_never_reaches_a_queued_share_times_out_the_others() {
     }
     assert!(c.failed().is_some());
 }
+
+#[test]
+fn shrink_within_one_process_is_refused_with_what_to_do() {
+    let c = comm(devices("host:0,1"), "", Duration::from_secs(10));
+    match c.shrink() {
+        Err(Error::InvalidArgument { message }) => {
+            assert!(message.contains("Communicator::new"), "{message}")
+        }
+        other => panic!("expected a refusal, got {:?}", other.map(|c| c.size())),
+    }
+}

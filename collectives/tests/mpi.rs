@@ -49,6 +49,11 @@ fn main() -> ExitCode {
         trial("a_stalled_process_is_named_within_the_timeout", "stall", 2),
         trial("an_abort_releases_the_other_processes", "abort", 2),
         trial("a_dead_process_is_named_within_the_timeout", "kill", 2),
+        trial(
+            "the_survivors_of_a_dead_process_shrink_the_communicator_and_go_on",
+            "shrink",
+            3,
+        ),
         trial("sends_and_receives_cross_processes_in_order", "p2p", 2),
         trial(
             "a_process_without_devices_is_named_on_every_process",
@@ -76,8 +81,10 @@ fn trial(name: &'static str, case: &'static str, processes: usize) -> Trial {
         }
         let exe = std::env::current_exe().map_err(|e| Failed::from(e.to_string()))?;
         let started = Instant::now();
-        let dies = case == "kill";
-        let mut mpirun = Command::new("mpirun");
+        let dies = case == "kill" || case == "shrink";
+        // A run that hangs is killed (and fails) rather than holding the suite up.
+        let mut mpirun = Command::new("timeout");
+        mpirun.args(["--kill-after=10", "300", "mpirun"]);
         if dies {
             // Without it Open MPI ends the whole job when one process dies.
             mpirun.arg("--enable-recovery");
@@ -94,7 +101,11 @@ fn trial(name: &'static str, case: &'static str, processes: usize) -> Trial {
             .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
             .output()
             .map_err(|e| Failed::from(format!("mpirun did not start: {e}")))?;
-        let survived = String::from_utf8_lossy(&out.stdout).contains(SURVIVED);
+        // Every process but the one that dies says so.
+        let survived = String::from_utf8_lossy(&out.stdout)
+            .matches(SURVIVED)
+            .count()
+            == processes - 1;
         if dies && survived {
             return Ok(Completion::Completed);
         }
@@ -167,6 +178,7 @@ fn child(case: &str) -> Outcome {
         "stall" => stall(&mpi),
         "abort" => abort(&mpi),
         "kill" => kill(&mpi),
+        "shrink" => shrink(&mpi),
         "p2p" => p2p(&mpi),
         "empty" => empty(&mpi),
         other => Err(format!("unknown case {other}")),
@@ -383,6 +395,62 @@ fn kill(mpi: &Mpi) -> Outcome {
             "expected a timeout naming process 1, got {got:?} after {took:?}"
         )),
     }
+}
+
+/// Of three processes, process 1 dies after the communicator is formed (two devices
+/// each): the other two are told, shrink the communicator to their four ranks, agree
+/// on who they are, and all-reduce on it right.
+fn shrink(mpi: &Mpi) -> Outcome {
+    let timeout = Duration::from_secs(5);
+    let long = communicator(mpi, 1, Duration::from_secs(120)).map_err(|e| e.to_string())?;
+    on_every_rank(&long, |rank, stream| rank.barrier(stream))?;
+    let comm = communicator(mpi, 2, timeout).map_err(|e| e.to_string())?;
+    if mpi.rank() == 1 {
+        std::process::abort();
+    }
+    let failed = on_every_rank(&comm, |rank, stream| {
+        let buf = rank.device().allocate(64)?;
+        rank.all_reduce(&buf, &buf, DType::F32, ReduceOp::Sum, stream)
+    });
+    // Named by whichever survivor timed out first; the other hears of its abort.
+    match &failed {
+        Err(e) if e.contains("process 1") || e.contains("did not come in time") => {}
+        other => {
+            return Err(format!(
+                "expected a failure naming process 1, got {other:?}"
+            ))
+        }
+    }
+    let shrunk = comm.shrink().map_err(|e| format!("shrink: {e}"))?;
+    let me = usize::from(mpi.rank() == 2);
+    if shrunk.size() != 4 || shrunk.processes().len() != 2 || shrunk.first_rank() != 2 * me {
+        return Err(format!(
+            "the shrunk communicator has {} ranks over {:?}, this process's first {}",
+            shrunk.size(),
+            shrunk.processes(),
+            shrunk.first_rank()
+        ));
+    }
+    // Each rank contributes its old process's index + 1 in every element: 1 + 1 + 3 + 3.
+    let value = mpi.rank() as f32 + 1.0;
+    on_every_rank(&shrunk, |rank, stream| {
+        let elems = 1000usize;
+        let buf = rank.device().allocate((elems * 4) as u64)?;
+        stream.write(&buf, bytemuck::cast_slice(&vec![value; elems]))?;
+        rank.all_reduce(&buf, &buf, DType::F32, ReduceOp::Sum, stream)?;
+        stream.synchronize()?;
+        let got: Vec<f32> = bytemuck::pod_collect_to_vec(&stream.read(&buf)?);
+        if got.iter().any(|&v| v != 8.0) {
+            return Err(Error::invalid(format!(
+                "rank {} got {:?}",
+                rank.rank(),
+                &got[..4]
+            )));
+        }
+        Ok(())
+    })?;
+    println!("{SURVIVED}");
+    Ok(())
 }
 
 /// Two ranks per process in a ring: each sends two messages (5 bytes, then 100 KiB) to

@@ -14,7 +14,11 @@ use super::args::{check_all_reduce, check_len, check_slice, Range};
 use super::*;
 use crate::process::between::{Between, Failure};
 use crate::process::wire::Header;
-use crate::process::{process_name, GiveUp, Incomplete, Peers, ProcessInfo};
+use std::sync::atomic::AtomicU32;
+
+use crate::process::{
+    process_name, GiveUp, Incomplete, Peers, ProcessInfo, SETUP_TAG, SHRINK_TAGS,
+};
 
 /// The first tag of point-to-point messages between processes (collectives use the
 /// tags below 2^20, communicator set-up and aborts those just above 2^21).
@@ -33,6 +37,11 @@ pub(crate) struct Span {
     pub seqs: Vec<CachePadded<AtomicU64>>,
     pub scratch: Mutex<Scratch>,
     pub aborted: AtomicBool,
+    /// Per process: whether this process suspects it of having failed (it did not take
+    /// part in time, or a transfer with it failed).
+    pub suspects: Mutex<Vec<bool>>,
+    /// Shrinks started from this communicator (each uses its own tags).
+    pub shrinks: AtomicU32,
 }
 
 /// The leader's host buffers.
@@ -56,6 +65,16 @@ fn at_least(slot: &mut Option<HostBuffer>, len: usize) -> Result<&mut HostBuffer
 impl Span {
     fn me(&self) -> &ProcessInfo {
         &self.procs[self.me]
+    }
+
+    /// Records that `processes` did not take part in time or failed a transfer.
+    fn suspect(&self, processes: &[usize]) {
+        let mut suspects = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
+        for &p in processes {
+            if let Some(s) = suspects.get_mut(p) {
+                *s = true;
+            }
+        }
     }
 
     /// The process holding global rank `rank`, and the rank's index there.
@@ -206,6 +225,9 @@ impl Rank {
     /// flight fails the communicator.
     fn p2p_failure(&self, span: &Span, e: Incomplete, peer: usize, what: &str) -> Error {
         let (process, _) = span.locate(peer).unwrap_or((0, 0));
+        if matches!(e, Incomplete::Deadline { .. } | Incomplete::Failed { .. }) {
+            span.suspect(&[process]);
+        }
         let name = process_name(&span.procs, process);
         let error = match e {
             Incomplete::Deadline { .. } => Error::Timeout {
@@ -351,6 +373,7 @@ impl Rank {
             }
         }
         drop(scratch);
+        span.suspect(&failure.suspects);
         // The other processes learn of it at once rather than at their deadline, and
         // none goes on with messages this process sent before it gave up.
         let why = match &failure.error {
@@ -864,7 +887,6 @@ fn finish_avg(desc: &OpDesc, size: usize, data: &mut [u8]) -> std::result::Resul
 /// Sends `mine` to every other process and receives `sizes[q]` bytes from each process
 /// `q`; the result holds each process's bytes (empty for this one). On a failure the
 /// buffers are leaked: the transport may still use them.
-#[cfg(feature = "mpi")]
 fn swap_with_all(
     peers: &dyn Peers,
     tag: u32,
@@ -903,7 +925,6 @@ fn swap_with_all(
 }
 
 /// What each process tells the others when a communicator across processes is formed.
-#[cfg(feature = "mpi")]
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Joining {
     host: String,
@@ -929,14 +950,132 @@ impl Communicator {
         Self::across(
             Box::new(peers),
             mpi.host().to_string(),
-            crate::process::mpi::SETUP_TAG,
+            SETUP_TAG,
             devices,
             options,
         )
     }
 
+    /// After a failure of this communicator across processes, a new one over the
+    /// processes that remain: the processes this one found failed (they did not take
+    /// part in time, or a transfer with them failed) are left out, and the survivors
+    /// agree on who they are before they form it — so a job can go on with fewer ranks.
+    ///
+    /// Every surviving process calls it once the failure has reached it (an operation
+    /// returned its error); each keeps its devices, and the ranks are numbered afresh in
+    /// process order. The survivors first exchange what each suspects, then confirm the
+    /// union; a process that answers neither round within the timeout is left out too.
+    /// When the survivors' views still differ, or this process is among the failed, the
+    /// call fails and nothing is formed.
+    ///
+    /// A communicator within one process has no processes to leave out: make a new one
+    /// with [`Communicator::new`] over the devices that still work.
+    pub fn shrink(&self) -> Result<Communicator> {
+        let Some(span) = &self.span else {
+            return Err(Error::invalid(
+                "shrink applies to a communicator across processes; within one process make a new one with Communicator::new over the devices that still work",
+            ));
+        };
+        let n = span.procs.len();
+        let me = span.me;
+        let epoch = span.shrinks.fetch_add(1, Ordering::Relaxed);
+        let mut suspects = span
+            .suspects
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let names = |set: &[bool]| -> String {
+            let named: Vec<String> = (0..n)
+                .filter(|&q| set[q])
+                .map(|q| span.procs[q].describe())
+                .collect();
+            if named.is_empty() {
+                "none".to_string()
+            } else {
+                named.join(", ")
+            }
+        };
+        // Round 0: each tells the others what it suspects, and takes the union. Round
+        // 1: each tells the union; every survivor must hold the same.
+        for round in 0..2u32 {
+            let tag = SHRINK_TAGS.saturating_add(epoch.saturating_mul(2).saturating_add(round));
+            let with: Vec<usize> = (0..n).filter(|&q| q != me && !suspects[q]).collect();
+            let mine: Vec<u8> = suspects.iter().map(|&s| u8::from(s)).collect();
+            let deadline = Instant::now() + span.timeout;
+            // In the first round, a process another survivor found failed is not
+            // waited for.
+            let mut heard = suspects.clone();
+            let mut arrived = |_: usize, theirs: &[u8]| -> Vec<usize> {
+                if round > 0 {
+                    return Vec::new();
+                }
+                let mut newly = Vec::new();
+                for (q, (h, &t)) in heard.iter_mut().zip(theirs).enumerate() {
+                    if t != 0 && !*h {
+                        *h = true;
+                        newly.push(q);
+                    }
+                }
+                newly
+            };
+            let got = span
+                .peers
+                .swap_after_failure(tag, &mine, &with, deadline, &mut arrived);
+            let mut differ = Vec::new();
+            for (&q, theirs) in with.iter().zip(got) {
+                match theirs {
+                    // Found failed by another survivor, or silent in time.
+                    None if heard[q] => suspects[q] = true,
+                    None => {
+                        suspects[q] = true;
+                        differ.push(q);
+                    }
+                    Some(theirs) => {
+                        if theirs != mine {
+                            differ.push(q);
+                        }
+                        for (s, t) in suspects.iter_mut().zip(theirs) {
+                            *s |= t != 0;
+                        }
+                    }
+                }
+            }
+            if suspects[me] {
+                return Err(Error::aborted(format!(
+                    "the other processes count this process ({}) among the failed; it cannot join the communicator they form",
+                    span.procs[me].describe()
+                )));
+            }
+            if round == 1 && !differ.is_empty() {
+                let differ: Vec<String> =
+                    differ.iter().map(|&q| span.procs[q].describe()).collect();
+                return Err(Error::Timeout {
+                    message: format!(
+                        "the processes that remain could not agree on which failed within {:.1} s ({} answered otherwise; failed here: {}); end the job and start it again from a checkpoint",
+                        span.timeout.as_secs_f64(),
+                        differ.join(", "),
+                        names(&suspects)
+                    ),
+                });
+            }
+        }
+        let keep: Vec<usize> = (0..n).filter(|&q| !suspects[q]).collect();
+        let peers = span.peers.subset(&keep)?;
+        tracing::info!(
+            "shrinking a communicator across {n} processes to {}: left out {}",
+            keep.len(),
+            names(&suspects)
+        );
+        Communicator::across(
+            peers,
+            span.procs[me].host.clone(),
+            SETUP_TAG,
+            self.shared.devices.clone(),
+            self.shared.options.clone(),
+        )
+    }
+
     /// A communicator over `devices` and the other processes' reached through `peers`.
-    #[cfg(feature = "mpi")]
     fn across(
         peers: Box<dyn Peers>,
         host: String,
@@ -1029,6 +1168,8 @@ impl Communicator {
                     .collect(),
                 scratch: Mutex::new(Scratch::default()),
                 aborted: AtomicBool::new(false),
+                suspects: Mutex::new(vec![false; n]),
+                shrinks: AtomicU32::new(0),
             })),
         })
     }

@@ -27,6 +27,9 @@ pub(crate) struct Failure {
     /// Whether the transport may still use the step's buffers: then they must never be
     /// freed or reused.
     pub in_use: bool,
+    /// The processes that did not take part in time, or whose transfer failed: what
+    /// this process suspects of having failed.
+    pub suspects: Vec<usize>,
 }
 
 impl From<Error> for Failure {
@@ -34,6 +37,7 @@ impl From<Error> for Failure {
         Failure {
             error,
             in_use: false,
+            suspects: Vec::new(),
         }
     }
 }
@@ -123,13 +127,18 @@ impl Between<'_> {
 
     fn incomplete(&self, e: Incomplete) -> Failure {
         let what = format!("{} (operation #{})", self.desc, self.seq);
+        let suspects = match &e {
+            Incomplete::Deadline { peers } => peers.clone(),
+            Incomplete::Failed { peer, .. } => vec![*peer],
+            Incomplete::Aborted { .. } | Incomplete::AbortedHere => Vec::new(),
+        };
         let (error, in_use) = match e {
             Incomplete::Deadline { peers } => {
                 let names: Vec<String> = peers.iter().map(|&p| self.name(p)).collect();
                 (
                     Error::Timeout {
                         message: format!(
-                            "{} did not take part in {what} within {:.1} s; the communicator is now failed: make a new one from the processes that remain",
+                            "{} did not take part in {what} within {:.1} s; the communicator is now failed: make a new one from the processes that remain (Communicator::shrink)",
                             names.join(" and "),
                             self.timeout.as_secs_f64()
                         ),
@@ -164,7 +173,11 @@ impl Between<'_> {
                 !settled,
             ),
         };
-        Failure { error, in_use }
+        Failure {
+            error,
+            in_use,
+            suspects,
+        }
     }
 
     /// The operation's reduction as the processes combine partial results: a sum for

@@ -142,6 +142,13 @@ pub(crate) enum Incomplete {
     },
 }
 
+/// The tag of the exchanges that set a communicator across processes up.
+pub(crate) const SETUP_TAG: u32 = (1 << 21) + 1;
+
+/// The first tag of the rounds in which the survivors of a failure agree on who they
+/// are (two per shrink of a communicator).
+pub(crate) const SHRINK_TAGS: u32 = (1 << 21) + 16;
+
 /// Byte transfers between the processes of a communicator: the engine under
 /// [`between`]'s algorithms. Sends never wait for their receive to be posted.
 pub(crate) trait Peers: Send + Sync {
@@ -185,4 +192,25 @@ pub(crate) trait Peers: Send + Sync {
     /// Tells every other process that this process gave up on the communicator, and
     /// why, without waiting.
     fn abort_others(&self, why: GiveUp);
+
+    /// After a failure: sends `mine` to each process of `with` and receives as many
+    /// bytes from each, under `tag`, until `deadline`, heeding no abort (the processes of
+    /// a failed communicator have aborted it). As each process's bytes arrive,
+    /// `arrived(process, bytes)` names the processes of `with` no longer waited for.
+    /// Per process of `with`, its bytes, or `None` when they did not come in time (or
+    /// were no longer waited for).
+    fn swap_after_failure(
+        &self,
+        tag: u32,
+        mine: &[u8],
+        with: &[usize],
+        deadline: Instant,
+        arrived: &mut dyn FnMut(usize, &[u8]) -> Vec<usize>,
+    ) -> Vec<Option<Vec<u8>>>;
+
+    /// A fresh transport over the processes `keep` (their indices here, in order, this
+    /// one among them), made by those processes alone — the others may be dead — whose
+    /// messages never meet this one's. Every process of `keep` calls it with the same
+    /// list.
+    fn subset(&self, keep: &[usize]) -> xpu_hal::Result<Box<dyn Peers>>;
 }

@@ -19,8 +19,9 @@ use super::{GiveUp, Incomplete, Peers};
 
 /// The tag of the message that tells the other processes of an abort.
 const ABORT_TAG: c_int = (1 << 21) + 7;
-/// The tag of the exchanges that set a communicator up.
-pub(crate) const SETUP_TAG: u32 = (1 << 21) + 1;
+/// The tag `MPI_Comm_create_group` uses when the survivors of a failure make their
+/// communicator.
+const SUBSET_TAG: c_int = (1 << 21) + 9;
 /// The longest piece one MPI call moves (its counts are C ints).
 const PIECE: usize = 1 << 30;
 /// Messages up to this size go in pieces of [`EAGER_PIECE`] bytes: MPI libraries send
@@ -50,13 +51,16 @@ pub struct Mpi {
 
 struct Inner {
     /// Present when this library initialised MPI: dropping it finalises MPI.
-    _universe: Option<mpi::environment::Universe>,
+    universe: Option<mpi::environment::Universe>,
     rank: usize,
     size: usize,
     host: String,
     /// Held around each MPI call when MPI was not initialised for concurrent calls from
     /// several threads.
     serial: Option<Mutex<()>>,
+    /// Set once the processes that remain after a failure have gone on without another
+    /// (a shrink): it may be dead, and `MPI_Finalize` would wait for it forever.
+    lost_peer: AtomicBool,
     /// Polls before a waiting thread yields its core.
     spins: u32,
 }
@@ -145,7 +149,8 @@ impl Mpi {
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "unknown".to_string());
         let inner = Arc::new(Inner {
-            _universe: universe,
+            universe,
+            lost_peer: AtomicBool::new(false),
             rank: usize::try_from(rank).unwrap_or(0),
             size: usize::try_from(size).unwrap_or(1),
             host,
@@ -231,23 +236,7 @@ impl Mpi {
             }
             pause(&mut spins, self.spins());
         }
-        {
-            let _serial = self.serial();
-            // SAFETY: `comm` is the communicator MPI just made.
-            let rc = unsafe { ffi::MPI_Comm_set_errhandler(comm.0, ffi::RSMPI_ERRORS_RETURN) };
-            check(rc, "MPI_Comm_set_errhandler")?;
-        }
-        let peers = MpiPeers {
-            mpi: self.clone(),
-            comm,
-            abort_slot: Box::new(Slot(std::cell::UnsafeCell::new(0))),
-            abort_req: Mutex::new(None),
-            aborted_by: AtomicUsize::new(NOBODY),
-            abort_why: std::sync::atomic::AtomicU64::new(0),
-            outgoing: Mutex::new(Vec::new()),
-        };
-        peers.post_abort_receive()?;
-        Ok(peers)
+        MpiPeers::on(self.clone(), comm)
     }
 
     fn spins(&self) -> u32 {
@@ -324,10 +313,26 @@ struct Slot(std::cell::UnsafeCell<u64>);
 // SAFETY: no Rust code reads or writes the slot; MPI writes it once, on its own.
 unsafe impl Sync for Slot {}
 
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Once the processes went on without one that may have died, finalising would
+        // wait for it (Open MPI's finalisation meets every process): MPI is left to
+        // the process's exit.
+        if self.lost_peer.load(Ordering::Relaxed) {
+            if let Some(universe) = self.universe.take() {
+                std::mem::forget(universe);
+            }
+        }
+    }
+}
+
 /// One communicator's transport over MPI.
 pub(crate) struct MpiPeers {
     mpi: Mpi,
     comm: Comm,
+    /// This process's rank in `comm`, and its size.
+    index: usize,
+    count: usize,
     /// Where another process's abort message lands; boxed so that its address stays
     /// fixed while the receive is posted.
     abort_slot: Box<Slot>,
@@ -340,6 +345,37 @@ pub(crate) struct MpiPeers {
 }
 
 impl MpiPeers {
+    /// The transport over `comm`, a communicator just made for it: errors returned
+    /// rather than fatal, and the receive of other processes' aborts posted.
+    fn on(mpi: Mpi, comm: Comm) -> Result<MpiPeers> {
+        let (mut index, mut count): (c_int, c_int) = (0, 0);
+        {
+            let _serial = mpi.serial();
+            // SAFETY: `comm` is a communicator MPI made; the out-pointers are valid.
+            unsafe {
+                check(
+                    ffi::MPI_Comm_set_errhandler(comm.0, ffi::RSMPI_ERRORS_RETURN),
+                    "MPI_Comm_set_errhandler",
+                )?;
+                check(ffi::MPI_Comm_rank(comm.0, &mut index), "MPI_Comm_rank")?;
+                check(ffi::MPI_Comm_size(comm.0, &mut count), "MPI_Comm_size")?;
+            }
+        }
+        let peers = MpiPeers {
+            mpi,
+            comm,
+            index: usize::try_from(index).unwrap_or(0),
+            count: usize::try_from(count).unwrap_or(1),
+            abort_slot: Box::new(Slot(std::cell::UnsafeCell::new(0))),
+            abort_req: Mutex::new(None),
+            aborted_by: AtomicUsize::new(NOBODY),
+            abort_why: std::sync::atomic::AtomicU64::new(0),
+            outgoing: Mutex::new(Vec::new()),
+        };
+        peers.post_abort_receive()?;
+        Ok(peers)
+    }
+
     fn post_abort_receive(&self) -> Result<()> {
         // SAFETY: RSMPI_REQUEST_NULL is a valid request handle value.
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
@@ -521,11 +557,11 @@ impl Drop for MpiPeers {
 
 impl Peers for MpiPeers {
     fn index(&self) -> usize {
-        self.mpi.rank()
+        self.index
     }
 
     fn count(&self) -> usize {
-        self.mpi.size()
+        self.count
     }
 
     unsafe fn exchange(
@@ -717,5 +753,120 @@ impl Peers for MpiPeers {
                 }
             }
         }
+    }
+
+    fn swap_after_failure(
+        &self,
+        tag: u32,
+        mine: &[u8],
+        with: &[usize],
+        deadline: Instant,
+        arrived: &mut dyn FnMut(usize, &[u8]) -> Vec<usize>,
+    ) -> Vec<Option<Vec<u8>>> {
+        // Only ever called after a failure, to go on without the processes that do not
+        // answer: one may be dead.
+        self.mpi.inner.lost_peer.store(true, Ordering::Relaxed);
+        let mut got: Vec<Option<Vec<u8>>> = vec![None; with.len()];
+        let mut outgoing = self.outgoing.lock().unwrap_or_else(|p| p.into_inner());
+        self.reap(&mut outgoing);
+        // Receives: (index into `with`, request, buffer).
+        let mut pending: Vec<(usize, Pending, Vec<u8>)> = Vec::new();
+        {
+            let _serial = self.mpi.serial();
+            for (i, &q) in with.iter().enumerate() {
+                let mut data = mine.to_vec();
+                let mut requests = Vec::new();
+                // SAFETY: the bytes move into `outgoing` with their requests and are
+                // released only once those complete (or leaked).
+                let sent = unsafe {
+                    self.start(tag, q, data.as_mut_ptr(), data.len(), true, &mut requests)
+                };
+                outgoing.push((requests, data));
+                if sent.is_err() {
+                    continue;
+                }
+                let mut buf = vec![0u8; mine.len()];
+                let mut requests = Vec::new();
+                // SAFETY: `buf` moves into `pending` (its heap bytes do not move) and is
+                // leaked if its receive never completes.
+                let posted = unsafe {
+                    self.start(tag, q, buf.as_mut_ptr(), buf.len(), false, &mut requests)
+                };
+                if posted.is_ok() {
+                    pending.push((i, requests, buf));
+                } else {
+                    self.cancel(&mut requests);
+                    std::mem::forget(buf);
+                }
+            }
+        }
+        drop(outgoing);
+        let mut spins = 0;
+        let mut dropped: Vec<usize> = Vec::new();
+        while !pending.is_empty() && Instant::now() < deadline {
+            pending.retain_mut(|(i, requests, buf)| {
+                requests.retain_mut(|(req, _, _)| {
+                    let mut flag: c_int = 0;
+                    let _serial = self.mpi.serial();
+                    // SAFETY: a pending receive of this communicator.
+                    let rc =
+                        unsafe { ffi::MPI_Test(&mut req.0, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+                    rc == 0 && flag == 0
+                });
+                if requests.is_empty() {
+                    let bytes = std::mem::take(buf);
+                    dropped.extend(arrived(with[*i], &bytes));
+                    got[*i] = Some(bytes);
+                    return false;
+                }
+                true
+            });
+            // Receives no longer waited for: cancelled, their buffers left to MPI.
+            pending.retain_mut(|(i, requests, buf)| {
+                if !dropped.contains(&with[*i]) {
+                    return true;
+                }
+                self.cancel(requests);
+                std::mem::forget(std::mem::take(buf));
+                false
+            });
+            if !pending.is_empty() {
+                pause(&mut spins, self.mpi.spins());
+            }
+        }
+        for (_, mut requests, buf) in pending {
+            // Never completed: MPI may still write the buffer.
+            self.cancel(&mut requests);
+            std::mem::forget(buf);
+        }
+        got
+    }
+
+    fn subset(&self, keep: &[usize]) -> Result<Box<dyn Peers>> {
+        let ranks: Vec<c_int> = keep
+            .iter()
+            .map(|&q| c_int::try_from(q).unwrap_or(c_int::MAX))
+            .collect();
+        let count = c_int::try_from(ranks.len()).unwrap_or(c_int::MAX);
+        // SAFETY: RSMPI_COMM_NULL is a valid communicator handle value.
+        let mut comm = Comm(unsafe { ffi::RSMPI_COMM_NULL });
+        {
+            let _serial = self.mpi.serial();
+            // SAFETY: the groups are made from this live communicator and freed here;
+            // `ranks` holds `count` ranks of it; the out-pointers are valid. Only the
+            // processes of the group take part, so dead ones do not hold it up.
+            unsafe {
+                let mut all: ffi::MPI_Group = std::mem::zeroed();
+                check(ffi::MPI_Comm_group(self.comm.0, &mut all), "MPI_Comm_group")?;
+                let mut group: ffi::MPI_Group = std::mem::zeroed();
+                let rc = ffi::MPI_Group_incl(all, count, ranks.as_ptr(), &mut group);
+                ffi::MPI_Group_free(&mut all);
+                check(rc, "MPI_Group_incl")?;
+                let rc = ffi::MPI_Comm_create_group(self.comm.0, group, SUBSET_TAG, &mut comm.0);
+                ffi::MPI_Group_free(&mut group);
+                check(rc, "MPI_Comm_create_group")?;
+            }
+        }
+        Ok(Box::new(MpiPeers::on(self.mpi.clone(), comm)?))
     }
 }
