@@ -35,9 +35,16 @@ fn mpirun(args: &[&str]) -> Command {
 /// `mpirun` with one process per entry of `each`, each running the `xpu` command with
 /// its arguments, in the environment the `xpu` helper gives it.
 fn mpirun_each(each: &[&[&str]]) -> Command {
+    mpirun_with(&[], each)
+}
+
+/// [`mpirun_each`] with `flags` for mpirun; a run that hangs is killed after 5
+/// minutes (and fails).
+fn mpirun_with(flags: &[&str], each: &[&[&str]]) -> Command {
     let helper = xpu(&[]);
-    let mut m = Command::new("mpirun");
-    m.arg("--oversubscribe");
+    let mut m = Command::new("timeout");
+    m.args(["--kill-after=10", "300", "mpirun", "--oversubscribe"])
+        .args(flags);
     for (i, args) in each.iter().enumerate() {
         if i > 0 {
             m.arg(":");
@@ -230,4 +237,78 @@ fn train_across_processes_refuses_processes_that_disagree() {
     let (code, out, err) = run(&mut mpirun(&d));
     assert_ne!(code, 0, "{out}{err}");
     assert!(err.contains("without mpirun"), "{err}");
+    // And what needs processes is refused without them.
+    let e: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["--inject-fault", "process:1@5"])
+        .collect();
+    let (code, _, err) = run(&mut xpu(&e));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("under mpirun --enable-recovery"), "{err}");
+}
+
+#[test]
+fn train_across_processes_goes_on_without_a_process_that_dies() {
+    if !mpirun_available() {
+        return;
+    }
+    let one = [
+        "train",
+        "--model",
+        "mlp",
+        "--devices",
+        "host:0",
+        "--steps",
+        "30",
+        "--log-every",
+        "5",
+        "--json",
+    ];
+    let (reference, _) = lines(&succeeds(&mut xpu(&one)));
+    // Process 1 of three dies at step 15; the other two shrink the group to their two
+    // ranks, go back to the checkpoint of step 10 and end on the one-process trajectory.
+    let args: Vec<&str> = one
+        .iter()
+        .copied()
+        .chain(["--checkpoint-every", "10", "--inject-fault", "process:1@15"])
+        .collect();
+    let (code, out, err) =
+        run(mpirun_with(&["--enable-recovery"], &[&args, &args, &args])
+            .env("XPU_COLL_TIMEOUT", "10"));
+    assert!(err.contains("process 1 dies"), "{code}: {out}\n{err}");
+    let objects: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let recovered = objects
+        .iter()
+        .find(|o| o.get("recovered").is_some())
+        .unwrap_or_else(|| panic!("no recovery reported:\n{out}\n{err}"));
+    assert_eq!(recovered["step"], 15, "{recovered}");
+    assert_eq!(recovered["recovered"]["resumed_at"], 10, "{recovered}");
+    assert_eq!(
+        recovered["recovered"]["survivors"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    assert!(
+        recovered["recovered"]["lost"][0]["device"]
+            .as_str()
+            .unwrap()
+            .starts_with("process 1 "),
+        "{recovered}"
+    );
+    let (steps, summary) = lines(&out);
+    // Steps 5 and 10 before the failure, then 15 to 30 again after it.
+    let after: Vec<f64> = steps
+        .iter()
+        .filter(|s| s["devices"].as_array().unwrap().len() == 2)
+        .map(|s| s["loss"].as_f64().unwrap())
+        .collect();
+    assert_eq!(after, losses(&reference)[2..], "{out}");
+    assert_eq!(summary["devices"].as_array().unwrap().len(), 2, "{summary}");
+    assert_eq!(summary["recoveries"], 1, "{summary}");
 }

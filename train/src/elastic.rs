@@ -10,6 +10,11 @@
 //! [`crate::trainer`] they give the same gradients on the survivors as they did
 //! before, so the run's trajectory continues as if nothing had happened (bit for bit
 //! on devices that compute alike).
+//!
+//! Across processes ([`recover_across`]) the unit that fails is a process: the
+//! survivors shrink the communicator to themselves (`Communicator::shrink`, which makes
+//! them agree on who failed) and go on the same way, from the checkpoint every process
+//! keeps in memory.
 
 use std::time::Instant;
 
@@ -109,6 +114,67 @@ pub fn recover(
         failed_step,
         lost,
         survivors: survivors.iter().map(|d| d.id().to_string()).collect(),
+        resumed_at: trainer.steps_done(),
+        seconds: start.elapsed().as_secs_f64(),
+    };
+    Ok((trainer, recovery))
+}
+
+/// Whether `e`, from a step of a group across processes, may mean that another process
+/// failed (it did not take part in time, or another survivor gave up on it).
+pub fn may_be_process_failure(e: &Error) -> bool {
+    matches!(e, Error::Timeout { .. } | Error::Aborted { .. })
+}
+
+/// Recovers a group across processes from `error`, which `failed` returned from a
+/// step: when it may mean that a process failed, the surviving processes shrink the
+/// communicator to themselves and build a new trainer over their ranks, restored from
+/// `last` (the latest checkpoint, kept by every process; `None` before the first).
+/// Every surviving process calls it. Returns `error` itself when it is no failure of
+/// another process, and the shrink's error when the survivors cannot agree.
+pub fn recover_across(
+    failed: Trainer,
+    error: Error,
+    last: Option<&Checkpoint>,
+) -> Result<(Trainer, Recovery)> {
+    let start = Instant::now();
+    let Some(comm) = failed
+        .communicator()
+        .filter(|c| !c.processes().is_empty() && may_be_process_failure(&error))
+        .cloned()
+    else {
+        // A failure of this process's own: the others hear of it at once, and go on
+        // without it.
+        failed.abort();
+        return Err(error);
+    };
+    let failed_step = failed.steps_done() + 1;
+    let config = failed.config().clone();
+    let before = comm.processes().to_vec();
+    drop(failed);
+    let shrunk = comm.shrink().map_err(|e| {
+        let last = match last {
+            Some(c) => format!("the last checkpoint is at step {}: resume from it", c.step),
+            None => "no checkpoint was made: start again".to_string(),
+        };
+        Error::aborted(format!(
+            "step {failed_step} failed ({error}) and the processes that remain could not go on without the failed one ({e}); {last}"
+        ))
+    })?;
+    let after = shrunk.processes().to_vec();
+    let lost = before
+        .iter()
+        .filter(|p| !after.iter().any(|q| q.host == p.host && q.pid == p.pid))
+        .map(|p| (p.describe(), "it did not take part in time".to_string()))
+        .collect();
+    let mut trainer = Trainer::across(shrunk, config)?;
+    if let Some(c) = last {
+        trainer.restore(c)?;
+    }
+    let recovery = Recovery {
+        failed_step,
+        lost,
+        survivors: trainer.rank_names(),
         resumed_at: trainer.steps_done(),
         seconds: start.elapsed().as_secs_f64(),
     };

@@ -590,6 +590,11 @@ impl Trainer {
         Ok(bytemuck::pod_collect_to_vec(&summed?))
     }
 
+    /// The group's communicator (none for a single device in one process).
+    pub fn communicator(&self) -> Option<&Communicator> {
+        self.comm.as_ref()
+    }
+
     /// Aborts the group's communicator: every rank waiting in one of its collectives,
     /// in every process it spans, returns an error. (After a failure within a group
     /// across processes, so that the other processes stop instead of waiting out the

@@ -65,6 +65,47 @@ pub fn parse(texts: &[String], devices: &[Device], steps: u64) -> Result<Vec<Pla
         .collect()
 }
 
+/// The step at which this process (index `me` of `processes`, if it has one) is to
+/// die, from `--inject-fault process:N@STEP` entries (`texts`).
+pub fn dies_at(
+    texts: &[String],
+    processes: usize,
+    me: Option<usize>,
+    steps: u64,
+) -> Result<Option<u64>> {
+    let mut at = None;
+    for text in texts {
+        let bad = |why: &str| {
+            Error::invalid(format!(
+                "--inject-fault `{text}`: {why}; give process:N@STEP, e.g. process:1@20"
+            ))
+        };
+        let rest = text
+            .strip_prefix("process:")
+            .ok_or_else(|| bad("no `process:`"))?;
+        let (n, step) = rest.split_once('@').ok_or_else(|| bad("no `@`"))?;
+        let n: usize = n
+            .parse()
+            .map_err(|_| bad("the process is not a whole number"))?;
+        let step: u64 = step
+            .parse()
+            .map_err(|_| bad("the step is not a whole number"))?;
+        if n >= processes {
+            return Err(bad(&format!(
+                "there are {processes} processes (0 to {})",
+                processes.saturating_sub(1)
+            )));
+        }
+        if step == 0 || step > steps {
+            return Err(bad(&format!("the step must be 1 to --steps ({steps})")));
+        }
+        if me == Some(n) {
+            at = Some(at.map_or(step, |a: u64| a.min(step)));
+        }
+    }
+    Ok(at)
+}
+
 /// `500us`, `2ms`, `0.5s`: a duration of up to a minute.
 fn duration(text: &str) -> std::result::Result<Duration, String> {
     let split = text

@@ -140,7 +140,9 @@ pub struct TrainArgs {
     /// when step STEP begins, to see the run drop it and continue from the last
     /// checkpoint on the others; with `:slow=DURATION` (e.g. `host:1@20:slow=2ms`) it
     /// becomes a straggler instead, every operation taking that much longer, to see
-    /// its share rebalanced. Repeatable.
+    /// its share rebalanced. Under `mpirun --enable-recovery`, `process:N@STEP` makes
+    /// process N die at that step instead, to see the others go on without it.
+    /// Repeatable.
     #[arg(long, value_name = "DEVICE@STEP[:slow=DURATION]")]
     pub inject_fault: Vec<String>,
     /// Train the same steps again on these devices and report the precision of their
@@ -246,12 +248,23 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
     let devices = select(registry, args, &config)?;
     // Started by mpirun or srun: one group over every process's devices.
     let launch = super::launch::Launch::detect()?;
-    if launch.is_some() && (!args.inject_fault.is_empty() || args.compare_with.is_some()) {
+    // Across processes the faults are processes that die; within one, devices.
+    let (process_faults, device_faults): (Vec<String>, Vec<String>) = args
+        .inject_fault
+        .iter()
+        .cloned()
+        .partition(|f| f.starts_with("process:"));
+    if launch.is_some() && (!device_faults.is_empty() || args.compare_with.is_some()) {
         return Err(xpu::Error::invalid(
-            "--inject-fault and --compare-with work within one process; run them without mpirun",
+            "--inject-fault DEVICE@STEP and --compare-with work within one process; run them without mpirun (under mpirun, --inject-fault process:N@STEP makes process N die)",
         ));
     }
-    let mut faults = faults::parse(&args.inject_fault, &devices, args.steps)?;
+    if launch.is_none() && !process_faults.is_empty() {
+        return Err(xpu::Error::invalid(
+            "--inject-fault process:N@STEP makes a process of a run across processes die; run it under mpirun --enable-recovery",
+        ));
+    }
+    let mut faults = faults::parse(&device_faults, &devices, args.steps)?;
     let compare_devices = match &args.compare_with {
         Some(text) => Some(registry.devices(&xpu::DeviceSelector::parse(text)?)?),
         None => None,
@@ -276,8 +289,21 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
         None => Trainer::new(&devices, config.clone())?,
     };
     // Across processes, the first prints (and writes the checkpoints) for all.
-    let printing = trainer.first_rank() == 0;
-    let reporter = Reporter::new(printing, args.json, args.steps, 0);
+    let mut printing = trainer.first_rank() == 0;
+    let mut reporter = Reporter::new(printing, args.json, args.steps, 0);
+    // This process's index among the processes it started with, and the step at which
+    // it is to die.
+    let process = trainer.communicator().and_then(|c| {
+        c.processes()
+            .iter()
+            .position(|p| p.first_rank == c.first_rank())
+    });
+    let dies_at = faults::dies_at(
+        &process_faults,
+        trainer.communicator().map_or(1, |c| c.processes().len()),
+        process,
+        args.steps,
+    )?;
     if let (Some(c), Some(path)) = (&resume, &args.resume) {
         trainer.restore(c)?;
         reporter.line(&format!(
@@ -330,6 +356,14 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
     let mut recoveries = Vec::new();
     while trainer.steps_done() < args.steps {
         let next = trainer.steps_done() + 1;
+        if dies_at == Some(next) {
+            // A real crash, as a process that dies takes no leave.
+            eprintln!(
+                "xpu train: injecting a fault at step {next}: process {} dies",
+                process.unwrap_or(0)
+            );
+            std::process::abort();
+        }
         for (device, fault) in faults::fire(&mut faults, next)? {
             let (what, text) = match fault {
                 xpu::backend::Fault::Slow(d) => (
@@ -350,11 +384,10 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
                     // The failed group's last window, as far as it was recorded.
                     let _ = t.window(&trainer, false);
                 }
-                // Across processes the group is not re-formed: the others are told to
-                // stop, and the run can resume from the latest checkpoint.
+                // Across processes the surviving processes go on without the failed
+                // ones; within one, the surviving devices.
                 let recovered = if launch.is_some() {
-                    trainer.abort();
-                    Err(e)
+                    elastic::recover_across(trainer, e, last_checkpoint.as_ref())
                 } else {
                     elastic::recover(trainer, e, last_checkpoint.as_ref())
                 };
@@ -371,6 +404,16 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
                     }
                 };
                 trainer = next_trainer;
+                // The first process may have been the one lost.
+                if !printing && trainer.first_rank() == 0 {
+                    printing = true;
+                    reporter = Reporter::new(printing, args.json, args.steps, 0);
+                    writer = args
+                        .checkpoint_dir
+                        .as_deref()
+                        .map(Writer::new)
+                        .transpose()?;
+                }
                 reporter.recovered(&recovery);
                 let lost: Vec<&str> = recovery.lost.iter().map(|(d, _)| d.as_str()).collect();
                 history
@@ -385,8 +428,9 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
                 continue;
             }
         };
-        let checkpointed = printing || launch.is_none();
-        if checkpointed && (report.step % args.checkpoint_every == 0 || report.step == args.steps) {
+        // Every process keeps the checkpoint in memory (to go on from after a
+        // failure); the first also writes it.
+        if report.step % args.checkpoint_every == 0 || report.step == args.steps {
             let c = trainer.checkpoint()?;
             if let Some(w) = &mut writer {
                 w.write(c.clone())?;
@@ -577,7 +621,7 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
     }
     if !recoveries.is_empty() {
         println!(
-            "recovered from {} device failure(s); finished on {}",
+            "recovered from {} failure(s); finished on {}",
             recoveries.len(),
             final_names.join(", ")
         );
