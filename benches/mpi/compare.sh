@@ -39,21 +39,13 @@ fi
 # size:iterations — enough iterations for the mean to settle at each size.
 sizes=(4096:500 1048576:200 67108864:20)
 
-busy_pid=""
-stop_busy() {
-  if [[ -n "$busy_pid" ]]; then
-    kill "$busy_pid" 2>/dev/null || true
-    wait "$busy_pid" 2>/dev/null || true
-    busy_pid=""
-  fi
-}
-trap stop_busy EXIT
+# shellcheck source=benches/mpi/busy.sh
+source benches/mpi/busy.sh
 
 for condition in idle busy; do
   if [[ "$condition" == busy ]]; then
     # One core kept busy by another process for the whole condition.
-    (while :; do :; done) &
-    busy_pid=$!
+    start_busy
   fi
   for round in $(seq 1 "$rounds"); do
     for entry in "${sizes[@]}"; do

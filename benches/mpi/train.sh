@@ -27,15 +27,8 @@ if (($(nproc) < 2)); then
   launch+=(--oversubscribe)
 fi
 
-busy_pid=""
-stop_busy() {
-  if [[ -n "$busy_pid" ]]; then
-    kill "$busy_pid" 2>/dev/null || true
-    wait "$busy_pid" 2>/dev/null || true
-    busy_pid=""
-  fi
-}
-trap stop_busy EXIT
+# shellcheck source=benches/mpi/busy.sh
+source benches/mpi/busy.sh
 
 # tokens_per_s DEVICES COMMAND…: the tokens/s that `COMMAND train --devices DEVICES`
 # reports ("N tokens/s; …").
@@ -48,8 +41,7 @@ tokens_per_s() {
 
 for condition in idle busy; do
   if [[ "$condition" == busy ]]; then
-    (while :; do :; done) &
-    busy_pid=$!
+    start_busy
   fi
   one=() within=() across=()
   for round in $(seq 1 "$rounds"); do
