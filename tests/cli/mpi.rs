@@ -312,3 +312,59 @@ fn train_across_processes_goes_on_without_a_process_that_dies() {
     assert_eq!(summary["devices"].as_array().unwrap().len(), 2, "{summary}");
     assert_eq!(summary["recoveries"], 1, "{summary}");
 }
+
+#[test]
+fn train_across_processes_rebalances_a_straggler_in_another_process() {
+    if !mpirun_available() {
+        return;
+    }
+    let one = [
+        "train",
+        "--model",
+        "mlp",
+        "--devices",
+        "host:0",
+        "--steps",
+        "40",
+        "--json",
+    ];
+    let (_, reference) = lines(&succeeds(&mut xpu(&one)));
+    // Text output: no profile, so the models learn only from what the trainer has
+    // timed for its rebalancing.
+    let args = [
+        "train",
+        "--model",
+        "mlp",
+        "--devices",
+        "host:0",
+        "--steps",
+        "40",
+        "--log-every",
+        "5",
+        "--inject-fault",
+        "host:0@p1@12:slow=2ms",
+    ];
+    let (code, out, err) = run(&mut mpirun(&args));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        err.contains("injecting a fault at step 12: host:0"),
+        "{err}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("straggler found after step")
+                && l.contains("host:0@p1 slowed down")),
+        "{out}"
+    );
+    let last = out
+        .lines()
+        .rfind(|l| l.starts_with("step "))
+        .unwrap_or_else(|| panic!("{out}"));
+    // Every device keeps a micro-batch across processes; the slow one only that.
+    assert!(last.ends_with("micro-batches 7+1"), "{last}");
+    let final_loss = format!(
+        "final loss {:.4}",
+        reference["final_loss"].as_f64().unwrap()
+    );
+    assert!(out.contains(&final_loss), "{out}");
+}

@@ -760,7 +760,12 @@ impl Trainer {
                 }
             }
             _ => {
-                if let Some(kept) = self.submit_step(&plan, &shares, loss_scale)? {
+                // The rebalancing after this step predicts from what it measures: every
+                // task is timed, so that the models follow a device that slowed down.
+                self.sched.time_every_task(true);
+                let submitted = self.submit_step(&plan, &shares, loss_scale);
+                self.sched.time_every_task(false);
+                if let Some(kept) = submitted? {
                     self.micro_batch_tasks = kept;
                 }
             }

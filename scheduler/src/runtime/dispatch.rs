@@ -421,7 +421,8 @@ impl State {
                 // submission runs far ahead of execution, the samples arrive late.
                 let samples = self.models.samples_at(&task.codelet, arch, footprint);
                 let under_way = self.measurements[s].len() as u64;
-                (samples < CALIBRATION_SAMPLES && under_way < TIMINGS_UNDER_WAY)
+                self.time_every
+                    || (samples < CALIBRATION_SAMPLES && under_way < TIMINGS_UNDER_WAY)
                     || id.is_multiple_of(SAMPLE_EVERY)
             };
         let start = if timed {

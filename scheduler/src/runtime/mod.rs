@@ -219,6 +219,9 @@ struct State {
     errors: Vec<Error>,
     stats: SchedStats,
     profiling: Option<Profiling>,
+    /// Whether every task is timed for the models (else only while they calibrate and
+    /// now and then after: [`Scheduler::time_every_task`]).
+    time_every: bool,
     /// Bytes of replicas held per device.
     replica_bytes: Vec<u64>,
     queues: Queues,
@@ -435,6 +438,7 @@ impl Scheduler {
                         ..SchedStats::default()
                     },
                     profiling: None,
+                    time_every: false,
                     replica_bytes: vec![0; n],
                     queues: Queues {
                         local: (0..n).map(|_| VecDeque::new()).collect(),
@@ -870,6 +874,16 @@ impl Scheduler {
     pub fn predict(&self, codelet: &Codelet, d: usize, footprint: u64) -> Option<f64> {
         let arch = self.shared.archs.get(d)?;
         self.lock().models.predict(codelet.name(), arch, footprint)
+    }
+
+    /// Whether every task submitted from now on is timed to teach the performance models
+    /// (on devices with event timing). Off by default: once a model is calibrated, only
+    /// one task in 32 is, which keeps the cost of timing low but lets a model follow a
+    /// device that changes speed (a straggler) only slowly. A caller that relies on the
+    /// models tracking the devices (a trainer rebalancing its split) turns it on for the
+    /// work it learns from.
+    pub fn time_every_task(&self, on: bool) {
+        self.lock().time_every = on;
     }
 
     /// The predicted seconds of `task` on device `d` (its codelet's model at the task's

@@ -1,5 +1,7 @@
 //! `--inject-fault DEVICE@STEP[:slow=DURATION]`: devices made to fail for real (lost,
-//! or a straggler), through their backend, when a step begins.
+//! or a straggler), through their backend, when a step begins. Across processes a
+//! device is named with its process (`host:0@p1`, as the run lists its ranks) and only
+//! that process injects it; `process:N@STEP` makes process N die.
 
 use std::time::Duration;
 
@@ -19,8 +21,14 @@ pub struct Planned {
     pub done: bool,
 }
 
-/// Parses every `--inject-fault` value against the run's devices and steps.
-pub fn parse(texts: &[String], devices: &[Device], steps: u64) -> Result<Vec<Planned>> {
+/// Parses every `--inject-fault` value against the run's devices and steps; across
+/// processes (`process`: this one's index and the count), keeps only this process's.
+pub fn parse(
+    texts: &[String],
+    devices: &[Device],
+    process: Option<(usize, usize)>,
+    steps: u64,
+) -> Result<Vec<Planned>> {
     texts
         .iter()
         .map(|text| {
@@ -30,6 +38,28 @@ pub fn parse(texts: &[String], devices: &[Device], steps: u64) -> Result<Vec<Pla
                 ))
             };
             let (name, when) = text.rsplit_once('@').ok_or_else(|| bad("no `@`"))?;
+            // Across processes, `DEVICE@pN`: process N's device.
+            let (name, owner) = match (process, name.rsplit_once("@p")) {
+                (Some((_, processes)), Some((device, n))) => {
+                    let n: usize = n
+                        .parse()
+                        .ok()
+                        .filter(|n| *n < processes)
+                        .ok_or_else(|| {
+                            bad(&format!(
+                                "`@p{n}` names no process of the {processes} (p0 to p{})",
+                                processes.saturating_sub(1)
+                            ))
+                        })?;
+                    (device, Some(n))
+                }
+                (Some(_), None) => {
+                    return Err(bad(
+                        "across processes name the device with its process, e.g. host:0@p1",
+                    ))
+                }
+                (None, _) => (name, None),
+            };
             let (step, fault) = match when.split_once(':') {
                 None => (when, Fault::Lost),
                 Some((step, what)) => {
@@ -45,6 +75,11 @@ pub fn parse(texts: &[String], devices: &[Device], steps: u64) -> Result<Vec<Pla
             if step == 0 || step > steps {
                 return Err(bad(&format!("the step must be 1 to --steps ({steps})")));
             }
+            if let (Some((me, _)), Some(n)) = (process, owner) {
+                if n != me {
+                    return Ok(None);
+                }
+            }
             let device = devices
                 .iter()
                 .find(|d| d.id().to_string() == name)
@@ -55,13 +90,14 @@ pub fn parse(texts: &[String], devices: &[Device], steps: u64) -> Result<Vec<Pla
                         names.join(", ")
                     ))
                 })?;
-            Ok(Planned {
+            Ok(Some(Planned {
                 device: device.clone(),
                 step,
                 fault,
                 done: false,
-            })
+            }))
         })
+        .filter_map(Result::transpose)
         .collect()
 }
 

@@ -254,9 +254,9 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
         .iter()
         .cloned()
         .partition(|f| f.starts_with("process:"));
-    if launch.is_some() && (!device_faults.is_empty() || args.compare_with.is_some()) {
+    if launch.is_some() && args.compare_with.is_some() {
         return Err(xpu::Error::invalid(
-            "--inject-fault DEVICE@STEP and --compare-with work within one process; run them without mpirun (under mpirun, --inject-fault process:N@STEP makes process N die)",
+            "--compare-with trains within one process; run it without mpirun",
         ));
     }
     if launch.is_none() && !process_faults.is_empty() {
@@ -264,7 +264,11 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
             "--inject-fault process:N@STEP makes a process of a run across processes die; run it under mpirun --enable-recovery",
         ));
     }
-    let mut faults = faults::parse(&device_faults, &devices, args.steps)?;
+    if launch.is_none() {
+        // Checked before any device is touched (across processes, once the processes
+        // are known).
+        faults::parse(&device_faults, &devices, None, args.steps)?;
+    }
     let compare_devices = match &args.compare_with {
         Some(text) => Some(registry.devices(&xpu::DeviceSelector::parse(text)?)?),
         None => None,
@@ -298,6 +302,13 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
             .iter()
             .position(|p| p.first_rank == c.first_rank())
     });
+    let processes = trainer.communicator().map_or(1, |c| c.processes().len());
+    let mut faults = faults::parse(
+        &device_faults,
+        &devices,
+        process.map(|p| (p, processes)),
+        args.steps,
+    )?;
     let dies_at = faults::dies_at(
         &process_faults,
         trainer.communicator().map_or(1, |c| c.processes().len()),
@@ -372,6 +383,10 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
                 ),
                 _ => ("lost".to_string(), "it fails".to_string()),
             };
+            if !printing {
+                // Another process prints; this one says what it did on stderr.
+                eprintln!("xpu train: injecting a fault at step {next}: {device}: {text}");
+            }
             reporter.event(
                 &format!("injecting a fault at step {next}: {device}: {text}"),
                 json!({"step": next, "inject_fault": device, "fault": what}),
