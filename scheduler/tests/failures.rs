@@ -23,8 +23,9 @@ const LOSE_AFTER: u64 = 40;
 
 /// Operations the NPU has left when a test spends the rest of [`LOSE_AFTER`] up front:
 /// fewer than the copies and tasks of the smallest share a policy gives it, even on a
-/// loaded machine (one run saw dmda give it 9 tasks and 4 copies).
-const SPARE_OPS: u64 = 4;
+/// loaded machine (runs have seen dmda give it as few as 5 tasks and 3 copies), so that
+/// it is lost with work queued on it.
+const SPARE_OPS: u64 = 2;
 
 /// Host devices, and one sim-npu device that is lost after [`LOSE_AFTER`] operations
 /// (set before the plugin reads its configuration, once per process).
@@ -450,14 +451,18 @@ fn work_in_flight_on_a_lost_device_is_placed_again_with_the_same_results() {
         );
         for (h, handle) in handles.iter().enumerate() {
             // An output computed on the NPU before it was lost went with it; every
-            // other value is the sequential one.
+            // other value is the sequential one. (An input whose copy to the NPU was
+            // under way when it was lost stays lent to it: a device lost this way may
+            // still read it, so the plugin host never takes it back, and reading it is
+            // refused as busy rather than racing the device.)
             match sched.read(*handle) {
                 Ok(got) => assert!(
                     got == want[h],
                     "{policy}, seed {seed} (XPU_TEST_SEED={base}): handle {h} differs from the sequential run ({outcome:?})"
                 ),
                 Err(e) => assert!(
-                    h >= 4 && e.to_string().contains("was lost"),
+                    (h >= 4 && e.to_string().contains("was lost"))
+                        || (h < 4 && e.to_string().contains("still used by")),
                     "{policy}: handle {h}: {e}"
                 ),
             }
