@@ -760,9 +760,10 @@ impl Trainer {
                 }
             }
             _ => {
-                // The rebalancing after this step predicts from what it measures: every
-                // task is timed, so that the models follow a device that slowed down.
-                self.sched.time_every_task(true);
+                // The rebalancing after this step predicts from what it measures: after
+                // the first steps (which calibrate the models anyway), every task is
+                // timed, so that the models follow a device that slowed down.
+                self.sched.time_every_task(step > every);
                 let submitted = self.submit_step(&plan, &shares, loss_scale);
                 self.sched.time_every_task(false);
                 if let Some(kept) = submitted? {
