@@ -232,11 +232,20 @@ fn train_across_processes_refuses_processes_that_disagree() {
     let d: Vec<&str> = a
         .iter()
         .copied()
-        .chain(["--inject-fault", "host:0@5"])
+        .chain(["--compare-with", "host:1"])
         .collect();
     let (code, out, err) = run(&mut mpirun(&d));
     assert_ne!(code, 0, "{out}{err}");
     assert!(err.contains("without mpirun"), "{err}");
+    // A device fault must say whose device it is.
+    let f: Vec<&str> = a
+        .iter()
+        .copied()
+        .chain(["--inject-fault", "host:0@5"])
+        .collect();
+    let (code, out, err) = run(&mut mpirun(&f));
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(err.contains("name the device with its process"), "{err}");
     // And what needs processes is refused without them.
     let e: Vec<&str> = base
         .iter()
