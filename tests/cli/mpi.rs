@@ -213,48 +213,41 @@ fn train_across_processes_refuses_processes_that_disagree() {
         return;
     }
     let base = ["train", "--model", "mlp", "--devices", "host:0"];
-    let a: Vec<&str> = base.iter().copied().chain(["--steps", "20"]).collect();
-    let b: Vec<&str> = base.iter().copied().chain(["--steps", "30"]).collect();
-    let (code, out, err) = run(&mut mpirun_each(&[&a, &b]));
-    assert_ne!(code, 0, "{out}{err}");
-    assert!(
-        err.contains("different options") && err.contains("--steps 30 from step 0"),
-        "{err}"
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        base.iter().chain(extra).copied().collect()
+    };
+    // Each refused with a non-zero status, its error saying every one of `says`.
+    let refused = |cmd: &mut Command, says: &[&str]| {
+        let (code, out, err) = run(cmd);
+        assert_ne!(code, 0, "{out}{err}");
+        assert!(says.iter().all(|s| err.contains(s)), "{says:?}: {err}");
+        code
+    };
+    let a = with(&["--steps", "20"]);
+    refused(
+        &mut mpirun_each(&[&a, &with(&["--steps", "30"])]),
+        &["different options", "--steps 30 from step 0"],
     );
-    let c: Vec<&str> = a.iter().copied().chain(["--lr", "0.01"]).collect();
-    let (code, out, err) = run(&mut mpirun_each(&[&a, &c]));
-    assert_ne!(code, 0, "{out}{err}");
-    assert!(
-        err.contains("different training configurations") && err.contains("lr 0.01"),
-        "{err}"
+    refused(
+        &mut mpirun_each(&[&a, &with(&["--steps", "20", "--lr", "0.01"])]),
+        &["different training configurations", "lr 0.01"],
     );
     // What works only within one process is refused, not half done.
-    let d: Vec<&str> = a
-        .iter()
-        .copied()
-        .chain(["--compare-with", "host:1"])
-        .collect();
-    let (code, out, err) = run(&mut mpirun(&d));
-    assert_ne!(code, 0, "{out}{err}");
-    assert!(err.contains("without mpirun"), "{err}");
+    refused(
+        &mut mpirun(&with(&["--steps", "20", "--compare-with", "host:1"])),
+        &["without mpirun"],
+    );
     // A device fault must say whose device it is.
-    let f: Vec<&str> = a
-        .iter()
-        .copied()
-        .chain(["--inject-fault", "host:0@5"])
-        .collect();
-    let (code, out, err) = run(&mut mpirun(&f));
-    assert_ne!(code, 0, "{out}{err}");
-    assert!(err.contains("name the device with its process"), "{err}");
+    refused(
+        &mut mpirun(&with(&["--steps", "20", "--inject-fault", "host:0@5"])),
+        &["name the device with its process"],
+    );
     // And what needs processes is refused without them.
-    let e: Vec<&str> = base
-        .iter()
-        .copied()
-        .chain(["--inject-fault", "process:1@5"])
-        .collect();
-    let (code, _, err) = run(&mut xpu(&e));
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("under mpirun --enable-recovery"), "{err}");
+    let code = refused(
+        &mut xpu(&with(&["--inject-fault", "process:1@5"])),
+        &["under mpirun --enable-recovery"],
+    );
+    assert_eq!(code, 2);
 }
 
 #[test]

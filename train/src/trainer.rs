@@ -386,18 +386,6 @@ pub struct Trainer {
     replayed_flops: u64,
     /// Steps replayed so far.
     replayed: u64,
-    /// When the group spans processes: this process's place in it.
-    span: Option<Spanning>,
-}
-
-/// A data-parallel group across processes, seen from one of them: its replicas are
-/// ranks `first..first + replicas` of the communicator, the others belong to the
-/// other processes.
-struct Spanning {
-    /// The rank of this process's first replica.
-    first: usize,
-    /// Every rank's device, with its process (`host:0@p1`), in rank order.
-    names: Vec<String>,
 }
 
 /// A step recorded for replay, with what it was recorded for.
@@ -425,7 +413,7 @@ impl Trainer {
         } else {
             None
         };
-        Trainer::build(devices, config, comm, None)
+        Trainer::build(devices, config, comm)
     }
 
     /// A trainer whose group is `comm`'s ranks, in every process the communicator spans
@@ -448,16 +436,9 @@ impl Trainer {
         let procs = comm.processes();
         if procs.is_empty() {
             let comm = (devices.len() > 1).then_some(comm);
-            return Trainer::build(&devices, config, comm, None);
+            return Trainer::build(&devices, config, comm);
         }
-        let span = Spanning {
-            first: comm.first_rank(),
-            names: procs
-                .iter()
-                .flat_map(|p| p.devices.iter().map(move |d| format!("{d}@p{}", p.index)))
-                .collect(),
-        };
-        let trainer = Trainer::build(&devices, config, Some(comm), Some(span))?;
+        let trainer = Trainer::build(&devices, config, Some(comm))?;
         let text = serde_json::to_string(&trainer.config).map_err(|e| {
             Error::invalid(format!(
                 "could not encode the configuration to compare it: {e}"
@@ -468,12 +449,11 @@ impl Trainer {
     }
 
     /// The trainer on `devices` (this process's replicas) with `comm` over them (and,
-    /// with `span`, the other processes' ranks).
+    /// when it spans processes, the other processes' ranks).
     fn build(
         devices: &[Device],
         config: TrainConfig,
         comm: Option<Communicator>,
-        span: Option<Spanning>,
     ) -> Result<Trainer> {
         let (model, data) = model_of(&config)?;
         let mut fallback = fallbacks(
@@ -507,7 +487,7 @@ impl Trainer {
                 fallback.next().unwrap_or_default(),
             )?);
         }
-        let ranks = span.as_ref().map_or(devices.len(), |s| s.names.len());
+        let ranks = comm.as_ref().map_or(devices.len(), Communicator::size);
         let shares = split::proportional(micro_batches, &vec![None; ranks]);
         let tokens_per_step = tokens_per_step(data.as_ref(), &config);
         let config_scales = config.precision.scales_loss();
@@ -537,27 +517,34 @@ impl Trainer {
             replay: None,
             replayed_flops: 0,
             replayed: 0,
-            span,
         })
+    }
+
+    /// The communicator when the group spans processes (the other processes hold the
+    /// replicas of the ranks that are not this process's).
+    fn span(&self) -> Option<&Communicator> {
+        self.comm.as_ref().filter(|c| !c.processes().is_empty())
     }
 
     /// Ranks of the group, in every process.
     pub fn ranks(&self) -> usize {
-        self.span
-            .as_ref()
-            .map_or(self.replicas.len(), |s| s.names.len())
+        self.span().map_or(self.replicas.len(), Communicator::size)
     }
 
     /// The rank of this process's first replica (0 unless the group spans processes).
     pub fn first_rank(&self) -> usize {
-        self.span.as_ref().map_or(0, |s| s.first)
+        self.span().map_or(0, Communicator::first_rank)
     }
 
     /// Every rank's device name, in rank order; across processes each with its process
     /// (`host:0@p1`).
     pub fn rank_names(&self) -> Vec<String> {
-        match &self.span {
-            Some(s) => s.names.clone(),
+        match self.span() {
+            Some(c) => c
+                .processes()
+                .iter()
+                .flat_map(|p| p.devices.iter().map(move |d| format!("{d}@p{}", p.index)))
+                .collect(),
             None => self
                 .replicas
                 .iter()
@@ -570,7 +557,7 @@ impl Trainer {
     /// every process's positions filled in: a sum over the processes, exact because
     /// each position has one non-zero contributor. Within one process, `mine` itself.
     fn everywhere(&self, mine: Vec<f32>) -> Result<Vec<f32>> {
-        let (Some(_), Some(comm)) = (&self.span, &self.comm) else {
+        let Some(comm) = self.span() else {
             return Ok(mine);
         };
         let zeros = vec![0f32; mine.len()];
@@ -609,7 +596,7 @@ impl Trainer {
     /// options, its configuration as JSON), naming the first process that differs and
     /// what differs. Within one process there is nothing to compare.
     pub fn agree(&self, what: &str, text: &str) -> Result<()> {
-        let (Some(_), Some(comm)) = (&self.span, &self.comm) else {
+        let Some(comm) = self.span() else {
             return Ok(());
         };
         let procs = comm.processes();
@@ -631,13 +618,11 @@ impl Trainer {
             if theirs == text.as_bytes() {
                 continue;
             }
-            let theirs = String::from_utf8_lossy(&theirs);
+            let (theirs, ours) = differences(&String::from_utf8_lossy(&theirs), text);
             return Err(Error::invalid(format!(
-                "the processes of the group were started with different {what}s: {} has {}, this one ({}) {}; start every process with the same options",
+                "the processes of the group were started with different {what}s: {} has {theirs}, this one ({}) {ours}; start every process with the same options",
                 p.describe(),
-                differences(&theirs, text).0,
                 procs[me].describe(),
-                differences(&theirs, text).1,
             )));
         }
         Ok(())
@@ -1066,7 +1051,7 @@ impl Trainer {
         let total = self.config.global_batch / self.config.micro_batch;
         // Early predictions rest on cold first runs: every device keeps at least one
         // micro-batch then, and only a later rebalancing may leave one out.
-        let floor = u64::from(early || self.span.is_some());
+        let floor = u64::from(early || self.span().is_some());
         let shares = split::at_least(split::fastest(total, &predicted), floor);
         let fastest = predicted
             .iter()
@@ -1082,7 +1067,7 @@ impl Trainer {
             .collect();
         let mut left_out = Vec::new();
         let mut kept_times = predicted.clone();
-        if self.span.is_none() {
+        if self.span().is_none() {
             let mut keep = Vec::new();
             kept_times.clear();
             for (i, r) in std::mem::take(&mut self.replicas).into_iter().enumerate() {
@@ -1162,7 +1147,7 @@ impl Trainer {
             .iter()
             .map(|&t| (known && t > 0.0).then_some(t))
             .collect();
-        if self.span.is_none() {
+        if self.span().is_none() {
             return Ok(mine);
         }
         // Across processes: NaN marks a rank without a prediction (NaN + 0 is NaN).
