@@ -34,8 +34,13 @@
 //!   each other's buffers into each other's outputs in one pass, and the call returns with
 //!   the operation done; on host devices with busy streams the same shares run on the
 //!   streams, as host functions, when every stream has reached the operation;
-//! - **NCCL**: a communicator of CUDA devices hands operations to NCCL when it is
-//!   installed ([`Algorithm::Nccl`]), after the same rendezvous.
+//! - **the devices' own library** ([`Algorithm::Native`]): when the devices' backend
+//!   offers one over them ([`xpu_hal::group`]) — NCCL for CUDA devices where it is
+//!   installed, a plugin's native collectives (plugin ABI 1.3) for its NPUs — the last
+//!   rank to arrive hands the whole operation to it, after the same rendezvous. A
+//!   library that states its cost is weighed against the algorithms above by the cost
+//!   model; one that does not is preferred wherever it implements the operation.
+//!   `XPU_COLL_ALGO` forces either way (`allreduce:native`, `allreduce:ring`).
 //!
 //! [`Communicator::stats`] counts which way operations ran.
 //!

@@ -13,13 +13,11 @@ use xpu_collectives::comm::select::Selector;
 use xpu_collectives::{
     Algorithm, Collective, CommOptions, CommStats, Communicator, ReduceOp, Topology,
 };
-use xpu_hal::{
-    DType, Device, DeviceSelector, Error, KernelDesc, KernelSource, LaunchDims, Registry,
-};
+use xpu_hal::{DType, Device, DeviceSelector, Error, LaunchDims, Registry};
 use xpu_host::{HostBackend, HostConfig};
 
 mod support;
-use support::{run, KINDS};
+use support::{gate, run, KINDS};
 
 fn registry() -> Registry {
     let mut r = Registry::new();
@@ -435,23 +433,6 @@ fn wrong_devices_streams_and_roots_are_refused() {
         CommOptions::default()
     )
     .is_err());
-}
-
-/// A host kernel that holds its stream until `release` is set.
-fn gate(device: &Device, release: Arc<AtomicBool>) -> xpu_hal::Kernel {
-    device
-        .load_kernel(KernelDesc {
-            name: "gate".into(),
-            entry_point: "gate".into(),
-            source: KernelSource::HostFunction(Arc::new(move |_| {
-                while !release.load(Ordering::Acquire) {
-                    std::thread::sleep(Duration::from_micros(50));
-                }
-                Ok(())
-            })),
-            params: vec![],
-        })
-        .unwrap()
 }
 
 /// An exact in-place f32 sum all-reduce of 4099 elements per rank, each rank's stream

@@ -107,8 +107,9 @@ pub trait DeviceImpl: Send + Sync {
     fn collective_group(
         &self,
         devices: &[crate::Device],
+        config: crate::group::GroupConfig,
     ) -> Option<Result<Box<dyn crate::group::CollectiveGroup>>> {
-        let _ = devices;
+        let _ = (devices, config);
         None
     }
 

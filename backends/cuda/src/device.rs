@@ -483,6 +483,7 @@ impl DeviceImpl for CudaDevice {
     fn collective_group(
         &self,
         devices: &[xpu_hal::Device],
+        _config: xpu_hal::group::GroupConfig,
     ) -> Option<Result<Box<dyn xpu_hal::group::CollectiveGroup>>> {
         Some(
             crate::nccl::NcclGroup::new(devices)

@@ -65,6 +65,7 @@ struct Api {
     version: unsafe extern "C" fn(*mut c_int) -> NcclResult,
     init_all: unsafe extern "C" fn(*mut Comm, c_int, *const c_int) -> NcclResult,
     destroy: unsafe extern "C" fn(Comm) -> NcclResult,
+    abort: unsafe extern "C" fn(Comm) -> NcclResult,
     group_start: unsafe extern "C" fn() -> NcclResult,
     group_end: unsafe extern "C" fn() -> NcclResult,
     error_string: unsafe extern "C" fn(NcclResult) -> *const std::ffi::c_char,
@@ -109,6 +110,7 @@ impl Api {
                 version: libs::symbol(lib, "NCCL", "ncclGetVersion")?,
                 init_all: libs::symbol(lib, "NCCL", "ncclCommInitAll")?,
                 destroy: libs::symbol(lib, "NCCL", "ncclCommDestroy")?,
+                abort: libs::symbol(lib, "NCCL", "ncclCommAbort")?,
                 group_start: libs::symbol(lib, "NCCL", "ncclGroupStart")?,
                 group_end: libs::symbol(lib, "NCCL", "ncclGroupEnd")?,
                 error_string: libs::symbol(lib, "NCCL", "ncclGetErrorString")?,
@@ -221,6 +223,9 @@ pub struct NcclGroup {
     nccl: Arc<Nccl>,
     comms: Vec<Comm>,
     devices: Vec<Device>,
+    /// Set by [`CollectiveGroup::abort`]: the communicators were aborted (which also
+    /// frees them), so no call may use them again.
+    aborted: std::sync::Mutex<bool>,
 }
 
 // SAFETY: NCCL communicators may be used from any thread as long as calls on one
@@ -317,6 +322,7 @@ impl NcclGroup {
             nccl,
             comms,
             devices: devices.to_vec(),
+            aborted: std::sync::Mutex::new(false),
         })
     }
 }
@@ -325,6 +331,27 @@ impl CollectiveGroup for NcclGroup {
     /// The number of ranks.
     fn size(&self) -> usize {
         self.comms.len()
+    }
+
+    fn library(&self) -> String {
+        format!("nccl {}", version_string(self.nccl.version))
+    }
+
+    /// `ncclCommAbort` on every rank's communicator, once: NCCL's kernels that wait for
+    /// peers stop, and the communicators are freed (never destroyed again).
+    fn abort(&self) {
+        let mut aborted = self.aborted.lock().unwrap_or_else(|p| p.into_inner());
+        if *aborted {
+            return;
+        }
+        *aborted = true;
+        for &comm in &self.comms {
+            if !comm.is_null() {
+                // SAFETY: each communicator came from ncclCommInitAll and is aborted
+                // once (the flag above, held across the calls); no call uses it later.
+                let _ = unsafe { (self.nccl.api.abort)(comm) };
+            }
+        }
     }
 
     /// Enqueues `op` for every rank, `parts[r]` being rank `r`'s stream and buffers.
@@ -337,6 +364,13 @@ impl CollectiveGroup for NcclGroup {
                 parts.len(),
                 self.comms.len()
             )));
+        }
+        // Held until the operation is enqueued, so that an abort waits for it.
+        let aborted = self.aborted.lock().unwrap_or_else(|p| p.into_inner());
+        if *aborted {
+            return Err(Error::aborted(
+                "the NCCL communicators were aborted with the communicator; make a new one",
+            ));
         }
         // Resolve everything first, so that a bad argument leaves no group half-issued.
         let mut native = Vec::with_capacity(parts.len());
@@ -490,6 +524,9 @@ impl NcclGroup {
 
 impl Drop for NcclGroup {
     fn drop(&mut self) {
+        if *self.aborted.get_mut().unwrap_or_else(|p| p.into_inner()) {
+            return;
+        }
         for &comm in &self.comms {
             if !comm.is_null() {
                 // SAFETY: each communicator came from ncclCommInitAll and is destroyed

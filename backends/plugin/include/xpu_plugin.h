@@ -27,7 +27,8 @@
  *       it only if it lies within struct_size. Nobody ever requires struct_size to
  *       *equal* their own size, only to reach the struct's MIN_SIZE macro, its size
  *       in the version that introduced it (1.0 for most; 1.1 for the structs of the
- *       standard operations; 1.2 for xpu_device_fault_args).
+ *       standard operations; 1.2 for xpu_device_fault_args; 1.3 for those of the
+ *       native collectives).
  *     - A function pointer in xpu_plugin_api that is NULL or beyond its struct_size is
  *       absent. Functions marked REQUIRED must be present.
  *   Optional features live in extensions: a chain of structs, each starting with
@@ -82,7 +83,7 @@ extern "C" {
 #endif
 
 #define XPU_PLUGIN_ABI_MAJOR 1
-#define XPU_PLUGIN_ABI_MINOR 2
+#define XPU_PLUGIN_ABI_MINOR 3
 
 /* The symbol every plugin exports (type xpu_plugin_get_api_fn). */
 #define XPU_PLUGIN_ENTRY_SYMBOL "xpu_plugin_get_api"
@@ -704,6 +705,139 @@ typedef struct xpu_device_fault_args {
 } xpu_device_fault_args;
 #define XPU_DEVICE_FAULT_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_device_fault_args, delay_ns)
 
+/* ---------------------------------------------- native collectives (1.3) --- */
+/*
+ * A plugin whose devices come with a collective library of their own (HCCL, CNCL and
+ * BKCL are real examples) offers it through four functions. They are optional and
+ * belong together: a host reads them only from a plugin whose abi_minor is at least 3,
+ * and uses them only when all four are present. Without them the host runs its own
+ * collective algorithms over the plugin's copies and builtins, as for a 1.2 plugin.
+ *
+ * group_create makes one communicator over open devices of this plugin, rank r on
+ * devices[r]:
+ *   - device_count is at least 1 and no device appears twice (otherwise
+ *     XPU_ERROR_INVALID_ARGUMENT). A plugin that cannot span these devices (a link its
+ *     library does not cross, too many ranks) returns XPU_ERROR_UNSUPPORTED saying
+ *     why; the host then uses its own algorithms.
+ *   - timeout_ns: how long a rank's part of an operation may wait for the other ranks'
+ *     parts once it has started (0: the plugin's own default).
+ *   - out: group; library, a static string naming the library and its version (for
+ *     reports, e.g. "simccl 1.0"); latency_ns and bus_bytes_per_s, the library's cost
+ *     figures. The host expects an operation of B bytes per rank on n ranks to take
+ *     latency_ns + B x factor / bus_bytes_per_s, with nccl-tests' bus-bandwidth
+ *     factors: all-reduce 2(n-1)/n; all-gather, reduce-scatter and all-to-all (n-1)/n
+ *     of the gathered or scattered buffer (n x B); reduce and broadcast 1. It weighs
+ *     them against its own algorithms, and the user can force either choice
+ *     (XPU_COLL_ALGO). A plugin that leaves either figure 0 gives none; the host then
+ *     prefers the library wherever it implements the operation.
+ *   The host destroys every group before closing its devices.
+ *
+ * group_run enqueues one operation for every rank at once: parts[r] is rank r's part,
+ * part_count is the group's size, and the k-th group_run of a group is its k-th
+ * operation on every rank. The host calls it for one group from one thread at a time.
+ * Each part's stream belongs to rank r's device, and its ranges lie in buffers of that
+ * device; a range whose buffer is NULL is absent. count is in elements of dtype for
+ * the reductions and in bytes for the others:
+ *   XPU_COLLECTIVE_ALL_REDUCE      send, recv: count elements; every recv = op over the
+ *                                  ranks' send.
+ *   XPU_COLLECTIVE_REDUCE          as all-reduce, but only root's recv is written (other
+ *                                  ranks' recv is absent).
+ *   XPU_COLLECTIVE_BROADCAST       root's send (count bytes) to every rank's recv; other
+ *                                  ranks' send is absent, and root's may be (then its
+ *                                  recv holds the data).
+ *   XPU_COLLECTIVE_ALL_GATHER      send: count bytes; recv: n x count bytes, block q
+ *                                  being rank q's send.
+ *   XPU_COLLECTIVE_REDUCE_SCATTER  send: n x count elements; recv: count elements, rank
+ *                                  r's being op over the ranks' block r.
+ *   XPU_COLLECTIVE_ALL_TO_ALL      send, recv: n x count bytes; block q of rank r's recv
+ *                                  is block r of rank q's send.
+ * A rank's send and recv are the same range (in place), disjoint, or in place by block:
+ * for all-gather, send is block r of rank r's recv; for reduce-scatter, recv is block
+ * r of rank r's send (as NCCL allows). Reductions follow
+ * the builtin arithmetic (integers wrap, f16/bf16 computed in f32, min/max ignore NaN);
+ * XPU_COLLECTIVE_OP_AVG is the sum multiplied by 1/n in the dtype's precision, and for
+ * integers the sum multiplied through f64 by the next f64 above 1/n and truncated
+ * toward zero. The ranks may be combined in any order, but every rank that receives a
+ * result receives the same bits. The host has checked all of the above; a plugin may
+ * rely on it (and the SDK checks it again).
+ *
+ * Asynchrony and failures. group_run enqueues and returns: each part runs on its stream
+ * in order with the stream's other work, and holds the stream until its data is in
+ * place. Arguments the plugin refuses are returned at once, with nothing enqueued on any
+ * stream. A part whose peers' parts do not start within timeout_ns fails its stream's
+ * work with XPU_ERROR_TIMEOUT, naming the ranks it waited for; a part that fails (its
+ * device was lost) makes every other part of that operation fail with
+ * XPU_ERROR_ABORTED, naming the rank. These failures are reported like any stream work's.
+ *
+ * group_abort releases every part of the group that waits, and fails every part not
+ * yet finished, with XPU_ERROR_ABORTED; parts of later group_run calls fail the same
+ * way. It returns at once, may be called from any thread at any time (also while
+ * another thread is in group_run), and more than once. group_destroy returns once no
+ * part of the group runs any more; the host calls it once, after the last group_run.
+ */
+typedef struct xpu_group xpu_group;
+
+typedef enum xpu_collective {
+  XPU_COLLECTIVE_ALL_REDUCE = 1,
+  XPU_COLLECTIVE_REDUCE = 2,
+  XPU_COLLECTIVE_BROADCAST = 3,
+  XPU_COLLECTIVE_ALL_GATHER = 4,
+  XPU_COLLECTIVE_REDUCE_SCATTER = 5,
+  XPU_COLLECTIVE_ALL_TO_ALL = 6
+} xpu_collective;
+
+/* Reductions of collectives: the xpu_binary_op values, and the average. */
+typedef enum xpu_collective_op {
+  XPU_COLLECTIVE_OP_SUM = 0,
+  XPU_COLLECTIVE_OP_PROD = 1,
+  XPU_COLLECTIVE_OP_MIN = 2,
+  XPU_COLLECTIVE_OP_MAX = 3,
+  XPU_COLLECTIVE_OP_AVG = 4
+} xpu_collective_op;
+
+typedef struct xpu_group_create_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_device* const* devices; /* in: device_count devices of this plugin; rank r on devices[r] */
+  uint64_t device_count;      /* in */
+  uint64_t timeout_ns;        /* in: how long a part waits for its peers (0: the plugin's default) */
+  xpu_group* group;           /* out */
+  const char* library;        /* out: static; the library's name and version */
+  uint64_t latency_ns;        /* out: cost figure (0: none) */
+  uint64_t bus_bytes_per_s;   /* out: cost figure (0: none) */
+} xpu_group_create_args;
+#define XPU_GROUP_CREATE_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_group_create_args, bus_bytes_per_s)
+
+/* One rank's part of an operation. */
+typedef struct xpu_group_part {
+  size_t struct_size;
+  xpu_stream* stream;    /* in: a stream of the rank's device */
+  xpu_buffer_range send; /* in: absent when buffer is NULL */
+  xpu_buffer_range recv; /* in: absent when buffer is NULL */
+} xpu_group_part;
+#define XPU_GROUP_PART_MIN_SIZE XPU_STRUCT_SIZE(xpu_group_part, recv)
+
+typedef struct xpu_group_run_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_group* group;                   /* in */
+  uint32_t collective;                /* in: xpu_collective */
+  uint32_t dtype;                     /* in: xpu_dtype (reductions; 0 otherwise) */
+  uint32_t op;                        /* in: xpu_collective_op (reductions; 0 otherwise) */
+  uint32_t root;                      /* in: REDUCE and BROADCAST (0 otherwise) */
+  uint64_t count;                     /* in: elements (reductions) or bytes (the others) */
+  const xpu_group_part* const* parts; /* in: part_count pointers, parts[r] for rank r */
+  uint64_t part_count;                /* in: the group's size */
+} xpu_group_run_args;
+#define XPU_GROUP_RUN_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_group_run_args, part_count)
+
+typedef struct xpu_group_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_group* group; /* in */
+} xpu_group_args;
+#define XPU_GROUP_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_group_args, group)
+
 /* ------------------------------------------------------------ the table --- */
 
 typedef struct xpu_plugin_api {
@@ -765,6 +899,13 @@ typedef struct xpu_plugin_api {
    * device must then do). A fault number the plugin does not know is XPU_ERROR_UNSUPPORTED.
    * Absent: the host reports that the plugin has no fault injection. */
   xpu_error* (*device_inject_fault)(xpu_device_fault_args* args);
+
+  /* ABI 1.3, optional and all four or none (see "native collectives" above): the
+   * devices' own collective library. Absent: the host runs its own algorithms. */
+  xpu_error* (*group_create)(xpu_group_create_args* args);
+  xpu_error* (*group_run)(xpu_group_run_args* args);
+  xpu_error* (*group_abort)(xpu_group_args* args);
+  xpu_error* (*group_destroy)(xpu_group_args* args);
 } xpu_plugin_api;
 #define XPU_PLUGIN_API_MIN_SIZE XPU_STRUCT_SIZE(xpu_plugin_api, kernel_launch)
 

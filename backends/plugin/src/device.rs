@@ -82,6 +82,13 @@ pub struct PluginDevice {
 }
 
 impl PluginDevice {
+    /// The open device, shared with its children.
+    pub(crate) fn shared(&self) -> &Arc<DeviceShared> {
+        &self.shared
+    }
+}
+
+impl PluginDevice {
     pub(crate) fn open(plugin: Arc<Plugin>, index: u32) -> Result<PluginDevice> {
         let id = format!("{}:{index}", plugin.backend);
         let mut args = xpu_device_open_args::new();
@@ -371,6 +378,19 @@ impl DeviceImpl for PluginDevice {
             Handle(args.kernel),
             fns.destroy,
         )))
+    }
+
+    fn collective_group(
+        &self,
+        devices: &[xpu_hal::Device],
+        config: xpu_hal::group::GroupConfig,
+    ) -> Option<Result<Box<dyn xpu_hal::group::CollectiveGroup>>> {
+        let plugin = &self.shared.plugin;
+        let fns = plugin.table.groups?;
+        Some(
+            crate::group::PluginGroup::create(plugin, fns, devices, config)
+                .map(|g| Box::new(g) as Box<dyn xpu_hal::group::CollectiveGroup>),
+        )
     }
 
     fn inject_fault(&self, fault: Fault) -> Result<()> {

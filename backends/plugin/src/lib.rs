@@ -117,6 +117,7 @@ mod device;
 mod discover;
 mod error;
 mod event;
+mod group;
 mod kernel;
 mod load;
 mod memory;

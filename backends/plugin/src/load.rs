@@ -90,6 +90,10 @@ abi_structs!(
     xpu_op_args => params,
     xpu_tensor => range,
     xpu_device_fault_args => delay_ns,
+    xpu_group_create_args => bus_bytes_per_s,
+    xpu_group_part => recv,
+    xpu_group_run_args => part_count,
+    xpu_group_args => group,
 );
 
 // SAFETY: as above: a size, pointers, integers and optional function pointers.
@@ -160,6 +164,15 @@ pub(crate) struct OpFns {
     pub(crate) enqueue: Func<xpu_op_args>,
 }
 
+/// The entry points of the native collectives (ABI 1.3): all four or none.
+#[derive(Clone, Copy)]
+pub(crate) struct GroupFns {
+    pub(crate) create: Func<xpu_group_create_args>,
+    pub(crate) run: Func<xpu_group_run_args>,
+    pub(crate) abort: Func<xpu_group_args>,
+    pub(crate) destroy: Func<xpu_group_args>,
+}
+
 /// The validated function table: required functions as plain function pointers,
 /// optional ones as `Option`.
 #[derive(Clone, Copy)]
@@ -196,6 +209,8 @@ pub(crate) struct Table {
     /// `device_inject_fault`: only from a plugin of ABI 1.2 or later whose table reaches
     /// it.
     pub(crate) inject_fault: Option<Func<xpu_device_fault_args>>,
+    /// Only from a plugin of ABI 1.3 or later that has all four functions.
+    pub(crate) groups: Option<GroupFns>,
 }
 
 macro_rules! required {
@@ -304,6 +319,20 @@ impl Table {
                 _ => None,
             },
             inject_fault: api.device_inject_fault,
+            groups: match (
+                api.group_create,
+                api.group_run,
+                api.group_abort,
+                api.group_destroy,
+            ) {
+                (Some(create), Some(run), Some(abort), Some(destroy)) => Some(GroupFns {
+                    create,
+                    run,
+                    abort,
+                    destroy,
+                }),
+                _ => None,
+            },
         })
     }
 }
@@ -432,6 +461,10 @@ impl Plugin {
         if minor < 2 {
             // Likewise the member of 1.2, for a 1.0 or 1.1 plugin.
             table.inject_fault = None;
+        }
+        if minor < 3 {
+            // And those of 1.3, for a plugin of 1.2 or older.
+            table.groups = None;
         }
         if api.name.is_null() {
             return Err(LoadErrorKind::InvalidName { name: None });

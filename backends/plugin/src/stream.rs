@@ -23,7 +23,7 @@ use crate::memory::PluginAllocation;
 use crate::std_ops;
 
 /// Something enqueued work uses, kept only to be dropped once the work is done.
-type Held = Box<dyn Any + Send + Sync>;
+pub(crate) type Held = Box<dyn Any + Send + Sync>;
 
 /// The error of a failed wait on another backend's event, kept for the stream's next
 /// report of an aborted error (the ABI's `wait` returns only a number).
@@ -76,6 +76,40 @@ impl StreamShared {
         };
         // Dropped outside the lock: a last buffer reference frees it in the plugin.
         drop(done);
+    }
+
+    /// Makes one plugin call that enqueues work on every stream of `streams` at once
+    /// (a native collective), numbering the work on each stream as its next operation
+    /// and holding `holds[i]` for `streams[i]` until that work is complete. The streams'
+    /// numbering locks are taken in address order, so that concurrent calls over the
+    /// same streams cannot deadlock, and held across the call, so that each stream's
+    /// numbers follow the plugin's order.
+    pub(crate) fn enqueue_on_all(
+        streams: &[&StreamShared],
+        holds: Vec<Vec<Held>>,
+        call: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let mut order: Vec<usize> = (0..streams.len()).collect();
+        order.sort_by_key(|&i| streams[i] as *const StreamShared as usize);
+        let mut guards: Vec<(usize, MutexGuard<'_, u64>)> = order
+            .into_iter()
+            .map(|i| (i, lock(&streams[i].submitted)))
+            .collect();
+        call()?;
+        guards.sort_by_key(|(i, _)| *i);
+        for ((i, last), held) in guards.iter_mut().zip(holds) {
+            **last += 1;
+            if !held.is_empty() {
+                let seq = **last;
+                lock(&streams[*i].held).extend(held.into_iter().map(|h| (seq, h)));
+            }
+        }
+        Ok(())
+    }
+
+    /// The plugin's handle of the stream.
+    pub(crate) fn raw(&self) -> *mut xpu_stream {
+        self.handle.0
     }
 
     fn synchronize_raw(&self) -> Result<()> {
@@ -191,7 +225,17 @@ impl PluginStream {
         Ok(buffer)
     }
 
-    fn range(&self, slice: &RawSlice, holds: &mut Vec<Held>) -> Result<xpu_buffer_range> {
+    /// The state the stream shares with its events.
+    pub(crate) fn shared(&self) -> &Arc<StreamShared> {
+        &self.shared
+    }
+
+    /// The plugin range of a validated slice of this stream's device, holding its buffer.
+    pub(crate) fn range(
+        &self,
+        slice: &RawSlice,
+        holds: &mut Vec<Held>,
+    ) -> Result<xpu_buffer_range> {
         let buffer = self.buffer(&slice.memory)?;
         let range = buffer.range(slice.offset, slice.len);
         holds.push(Box::new(buffer));

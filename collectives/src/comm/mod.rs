@@ -202,8 +202,9 @@ struct Shared {
     host_functions: bool,
     /// The slots of small operations, when every device runs host functions.
     slots: Option<Slots>,
-    /// NCCL communicators, when every rank is a distinct CUDA device and NCCL loads.
-    nccl: Option<Box<dyn xpu_hal::group::CollectiveGroup>>,
+    /// The devices' own collective library, when their backend offers one over these
+    /// devices (NCCL for CUDA, a plugin's native collectives).
+    native: Option<Box<dyn xpu_hal::group::CollectiveGroup>>,
     /// Per rank: the latest operation it refused on the small path's terms, and why.
     refusals: Vec<Mutex<Option<(u64, Error)>>>,
     /// Per rank: whether it may stage its buffers through host memory for shared-memory
@@ -307,12 +308,16 @@ impl Communicator {
             );
         }
         // Communicators whose devices' backend offers a vendor library (all-CUDA ones:
-        // NCCL, where it is installed) delegate to it.
-        let nccl = if n > 1 {
-            match xpu_hal::group::collective_group(&devices) {
+        // NCCL, where it is installed; a plugin's native collectives) may delegate to it,
+        // as the cost model decides.
+        let native = if n > 1 {
+            let config = xpu_hal::group::GroupConfig {
+                timeout: options.timeout,
+            };
+            match xpu_hal::group::collective_group(&devices, config) {
                 Some(Ok(g)) => Some(g),
                 Some(Err(e)) => {
-                    tracing::debug!(error = %e, "NCCL is not used; the xpu algorithms run");
+                    tracing::debug!(error = %e, "the devices' own collective library is not used; the xpu algorithms run");
                     None
                 }
                 None => None,
@@ -320,7 +325,9 @@ impl Communicator {
         } else {
             None
         };
-        model.nccl = nccl.is_some();
+        model.native = native
+            .as_ref()
+            .map(|g| select::NativeFigures::of(g.as_ref()));
         // Small operations go through slots where every rank runs host functions.
         let host_functions = devices.iter().all(|d| {
             d.capabilities()
@@ -355,7 +362,7 @@ impl Communicator {
                 failed_flag: AtomicBool::new(false),
                 host_functions,
                 slots,
-                nccl,
+                native,
                 refusals: (0..n).map(|_| Mutex::new(None)).collect(),
                 may_stage,
                 staging: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
@@ -435,13 +442,13 @@ impl Communicator {
     }
 
     /// Whether the communicator can run `algorithm` at all: shared memory needs every
-    /// rank host addressable (or staging through host memory), NCCL an all-CUDA
-    /// communicator with libnccl; the others always can (for the operations they
-    /// implement).
+    /// rank host addressable (or staging through host memory), the native library a
+    /// backend that offers one over these devices; the others always can (for the
+    /// operations they implement).
     pub fn offers(&self, algorithm: Algorithm) -> bool {
         match algorithm {
             Algorithm::SharedMemory => self.shared.model.shared_memory_beta.is_some(),
-            Algorithm::Nccl => self.shared.nccl.is_some(),
+            Algorithm::Native => self.shared.native.is_some(),
             _ => true,
         }
     }
@@ -471,10 +478,20 @@ impl Communicator {
             })
     }
 
+    /// The devices' own collective library the communicator may use (its name and
+    /// version), if their backend offers one.
+    pub fn native_library(&self) -> Option<String> {
+        self.shared.native.as_ref().map(|g| g.library())
+    }
+
     /// Fails the communicator: every rank waiting in an operation returns
     /// [`Error::Aborted`] at once, and so does every later call. Work already enqueued on
-    /// the streams is not cancelled. Returns without waiting for any rank or device.
+    /// the streams is not cancelled, except the native library's parts, which fail
+    /// where they wait for other ranks. Returns without waiting for any rank or device.
     pub fn abort(&self) {
+        if let Some(native) = &self.shared.native {
+            native.abort();
+        }
         if let Some(span) = &self.span {
             span.aborted.store(true, Ordering::Release);
             span.peers.abort_others(crate::process::GiveUp::Aborted);

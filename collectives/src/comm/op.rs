@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use xpu_hal::{dtype, BinaryOp, DType, Error, Scalar};
+use xpu_hal::{BinaryOp, DType, Error};
 
 /// How a reduction combines the ranks' values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -55,20 +55,7 @@ impl ReduceOp {
     }
 }
 
-/// The factor an average multiplies the sum over `n` ranks by: `1/n` in the dtype's own
-/// precision for floating-point dtypes; for integers an `f64`, the next one above `1/n`,
-/// which the sum is multiplied by through `f64` so that exact quotients never fall just
-/// below an integer before the truncating cast back.
-pub(crate) fn avg_factor(dtype: DType, n: usize) -> Scalar {
-    let n = n as f64;
-    match dtype {
-        DType::F32 => Scalar::F32((1.0 / n) as f32),
-        DType::F64 => Scalar::F64(1.0 / n),
-        DType::F16 => Scalar::F16(dtype::f16_from_f64(1.0 / n)),
-        DType::BF16 => Scalar::BF16(dtype::bf16_from_f64(1.0 / n)),
-        DType::I32 | DType::I64 | DType::U8 => Scalar::F64((1.0 / n).next_up()),
-    }
-}
+pub(crate) use xpu_hal::reference::avg_factor;
 
 impl fmt::Display for ReduceOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -225,7 +225,7 @@ impl Shared {
             op: first.op,
             root: first.root.unwrap_or(0),
             groups: &groups,
-            nccl: self.nccl.as_deref(),
+            native: self.native.as_deref(),
         };
         run.execute().map_err(|e| {
             Error::aborted(format!(

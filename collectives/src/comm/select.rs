@@ -104,9 +104,9 @@ pub struct CostModel {
     /// µs per byte of the slowest device's copy within its own memory (β_m), when every
     /// device is host addressable and shared-memory execution can run.
     pub shared_memory_beta: Option<f64>,
-    /// Whether the communicator has an NCCL group (every device a distinct CUDA device,
-    /// libnccl installed).
-    pub nccl: bool,
+    /// The devices' own collective library, when the communicator has one (NCCL for
+    /// CUDA devices, a plugin's native collectives).
+    pub native: Option<NativeFigures>,
     /// Per rank: µs per byte of destination of its device's builtin reduction (γ).
     pub reduce_beta: Vec<f64>,
     /// Every ordered pair's (α µs, β µs per byte), row-major `n × n`, for the algorithms
@@ -116,6 +116,28 @@ pub struct CostModel {
     /// The topology's groups, in rank order, when they make the hierarchical algorithm
     /// differ from the ring (else empty).
     pub hierarchy: Vec<Vec<usize>>,
+}
+
+/// What the model knows of the devices' own collective library.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NativeFigures {
+    /// Its name and version, for the reasons the selector gives.
+    pub library: String,
+    /// Its own figures (latency µs, µs per byte of bus traffic), when it states them.
+    pub cost: Option<(f64, f64)>,
+}
+
+impl NativeFigures {
+    /// The figures of `group`.
+    pub fn of(group: &dyn xpu_hal::group::CollectiveGroup) -> Self {
+        NativeFigures {
+            library: group.library(),
+            cost: group
+                .cost()
+                .filter(|c| c.bus_bytes_per_s > 0.0)
+                .map(|c| (c.latency.as_secs_f64() * 1e6, 1e6 / c.bus_bytes_per_s)),
+        }
+    }
 }
 
 /// What the model knows of the topology's groups.
@@ -194,7 +216,7 @@ impl CostModel {
             tree_depth: double_tree_depth(n),
             groups: figures,
             shared_memory_beta: None,
-            nccl: false,
+            native: None,
             reduce_beta: (0..n).map(|r| t.reduce_beta(r)).collect(),
             links: all(n)
                 .map(|(a, b)| {
@@ -353,15 +375,24 @@ impl CostModel {
         if !algorithm.implements(kind) {
             return None;
         }
-        if algorithm == Algorithm::Nccl {
-            // NCCL picks its own algorithm; the model only says it is there, as the ring
-            // it would be at worst.
-            if !self.nccl {
-                return None;
-            }
-            let n = self.n as f64;
-            let s = bytes as f64;
-            return Some(2.0 * (n - 1.0) * (self.ring_alpha + s / n.max(1.0) * self.ring_beta));
+        if algorithm == Algorithm::Native {
+            let native = self.native.as_ref()?;
+            let (n, s) = (self.n as f64, bytes as f64);
+            return Some(match native.cost {
+                // The library's own figures, over the bytes nccl-tests' factor counts.
+                Some((alpha, beta)) => {
+                    let whole = match kind {
+                        Collective::AllGather
+                        | Collective::ReduceScatter
+                        | Collective::AllToAll => n * s,
+                        _ => s,
+                    };
+                    alpha + whole * kind.bus_factor(self.n) * beta
+                }
+                // No figures: the library picks its own algorithm; the model only says
+                // it is there, as the ring it would be at worst.
+                None => 2.0 * (n - 1.0) * (self.ring_alpha + s / n.max(1.0) * self.ring_beta),
+            });
         }
         if algorithm == Algorithm::SharedMemory {
             let bm = self.shared_memory_beta?;
@@ -408,7 +439,7 @@ impl CostModel {
                 };
                 d * a + (2.0 * s + (d - 1.0).max(0.0) * q) * b
             }
-            (_, Algorithm::SharedMemory | Algorithm::Nccl) => return None,
+            (_, Algorithm::SharedMemory | Algorithm::Native) => return None,
             (Collective::Reduce | Collective::Broadcast, Algorithm::Hierarchical) => {
                 match self.groups {
                     None => chain(n, ra, rb),
@@ -499,7 +530,7 @@ impl Selector {
             let kind: Collective = op.parse()?;
             let algorithm = Algorithm::from_name(algo).ok_or_else(|| {
                 Error::invalid(format!(
-                    "XPU_COLL_ALGO entry `{spec}`: unknown algorithm `{algo}`; expected ring, direct, halving-doubling, tree, hierarchical, shared-memory or nccl"
+                    "XPU_COLL_ALGO entry `{spec}`: unknown algorithm `{algo}`; expected ring, direct, halving-doubling, tree, hierarchical, shared-memory or native (nccl)"
                 ))
             })?;
             let (min, max) = match range {
@@ -564,25 +595,45 @@ impl Selector {
                 return (a, "XPU_COLL_ALGO".to_string());
             }
         }
-        // NCCL, where the communicator has it, is tuned for its GPUs beyond this model.
-        if allowed(Algorithm::Nccl) && model.estimate(kind, Algorithm::Nccl, bytes).is_some() {
+        // The devices' own library: one without figures is tuned for its devices beyond
+        // this model, and chosen wherever it implements the operation; one with figures
+        // is weighed against the others below.
+        let native = model
+            .native
+            .as_ref()
+            .filter(|_| allowed(Algorithm::Native))
+            .and_then(|f| Some((f, model.estimate(kind, Algorithm::Native, bytes)?)));
+        if let Some((f, _)) = native.filter(|(f, _)| f.cost.is_none()) {
             return (
-                Algorithm::Nccl,
-                "every rank is a CUDA device and NCCL is installed".to_string(),
+                Algorithm::Native,
+                format!("{}, tuned for these devices", f.library),
             );
         }
         // Shared memory moves the fewest bytes and enqueues nothing: wherever it can run,
-        // it is the choice (it falls back to the model's best when a stream is busy).
+        // it is the choice of xpu's own (it falls back to the model's best when a stream
+        // is busy), unless the native library's figures beat it.
         if allowed(Algorithm::SharedMemory) {
             if let Some(t) = model.estimate(kind, Algorithm::SharedMemory, bytes) {
-                return (
-                    Algorithm::SharedMemory,
-                    format!("every device is host addressable: {t:.1} µs"),
-                );
+                return match native {
+                    Some((f, tn)) if tn < t => (
+                        Algorithm::Native,
+                        format!(
+                            "{}: {tn:.1} µs against shared memory's {t:.1} µs",
+                            f.library
+                        ),
+                    ),
+                    _ => (
+                        Algorithm::SharedMemory,
+                        format!("every device is host addressable: {t:.1} µs"),
+                    ),
+                };
             }
         }
         let mut best: Option<(Algorithm, f64)> = None;
-        for a in Algorithm::ALL.into_iter().filter(|&a| allowed(a)) {
+        for a in Algorithm::ALL
+            .into_iter()
+            .filter(|&a| allowed(a) && a != Algorithm::SharedMemory)
+        {
             if let Some(t) = model.estimate(kind, a, bytes) {
                 // Prefer the ring on near ties: it pipelines and spreads the load.
                 let t = if a == Algorithm::Ring { t * 0.99 } else { t };
@@ -592,6 +643,13 @@ impl Selector {
             }
         }
         match best {
+            Some((Algorithm::Native, t)) => (
+                Algorithm::Native,
+                format!(
+                    "cost model: {t:.1} µs with {}",
+                    native.map_or("the native library", |(f, _)| f.library.as_str())
+                ),
+            ),
             Some((a, t)) => (a, format!("cost model: {t:.1} µs")),
             None => (Algorithm::Direct, "the only algorithm".to_string()),
         }
@@ -612,34 +670,94 @@ mod tests {
             tree_depth: crate::comm::algorithms::double_tree_depth(n),
             groups: None,
             shared_memory_beta: None,
-            nccl: false,
+            native: None,
             reduce_beta: vec![0.0; n],
             links: Vec::new(),
             hierarchy: Vec::new(),
         }
     }
 
+    fn untuned() -> Option<NativeFigures> {
+        Some(NativeFigures {
+            library: "nccl 2.23.4".to_string(),
+            cost: None,
+        })
+    }
+
     #[test]
-    fn nccl_is_chosen_exactly_where_the_communicator_has_it() {
+    fn native_is_chosen_exactly_where_the_communicator_has_it() {
         let mut m = model(4);
         let s = Selector::default();
-        assert_eq!(m.estimate(Collective::AllReduce, Algorithm::Nccl, 64), None);
-        assert_ne!(s.choose(&m, Collective::AllReduce, 64).0, Algorithm::Nccl);
-        // An override cannot conjure it up.
-        let forced = Selector::parse("allreduce:nccl").unwrap();
-        assert_ne!(
-            forced.choose(&m, Collective::AllReduce, 64).0,
-            Algorithm::Nccl
+        assert_eq!(
+            m.estimate(Collective::AllReduce, Algorithm::Native, 64),
+            None
         );
-        m.nccl = true;
-        assert_eq!(s.choose(&m, Collective::AllReduce, 64).0, Algorithm::Nccl);
-        assert_eq!(s.choose(&m, Collective::AllToAll, 64).0, Algorithm::Nccl);
+        assert_ne!(s.choose(&m, Collective::AllReduce, 64).0, Algorithm::Native);
+        // An override cannot conjure it up, under either name.
+        for name in ["native", "nccl"] {
+            let forced = Selector::parse(&format!("allreduce:{name}")).unwrap();
+            assert_ne!(
+                forced.choose(&m, Collective::AllReduce, 64).0,
+                Algorithm::Native
+            );
+        }
+        m.native = untuned();
+        assert_eq!(s.choose(&m, Collective::AllReduce, 64).0, Algorithm::Native);
+        assert_eq!(s.choose(&m, Collective::AllToAll, 64).0, Algorithm::Native);
         // Barriers stay with the enqueued events.
-        assert_ne!(s.choose(&m, Collective::Barrier, 0).0, Algorithm::Nccl);
+        assert_ne!(s.choose(&m, Collective::Barrier, 0).0, Algorithm::Native);
         // Overrides naming another algorithm still win.
         let ring = Selector::parse("allreduce:ring").unwrap();
         assert_eq!(
             ring.choose(&m, Collective::AllReduce, 64).0,
+            Algorithm::Ring
+        );
+    }
+
+    #[test]
+    fn a_native_library_with_figures_is_weighed_against_the_others() {
+        // The model's links: 5 µs and 10 GB/s. The library: 50 µs, but 100 GB/s.
+        let mut m = model(4);
+        m.native = Some(NativeFigures {
+            library: "simccl 1.0".to_string(),
+            cost: Some((50.0, 1.0 / 100_000.0)),
+        });
+        let s = Selector::default();
+        let (small, why) = s.choose(&m, Collective::AllReduce, 64);
+        assert_ne!(small, Algorithm::Native, "{why}");
+        let (large, why) = s.choose(&m, Collective::AllReduce, 64 << 20);
+        assert_eq!(large, Algorithm::Native);
+        assert!(why.contains("simccl 1.0"), "{why}");
+        // Its estimate is its figures over nccl-tests' bus bytes: all-reduce moves
+        // 2(n−1)/n of the buffer, all-gather (n−1)/n of the gathered one.
+        let bytes = 1u64 << 20;
+        let ar = m
+            .estimate(Collective::AllReduce, Algorithm::Native, bytes)
+            .unwrap();
+        assert!((ar - (50.0 + 1.5 * bytes as f64 / 100_000.0)).abs() < 1e-6);
+        let ag = m
+            .estimate(Collective::AllGather, Algorithm::Native, bytes)
+            .unwrap();
+        assert!((ag - (50.0 + 0.75 * 4.0 * bytes as f64 / 100_000.0)).abs() < 1e-6);
+        // Against shared memory too, where that can run.
+        m.shared_memory_beta = Some(1.0 / 10_000.0);
+        assert_eq!(
+            s.choose(&m, Collective::AllReduce, 64).0,
+            Algorithm::SharedMemory
+        );
+        assert_eq!(
+            s.choose(&m, Collective::AllReduce, 64 << 20).0,
+            Algorithm::Native
+        );
+        // Forced either way.
+        let forced = Selector::parse("allreduce:native").unwrap();
+        assert_eq!(
+            forced.choose(&m, Collective::AllReduce, 64).0,
+            Algorithm::Native
+        );
+        let own = Selector::parse("allreduce:ring").unwrap();
+        assert_eq!(
+            own.choose(&m, Collective::AllReduce, 64 << 20).0,
             Algorithm::Ring
         );
     }
@@ -893,7 +1011,7 @@ mod tests {
     fn algorithms_estimate_exactly_what_they_implement() {
         let mut m = model(4);
         m.shared_memory_beta = Some(1.0 / 10_000.0);
-        m.nccl = true;
+        m.native = untuned();
         for kind in Collective::ALL {
             for a in Algorithm::ALL {
                 assert_eq!(

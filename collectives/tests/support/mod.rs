@@ -3,9 +3,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)]
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
 use xpu_collectives::check;
 use xpu_collectives::{Collective, Communicator, ReduceOp};
-use xpu_hal::DType;
+use xpu_hal::{DType, Device, KernelDesc, KernelSource};
 
 /// The operations with data, as the tests sweep them.
 pub const KINDS: [Collective; 6] = [
@@ -149,4 +153,21 @@ pub fn run(
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     })
+}
+
+/// A host kernel that holds its stream until `release` is set.
+pub fn gate(device: &Device, release: Arc<AtomicBool>) -> xpu_hal::Kernel {
+    device
+        .load_kernel(KernelDesc {
+            name: "gate".into(),
+            entry_point: "gate".into(),
+            source: KernelSource::HostFunction(Arc::new(move |_| {
+                while !release.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                Ok(())
+            })),
+            params: vec![],
+        })
+        .unwrap()
 }

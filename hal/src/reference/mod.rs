@@ -128,6 +128,40 @@ pub fn scale_in_place<T: Element>(alpha: T, dst: &mut [T]) {
     map1(dst, |x| T::mul(x, alpha));
 }
 
+/// The factor an average over `n` ranks multiplies the sum by: `1/n` in the dtype's
+/// own precision for floating-point dtypes; for integers an `f64`, the next one above
+/// `1/n`, which the sum is multiplied by through `f64` so that exact quotients never
+/// fall just below an integer before the truncating cast back (exact while the sum's
+/// magnitude is below 2^51 / n).
+pub fn avg_factor(dtype: crate::DType, n: usize) -> crate::Scalar {
+    use crate::{dtype, DType, Scalar};
+    let n = n as f64;
+    match dtype {
+        DType::F32 => Scalar::F32((1.0 / n) as f32),
+        DType::F64 => Scalar::F64(1.0 / n),
+        DType::F16 => Scalar::F16(dtype::f16_from_f64(1.0 / n)),
+        DType::BF16 => Scalar::BF16(dtype::bf16_from_f64(1.0 / n)),
+        DType::I32 | DType::I64 | DType::U8 => Scalar::F64((1.0 / n).next_up()),
+    }
+}
+
+/// Turns sums over `n` ranks into their average in place, as [`avg_factor`] says:
+/// `dst` holds elements of `dtype`.
+pub fn average<T: Element>(dtype: crate::DType, n: usize, dst: &mut [T]) {
+    let factor = avg_factor(dtype, n);
+    match (T::from_scalar(factor), factor) {
+        (Some(alpha), _) => scale_in_place(alpha, dst),
+        (None, crate::Scalar::F64(f)) => {
+            for d in dst.iter_mut() {
+                let wide = f64::narrow(d.widen()) * f;
+                *d = T::narrow(Wide::Float(wide));
+            }
+        }
+        // Every dtype's factor is its own scalar or an f64.
+        (None, _) => {}
+    }
+}
+
 /// `dst[i] = value`.
 pub fn fill<T: Element>(dst: &mut [T], value: T) {
     dst.fill(value);

@@ -24,7 +24,9 @@
  * Standard operations (ABI 1.1): relu, relu_backward and bias_add on f32, with any
  * strides (see the standard operations section). Fault injection (ABI 1.2, optional,
  * for testing only) is left out: device_inject_fault is NULL, and a host reports that
- * this plugin has no fault injection.
+ * this plugin has no fault injection. Native collectives (ABI 1.3, optional) are left
+ * out too: the group functions are NULL, and a host runs its own collective algorithms
+ * over this plugin's copies and builtins.
  *
  * -DXPU_TEST_MINOR=N (N > 1) makes the plugin claim ABI 1.N and append two members to
  * its function table, as a plugin built against a newer header would; the host must
@@ -1406,6 +1408,10 @@ static const minimal_api api = {
         minimal_device_ops,
         minimal_op_enqueue,
         NULL, /* device_inject_fault (ABI 1.2): no fault injection */
+        NULL, /* group_create (ABI 1.3): no collective library of its own */
+        NULL, /* group_run */
+        NULL, /* group_abort */
+        NULL, /* group_destroy */
     } MINIMAL_API_TAIL};
 
 XPU_PLUGIN_EXPORT const xpu_plugin_api* xpu_plugin_get_api(const xpu_host_info* host) {

@@ -11,7 +11,7 @@ use std::ffi::{c_char, c_void};
 /// `XPU_PLUGIN_ABI_MAJOR`.
 pub const XPU_PLUGIN_ABI_MAJOR: u32 = 1;
 /// `XPU_PLUGIN_ABI_MINOR`.
-pub const XPU_PLUGIN_ABI_MINOR: u32 = 2;
+pub const XPU_PLUGIN_ABI_MINOR: u32 = 3;
 /// `XPU_PLUGIN_ENTRY_SYMBOL`, NUL-terminated.
 pub const XPU_PLUGIN_ENTRY_SYMBOL: &[u8] = b"xpu_plugin_get_api\0";
 
@@ -777,6 +777,106 @@ args_struct!(
     }
 );
 
+/// `xpu_group` (ABI 1.3): a native collective communicator, opaque.
+#[repr(C)]
+pub struct xpu_group {
+    _private: [u8; 0],
+}
+
+/// `xpu_collective` values (ABI 1.3).
+pub mod collective {
+    /// All-reduce.
+    pub const ALL_REDUCE: u32 = 1;
+    /// Reduce to a root.
+    pub const REDUCE: u32 = 2;
+    /// Broadcast from a root.
+    pub const BROADCAST: u32 = 3;
+    /// All-gather.
+    pub const ALL_GATHER: u32 = 4;
+    /// Reduce-scatter.
+    pub const REDUCE_SCATTER: u32 = 5;
+    /// All-to-all.
+    pub const ALL_TO_ALL: u32 = 6;
+}
+
+/// `xpu_collective_op` values (ABI 1.3): the `xpu_binary_op` values and the average.
+pub mod collective_op {
+    /// Sum.
+    pub const SUM: u32 = 0;
+    /// Product.
+    pub const PROD: u32 = 1;
+    /// Minimum.
+    pub const MIN: u32 = 2;
+    /// Maximum.
+    pub const MAX: u32 = 3;
+    /// The sum over the ranks divided by their number.
+    pub const AVG: u32 = 4;
+}
+
+args_struct!(
+    /// `xpu_group_create_args` (ABI 1.3).
+    xpu_group_create_args {
+        /// in: `device_count` devices of the plugin, rank r on `devices[r]`
+        devices: *const *mut xpu_device,
+        /// in
+        device_count: u64,
+        /// in: how long a part waits for its peers (0: the plugin's default)
+        timeout_ns: u64,
+        /// out
+        group: *mut xpu_group,
+        /// out: static; the library's name and version
+        library: *const c_char,
+        /// out: cost figure (0: none)
+        latency_ns: u64,
+        /// out: cost figure (0: none)
+        bus_bytes_per_s: u64,
+    }
+);
+
+/// `xpu_group_part` (ABI 1.3): one rank's part of an operation.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct xpu_group_part {
+    /// Size as allocated.
+    pub struct_size: usize,
+    /// A stream of the rank's device.
+    pub stream: *mut xpu_stream,
+    /// Absent when `buffer` is null.
+    pub send: xpu_buffer_range,
+    /// Absent when `buffer` is null.
+    pub recv: xpu_buffer_range,
+}
+
+args_struct!(
+    /// `xpu_group_run_args` (ABI 1.3).
+    xpu_group_run_args {
+        /// in
+        group: *mut xpu_group,
+        /// in: `xpu_collective`
+        collective: u32,
+        /// in: `xpu_dtype` (reductions)
+        dtype: u32,
+        /// in: `xpu_collective_op` (reductions)
+        op: u32,
+        /// in: reduce and broadcast
+        root: u32,
+        /// in: elements (reductions) or bytes
+        count: u64,
+        /// in: `part_count` pointers, `parts[r]` for rank r
+        parts: *const *const xpu_group_part,
+        /// in: the group's size
+        part_count: u64,
+    }
+);
+
+args_struct!(
+    /// `xpu_group_args` (ABI 1.3): `group_abort` and `group_destroy`.
+    xpu_group_args {
+        /// in
+        group: *mut xpu_group,
+    }
+);
+
 /// A plugin function taking `A` and returning an error or null.
 pub type PluginFn<A> = Option<unsafe extern "C" fn(args: *mut A) -> *mut xpu_error>;
 
@@ -858,6 +958,14 @@ pub struct xpu_plugin_api {
     pub op_enqueue: PluginFn<xpu_op_args>,
     /// Makes a device fail as a real failure would, for testing (ABI 1.2, optional).
     pub device_inject_fault: PluginFn<xpu_device_fault_args>,
+    /// Makes a native collective communicator (ABI 1.3, optional).
+    pub group_create: PluginFn<xpu_group_create_args>,
+    /// Enqueues one collective on every rank (ABI 1.3, optional).
+    pub group_run: PluginFn<xpu_group_run_args>,
+    /// Fails a group's waiting and later parts (ABI 1.3, optional).
+    pub group_abort: PluginFn<xpu_group_args>,
+    /// Releases a group (ABI 1.3, optional).
+    pub group_destroy: PluginFn<xpu_group_args>,
 }
 
 // SAFETY: the table holds function pointers and pointers to static strings and

@@ -96,6 +96,10 @@ arg_struct! {
     xpu_op_args, params, "XPU_OP_ARGS_MIN_SIZE", since "1.1";
     xpu_tensor, range, "XPU_TENSOR_MIN_SIZE", since "1.1";
     xpu_device_fault_args, delay_ns, "XPU_DEVICE_FAULT_ARGS_MIN_SIZE", since "1.2";
+    xpu_group_create_args, bus_bytes_per_s, "XPU_GROUP_CREATE_ARGS_MIN_SIZE", since "1.3";
+    xpu_group_part, recv, "XPU_GROUP_PART_MIN_SIZE", since "1.3";
+    xpu_group_run_args, part_count, "XPU_GROUP_RUN_ARGS_MIN_SIZE", since "1.3";
+    xpu_group_args, group, "XPU_GROUP_ARGS_MIN_SIZE", since "1.3";
 }
 
 /// The caller's argument struct: a copy of the fields within its `struct_size` (the
@@ -1241,6 +1245,10 @@ unsafe extern "C" fn kernel_launch<P: Plugin>(args: *mut xpu_kernel_launch_args)
 
 mod std_ops;
 
+// -------------------------------------------------------------- native collectives --
+
+mod group;
+
 // ------------------------------------------------------------------ table and entry --
 
 /// Whether `name` is a valid plugin name: `[a-z0-9_-]+`. Checked at compile time by
@@ -1274,9 +1282,9 @@ pub const fn capabilities_extension<P: Plugin>() -> xpu_capabilities_extension {
 }
 
 /// `P`'s function table (used by [`export_plugin!`](crate::export_plugin), which places
-/// it in a static). Event timing and kernels are present as `P`'s constants say; the
-/// standard operations (ABI 1.1) and fault injection (ABI 1.2) always are, and their
-/// trait defaults provide none.
+/// it in a static). Event timing, kernels and native collectives (ABI 1.3) are present
+/// as `P`'s constants say; the standard operations (ABI 1.1) and fault injection (ABI
+/// 1.2) always are, and their trait defaults provide none.
 pub const fn api_table<P: Plugin>(
     capabilities: &'static xpu_capabilities_extension,
 ) -> xpu_plugin_api {
@@ -1286,7 +1294,7 @@ pub const fn api_table<P: Plugin>(
         };
     }
     xpu_plugin_api {
-        struct_size: struct_size!(xpu_plugin_api, device_inject_fault),
+        struct_size: struct_size!(xpu_plugin_api, group_destroy),
         extensions: (capabilities as *const xpu_capabilities_extension).cast(),
         abi_major: XPU_PLUGIN_ABI_MAJOR,
         abi_minor: XPU_PLUGIN_ABI_MINOR,
@@ -1327,6 +1335,26 @@ pub const fn api_table<P: Plugin>(
         device_ops: Some(std_ops::device_ops::<P> as unsafe extern "C" fn(_) -> _),
         op_enqueue: Some(std_ops::op_enqueue::<P> as unsafe extern "C" fn(_) -> _),
         device_inject_fault: f!(device_inject_fault),
+        group_create: if P::COLLECTIVES {
+            Some(group::group_create::<P> as unsafe extern "C" fn(_) -> _)
+        } else {
+            None
+        },
+        group_run: if P::COLLECTIVES {
+            Some(group::group_run::<P> as unsafe extern "C" fn(_) -> _)
+        } else {
+            None
+        },
+        group_abort: if P::COLLECTIVES {
+            Some(group::group_abort::<P> as unsafe extern "C" fn(_) -> _)
+        } else {
+            None
+        },
+        group_destroy: if P::COLLECTIVES {
+            Some(group::group_destroy::<P> as unsafe extern "C" fn(_) -> _)
+        } else {
+            None
+        },
     }
 }
 

@@ -29,6 +29,7 @@ pub(crate) enum Kind {
     Buffer = 0x7870_7562_7566_6665, // "xpubuffe"
     Event = 0x7870_7565_7665_6e74,  // "xpuevent"
     Kernel = 0x7870_756b_6572_6e65, // "xpukerne"
+    Group = 0x7870_7567_726f_7570,  // "xpugroup"
 }
 
 impl Kind {
@@ -39,6 +40,7 @@ impl Kind {
             Kind::Buffer => "buffer",
             Kind::Event => "event",
             Kind::Kernel => "kernel",
+            Kind::Group => "group",
         }
     }
 
@@ -50,6 +52,7 @@ impl Kind {
             Kind::Buffer => "a buffer",
             Kind::Event => "an event",
             Kind::Kernel => "a kernel",
+            Kind::Group => "a group",
         }
     }
 }

@@ -35,6 +35,9 @@
 //! - [`Fault`] and [`Device::inject_fault`]: fault injection of ABI 1.2, for testing
 //!   what runs above a plugin against a device that is lost or slows down at a chosen
 //!   moment (optional; the default refuses with `Unsupported`).
+//! - [`Group`], [`Plugin::create_group`] and [`Plugin::COLLECTIVES`]: native
+//!   collectives of ABI 1.3, for devices whose vendor ships a collective library
+//!   (optional; off by default, and then the functions are absent from the table).
 //!
 //! ## What the SDK does at the boundary, so that the plugin does not have to
 //!
@@ -228,6 +231,7 @@
 pub mod abi;
 mod error;
 pub mod export;
+mod group;
 mod handle;
 mod host;
 mod ops;
@@ -237,6 +241,7 @@ mod types;
 pub use error::{
     error_code, error_destroy, error_message, panic_message, take_raw, Error, ErrorCode, Result,
 };
+pub use group::{CollectiveOp, Group, GroupCall, GroupConfig, GroupPart, NewGroup};
 pub use handle::Handle;
 pub use host::{ExternalSignal, ExternalWait, HostDestination, HostSource};
 pub use ops::{Distribution, Op, OpKind, OpParams, OpSupport, ReduceOp, Tensor};

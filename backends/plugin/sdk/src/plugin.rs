@@ -12,6 +12,7 @@ use std::ffi::CStr;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::group::{GroupConfig, NewGroup};
 use crate::handle::Handle;
 use crate::host::{ExternalWait, HostDestination, HostSource};
 use crate::ops::{Op, OpSupport};
@@ -38,6 +39,11 @@ pub trait Plugin: Sized + Send + Sync + 'static {
     /// `kernel_launch` are in the table. Default: false.
     const KERNELS: bool = false;
 
+    /// Whether the devices have a collective library of their own (ABI 1.3):
+    /// `group_create`, `group_run`, `group_abort` and `group_destroy` are in the table
+    /// and [`Plugin::create_group`] is called. Default: false.
+    const COLLECTIVES: bool = false;
+
     /// An open device.
     type Device: Device<Self>;
     /// A stream of a device.
@@ -63,6 +69,25 @@ pub trait Plugin: Sized + Send + Sync + 'static {
     /// opens each index once; a second open of an index that is already open should
     /// either work independently or fail with a clear error.
     fn open_device(&self, index: u32) -> Result<Self::Device>;
+
+    /// Makes a native collective communicator over `devices`, rank `r` on `devices[r]`
+    /// (ABI 1.3; only called when [`Plugin::COLLECTIVES`] is true). Refuse devices the
+    /// library cannot span with [`ErrorCode::Unsupported`](crate::ErrorCode::Unsupported)
+    /// saying why: the host then runs its own algorithms. Default: `Unsupported`.
+    ///
+    /// Guaranteed by the SDK: at least one device, all open devices of this plugin, none
+    /// twice.
+    fn create_group(
+        &self,
+        devices: &[&Self::Device],
+        config: GroupConfig,
+    ) -> Result<NewGroup<Self>> {
+        let _ = config;
+        Err(Error::unsupported(format!(
+            "this plugin has no collective library of its own ({} devices were asked for); the host's own algorithms run",
+            devices.len()
+        )))
+    }
 }
 
 /// An open device. Dropping it closes it; the host has destroyed its streams, buffers,

@@ -413,6 +413,11 @@ impl<B> BufferRange<B> {
             && self.length == other.length
     }
 
+    /// Whether `other` lies in the same buffer.
+    pub fn buffer_eq(&self, other: &BufferRange<B>) -> bool {
+        Handle::ptr_eq(&self.buffer, &other.buffer)
+    }
+
     /// Whether the two ranges share at least one byte.
     pub fn overlaps(&self, other: &BufferRange<B>) -> bool {
         Handle::ptr_eq(&self.buffer, &other.buffer)

@@ -126,6 +126,17 @@ fn describe() -> Layout {
     layout!(l, xpu_op_support { op => op, dtype_mask => dtype_mask });
     layout!(l, xpu_device_ops_args { device => device, ops => ops, count => count });
     layout!(l, xpu_device_fault_args { extensions => extensions, device => device, fault => fault, delay_ns => delay_ns });
+    layout!(l, xpu_group_create_args {
+        extensions => extensions, devices => devices, device_count => device_count,
+        timeout_ns => timeout_ns, group => group, library => library,
+        latency_ns => latency_ns, bus_bytes_per_s => bus_bytes_per_s,
+    });
+    layout!(l, xpu_group_part { struct_size => struct_size, stream => stream, send => send, recv => recv });
+    layout!(l, xpu_group_run_args {
+        extensions => extensions, group => group, collective => collective, dtype => dtype,
+        op => op, root => root, count => count, parts => parts, part_count => part_count,
+    });
+    layout!(l, xpu_group_args { extensions => extensions, group => group });
     layout!(l, xpu_plugin_api {
         struct_size => struct_size, extensions => extensions, abi_major => abi_major,
         abi_minor => abi_minor, name => name, version => version, error_code => error_code,
@@ -142,7 +153,8 @@ fn describe() -> Layout {
         stream_wait_external => stream_wait_external, event_elapsed => event_elapsed,
         kernel_load => kernel_load, kernel_destroy => kernel_destroy, kernel_launch => kernel_launch,
         device_ops => device_ops, op_enqueue => op_enqueue,
-        device_inject_fault => device_inject_fault,
+        device_inject_fault => device_inject_fault, group_create => group_create,
+        group_run => group_run, group_abort => group_abort, group_destroy => group_destroy,
     });
     constant!(l, "XPU_PLUGIN_ABI_MAJOR", XPU_PLUGIN_ABI_MAJOR);
     constant!(l, "XPU_PLUGIN_ABI_MINOR", XPU_PLUGIN_ABI_MINOR);
@@ -222,6 +234,41 @@ fn describe() -> Layout {
     constant!(l, "XPU_RANDOM_NORMAL", random_distribution::NORMAL);
     constant!(l, "XPU_FAULT_LOST", fault::LOST);
     constant!(l, "XPU_FAULT_SLOW", fault::SLOW);
+    constant!(l, "XPU_COLLECTIVE_ALL_REDUCE", collective::ALL_REDUCE);
+    constant!(l, "XPU_COLLECTIVE_REDUCE", collective::REDUCE);
+    constant!(l, "XPU_COLLECTIVE_BROADCAST", collective::BROADCAST);
+    constant!(l, "XPU_COLLECTIVE_ALL_GATHER", collective::ALL_GATHER);
+    constant!(
+        l,
+        "XPU_COLLECTIVE_REDUCE_SCATTER",
+        collective::REDUCE_SCATTER
+    );
+    constant!(l, "XPU_COLLECTIVE_ALL_TO_ALL", collective::ALL_TO_ALL);
+    constant!(l, "XPU_COLLECTIVE_OP_SUM", collective_op::SUM);
+    constant!(l, "XPU_COLLECTIVE_OP_PROD", collective_op::PROD);
+    constant!(l, "XPU_COLLECTIVE_OP_MIN", collective_op::MIN);
+    constant!(l, "XPU_COLLECTIVE_OP_MAX", collective_op::MAX);
+    constant!(l, "XPU_COLLECTIVE_OP_AVG", collective_op::AVG);
+    constant!(
+        l,
+        "XPU_GROUP_CREATE_ARGS_MIN_SIZE",
+        struct_size!(xpu_group_create_args, bus_bytes_per_s)
+    );
+    constant!(
+        l,
+        "XPU_GROUP_PART_MIN_SIZE",
+        struct_size!(xpu_group_part, recv)
+    );
+    constant!(
+        l,
+        "XPU_GROUP_RUN_ARGS_MIN_SIZE",
+        struct_size!(xpu_group_run_args, part_count)
+    );
+    constant!(
+        l,
+        "XPU_GROUP_ARGS_MIN_SIZE",
+        struct_size!(xpu_group_args, group)
+    );
     constant!(l, "XPU_TENSOR_MIN_SIZE", struct_size!(xpu_tensor, range));
     constant!(l, "XPU_OP_ARGS_MIN_SIZE", struct_size!(xpu_op_args, params));
     constant!(

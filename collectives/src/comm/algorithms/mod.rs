@@ -24,7 +24,7 @@
 
 mod halving;
 mod hierarchical;
-mod nccl;
+mod native;
 mod ring;
 mod tree;
 
@@ -53,9 +53,10 @@ pub enum Algorithm {
     /// (`shared_memory/`); only when every buffer is host addressable and every stream
     /// idle.
     SharedMemory,
-    /// NCCL, for communicators of distinct CUDA devices when libnccl is installed
-    /// (`nccl.rs`).
-    Nccl,
+    /// The devices' own collective library, when their backend offers one over the
+    /// communicator's devices: NCCL for CUDA devices, a plugin's native collectives
+    /// (ABI 1.3) for its NPUs (`native.rs`).
+    Native,
 }
 
 impl Algorithm {
@@ -67,11 +68,11 @@ impl Algorithm {
         Algorithm::Tree,
         Algorithm::Hierarchical,
         Algorithm::SharedMemory,
-        Algorithm::Nccl,
+        Algorithm::Native,
     ];
 
     /// The lowercase name (`ring`, `direct`, `halving-doubling`, `tree`, `hierarchical`,
-    /// `shared-memory`, `nccl`).
+    /// `shared-memory`, `native`).
     pub const fn name(self) -> &'static str {
         match self {
             Algorithm::Ring => "ring",
@@ -80,15 +81,20 @@ impl Algorithm {
             Algorithm::Tree => "tree",
             Algorithm::Hierarchical => "hierarchical",
             Algorithm::SharedMemory => "shared-memory",
-            Algorithm::Nccl => "nccl",
+            Algorithm::Native => "native",
         }
     }
 
-    /// The algorithm named `name`.
+    /// The algorithm named `name` (`nccl` is also taken for `native`, its name when
+    /// NCCL was the only library).
     pub fn from_name(name: &str) -> Option<Algorithm> {
+        let name = name.trim();
+        if name.eq_ignore_ascii_case("nccl") {
+            return Some(Algorithm::Native);
+        }
         Algorithm::ALL
             .into_iter()
-            .find(|a| a.name().eq_ignore_ascii_case(name.trim()))
+            .find(|a| a.name().eq_ignore_ascii_case(name))
     }
 
     /// Whether the algorithm implements `kind` (all-to-all, barriers and send/receive
@@ -114,7 +120,7 @@ impl Algorithm {
                 Collective::AllReduce | Collective::Reduce | Collective::Broadcast
             ),
             Algorithm::SharedMemory => !matches!(kind, Collective::SendRecv),
-            Algorithm::Nccl => !matches!(kind, Collective::SendRecv | Collective::Barrier),
+            Algorithm::Native => !matches!(kind, Collective::SendRecv | Collective::Barrier),
         }
     }
 }
@@ -145,8 +151,8 @@ pub(crate) struct Run<'a> {
     pub root: usize,
     /// The topology's groups of well-connected ranks, for hierarchical algorithms.
     pub groups: &'a [Vec<usize>],
-    /// The communicator's NCCL group, when it has one.
-    pub nccl: Option<&'a dyn xpu_hal::group::CollectiveGroup>,
+    /// The devices' own collective library, when the communicator has one.
+    pub native: Option<&'a dyn xpu_hal::group::CollectiveGroup>,
 }
 
 /// Shared-memory execution runs in the ranks' threads (`shared_memory/`), never here.
@@ -215,8 +221,8 @@ impl Run<'_> {
         if self.algorithm == Algorithm::SharedMemory {
             return Err(not_enqueued());
         }
-        if self.algorithm == Algorithm::Nccl {
-            return self.nccl();
+        if self.algorithm == Algorithm::Native {
+            return self.native();
         }
         if !self.algorithm.implements(self.kind) {
             return Err(Error::backend_message(
@@ -279,7 +285,7 @@ impl Run<'_> {
                 Algorithm::HalvingDoubling => self.halving_all_reduce()?,
                 Algorithm::Tree => self.tree_all_reduce()?,
                 Algorithm::Hierarchical => self.hierarchical_all_reduce()?,
-                Algorithm::SharedMemory | Algorithm::Nccl => return Err(not_enqueued()),
+                Algorithm::SharedMemory | Algorithm::Native => return Err(not_enqueued()),
             }
         }
         for r in 0..n {

@@ -37,7 +37,20 @@ pub struct SimConfig {
     /// Standard operations the devices do not list (to stand for a device that lacks
     /// some): bit `n` set leaves out `XPU_OP_*` number `n`.
     pub without_ops: u64,
+    /// Whether the devices offer their collective library, `simccl` (ABI 1.3).
+    pub ccl: bool,
+    /// The figures `simccl` states: the latency of an empty operation and the bus
+    /// bandwidth in bytes per second; `None` states none.
+    pub ccl_cost: Option<(Duration, f64)>,
 }
+
+/// The latency `simccl` states when `XPU_SIMNPU_CCL_LATENCY_US` is not set: two
+/// hand-offs between the ranks' stream threads, measured on a small VM.
+pub const DEFAULT_CCL_LATENCY: Duration = Duration::from_micros(40);
+
+/// The bus bandwidth `simccl` states when neither `XPU_SIMNPU_CCL_GBPS` nor a copy
+/// bandwidth is set: a memory copy's, in bytes per second.
+pub const DEFAULT_CCL_BANDWIDTH: f64 = 4e9;
 
 impl Default for SimConfig {
     fn default() -> Self {
@@ -48,6 +61,8 @@ impl Default for SimConfig {
             bandwidth: None,
             lose_after: None,
             without_ops: 0,
+            ccl: true,
+            ccl_cost: Some((DEFAULT_CCL_LATENCY, DEFAULT_CCL_BANDWIDTH)),
         }
     }
 }
@@ -63,6 +78,9 @@ impl SimConfig {
     /// | `XPU_SIMNPU_BANDWIDTH_GBPS` | copy bandwidth in GB/s (10^9 bytes per second), or `unlimited` | unlimited |
     /// | `XPU_SIMNPU_LOSE_AFTER` | `DEVICE:OPS`: device `DEVICE` is lost after `OPS` operations (fault injection) | never |
     /// | `XPU_SIMNPU_WITHOUT_OPS` | comma-separated standard operations (`gelu,gelu_backward`) the devices do not provide | none |
+    /// | `XPU_SIMNPU_CCL` | `on` or `off`: the devices offer their collective library, `simccl` | on |
+    /// | `XPU_SIMNPU_CCL_LATENCY_US` | the latency `simccl` states, µs, or `none` (with `none`, it states no figures) | latency × 2 + 40 |
+    /// | `XPU_SIMNPU_CCL_GBPS` | the bus bandwidth `simccl` states, GB/s | the copy bandwidth, else 4 |
     ///
     /// An unset or empty variable takes the default; a malformed one is an
     /// `InvalidArgument` error naming it.
@@ -129,6 +147,43 @@ impl SimConfig {
                 config.without_ops |= 1u64 << (op.raw() % 64);
             }
         }
+        if let Some(v) = value("XPU_SIMNPU_CCL") {
+            config.ccl = match v.trim().to_ascii_lowercase().as_str() {
+                "on" | "1" | "true" => true,
+                "off" | "0" | "false" => false,
+                _ => {
+                    return Err(Error::invalid_argument(format!(
+                        "XPU_SIMNPU_CCL is `{v}`; set it to on or off"
+                    )))
+                }
+            };
+        }
+        let latency = match value("XPU_SIMNPU_CCL_LATENCY_US") {
+            Some(v) if v.trim().eq_ignore_ascii_case("none") => None,
+            Some(v) => Some(Duration::from_micros(v.trim().parse::<u64>().map_err(|_| {
+                Error::invalid_argument(format!(
+                    "XPU_SIMNPU_CCL_LATENCY_US is `{v}`; set it to a whole number of microseconds, or none"
+                ))
+            })?)),
+            None => Some(
+                config
+                    .latency
+                    .saturating_mul(2)
+                    .saturating_add(DEFAULT_CCL_LATENCY),
+            ),
+        };
+        let bandwidth = match value("XPU_SIMNPU_CCL_GBPS") {
+            Some(v) => match v.trim().parse::<f64>() {
+                Ok(gbps) if gbps.is_finite() && gbps > 0.0 => gbps * 1e9,
+                _ => {
+                    return Err(Error::invalid_argument(format!(
+                        "XPU_SIMNPU_CCL_GBPS is `{v}`; set it to a positive number of GB/s"
+                    )))
+                }
+            },
+            None => config.bandwidth.unwrap_or(DEFAULT_CCL_BANDWIDTH),
+        };
+        config.ccl_cost = latency.map(|l| (l, bandwidth));
         Ok(config)
     }
 
@@ -234,6 +289,25 @@ mod tests {
             None
         );
         assert_eq!(from(&[("XPU_SIMNPU_DEVICES", "0")]).unwrap().devices, 0);
+        // The library's figures follow the device's unless they are set.
+        assert_eq!(
+            c.ccl_cost,
+            Some((Duration::from_micros(2 * 250 + 40), 2.5e9))
+        );
+        let ccl = from(&[
+            ("XPU_SIMNPU_CCL", "off"),
+            ("XPU_SIMNPU_CCL_LATENCY_US", "7"),
+            ("XPU_SIMNPU_CCL_GBPS", "100"),
+        ])
+        .unwrap();
+        assert!(!ccl.ccl);
+        assert_eq!(ccl.ccl_cost, Some((Duration::from_micros(7), 1e11)));
+        assert_eq!(
+            from(&[("XPU_SIMNPU_CCL_LATENCY_US", "None")])
+                .unwrap()
+                .ccl_cost,
+            None
+        );
     }
 
     #[test]
@@ -250,6 +324,9 @@ mod tests {
             ("XPU_SIMNPU_LOSE_AFTER", "40"),
             ("XPU_SIMNPU_LOSE_AFTER", "a:b"),
             ("XPU_SIMNPU_WITHOUT_OPS", "gelu,warp"),
+            ("XPU_SIMNPU_CCL", "maybe"),
+            ("XPU_SIMNPU_CCL_LATENCY_US", "soon"),
+            ("XPU_SIMNPU_CCL_GBPS", "-3"),
         ] {
             let e = from(&[(k, v)]).unwrap_err();
             assert_eq!(e.code(), xpu_plugin_sdk::ErrorCode::InvalidArgument);

@@ -45,6 +45,13 @@ impl SimDevice {
     }
 }
 
+impl SimDevice {
+    /// The device's index (`plugin.simnpu:N`).
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+}
+
 /// The device's id as xpu shows it.
 fn id(index: u32) -> String {
     format!("plugin.simnpu:{index}")

@@ -83,6 +83,7 @@ pub mod bytecode;
 mod config;
 mod device;
 mod event;
+mod group;
 mod health;
 mod ops;
 mod std_ops;
@@ -96,6 +97,7 @@ pub use arena::{Buffer, ALIGN};
 pub use config::{SimConfig, DEFAULT_DEVICES, DEFAULT_MEMORY, MAX_DEVICES, MIN_MEMORY};
 pub use device::{SimDevice, KERNEL_ARG_ALIGNMENT};
 pub use event::SimEvent;
+pub use group::SimGroup;
 pub use stream::SimStream;
 
 /// The plugin's name: its devices are `plugin.simnpu:N`.
@@ -131,6 +133,7 @@ impl Plugin for SimNpu {
     const VERSION: &'static CStr = VERSION;
     const EVENT_TIMING: bool = true;
     const KERNELS: bool = true;
+    const COLLECTIVES: bool = true;
     type Device = SimDevice;
     type Stream = SimStream;
     type Event = SimEvent;
@@ -153,6 +156,14 @@ impl Plugin for SimNpu {
             )));
         }
         SimDevice::open(index, self.config)
+    }
+
+    fn create_group(
+        &self,
+        devices: &[&SimDevice],
+        config: xpu_plugin_sdk::GroupConfig,
+    ) -> Result<xpu_plugin_sdk::NewGroup<Self>> {
+        group::SimGroup::create(devices, self.config, config)
     }
 }
 

@@ -137,7 +137,8 @@ impl SimStream {
         Ok(())
     }
 
-    fn run(
+    /// Enqueues `work`, which takes at least `cost` on the stream's timeline.
+    pub(crate) fn run(
         &self,
         cost: Duration,
         work: impl FnOnce() -> Result<()> + Send + 'static,

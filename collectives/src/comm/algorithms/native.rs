@@ -1,6 +1,8 @@
-//! NCCL as an algorithm: the last rank to arrive hands the whole operation to the
-//! communicator's NCCL group (a [`xpu_hal::group::CollectiveGroup`] the CUDA backend offers), which enqueues every rank's part on its stream in one
-//! NCCL group call. The rendezvous before it keeps xpu's desync detection and timeouts.
+//! The devices' own collective library as an algorithm: the last rank to arrive hands
+//! the whole operation to the communicator's group (a
+//! [`xpu_hal::group::CollectiveGroup`] its backend offers: NCCL for CUDA, a plugin's
+//! native collectives), which enqueues every rank's part on its stream in one call.
+//! The rendezvous before it keeps xpu's desync detection and timeouts.
 
 use xpu_hal::group::{GroupOp, GroupPart, GroupReduce};
 use xpu_hal::{Error, Result};
@@ -19,12 +21,12 @@ fn reduce(op: ReduceOp) -> GroupReduce {
 }
 
 impl Run<'_> {
-    /// Runs the operation through NCCL.
-    pub(super) fn nccl(&mut self) -> Result<()> {
-        let Some(group) = self.nccl else {
+    /// Runs the operation through the devices' own library.
+    pub(super) fn native(&mut self) -> Result<()> {
+        let Some(group) = self.native else {
             return Err(Error::backend_message(
                 "collectives",
-                "internal error: NCCL was chosen for a communicator without an NCCL group",
+                "internal error: the native library was chosen for a communicator without one",
             ));
         };
         let bytes = usize::try_from(self.bytes)
@@ -55,7 +57,10 @@ impl Run<'_> {
             Collective::Barrier | Collective::SendRecv => {
                 return Err(Error::backend_message(
                     "collectives",
-                    format!("internal error: NCCL does not run {}", self.kind),
+                    format!(
+                        "internal error: the native library does not run {}",
+                        self.kind
+                    ),
                 ))
             }
         };
