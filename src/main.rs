@@ -165,7 +165,7 @@ enum BenchCommand {
         /// Ranks' devices, one rank each (default: host:0,1).
         #[arg(long)]
         devices: Option<String>,
-        /// Force an algorithm (ring, direct, halving-doubling, tree, hierarchical, shared-memory, nccl) instead of the cost model's choice.
+        /// Force an algorithm (ring, direct, halving-doubling, tree, hierarchical, shared-memory, native: the devices' own library, NCCL or a plugin's) instead of the cost model's choice.
         #[arg(long)]
         algo: Option<String>,
         /// Also time every algorithm at each size and report how often the cost model

@@ -49,7 +49,7 @@ pub struct Options {
     /// Root of rooted operations.
     pub root: usize,
     /// Force an algorithm (`ring`, `direct`, `halving-doubling`, `tree`, `hierarchical`,
-    /// `shared-memory`, `nccl`) instead of the cost model's choice.
+    /// `shared-memory`, `native`) instead of the cost model's choice.
     pub algorithm: Option<String>,
     /// Also time every algorithm at each size and report whether the cost model chose
     /// the fastest.

@@ -483,3 +483,54 @@ fn the_collectives_bench_stops_at_a_maximum_that_is_not_whole_elements() {
         "{out}"
     );
 }
+
+/// `xpu bench collectives` over sim-npu devices hands the operations to the devices'
+/// own library (`simccl`, plugin ABI 1.3) when it states no figures, runs xpu's own
+/// algorithms when the library is turned off, and checks every result either way.
+#[test]
+fn the_collectives_bench_uses_a_plugins_own_library_where_it_has_one() {
+    let plugin = sim_npu();
+    let bench = |vars: &[(&str, &str)]| {
+        let mut c = xpu(&[
+            "--plugin",
+            plugin.to_str().unwrap(),
+            "bench",
+            "collectives",
+            "--devices",
+            "plugin.simnpu:0,1",
+            "-b",
+            "8",
+            "-e",
+            "64K",
+            "-f",
+            "64",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--json",
+        ]);
+        c.env("XPU_COLL_TIMEOUT", "60");
+        for (k, v) in vars {
+            c.env(k, v);
+        }
+        let (code, out, err) = run(&mut c);
+        assert_eq!(code, 0, "{out}{err}");
+        let rows: Vec<serde_json::Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(rows.len(), 4, "8 B to 64 KiB by 64, and the end: {out}");
+        for r in &rows {
+            assert_eq!(r["out_of_place"]["wrong"], 0, "{out}");
+            assert_eq!(r["in_place"]["wrong"], 0, "{out}");
+        }
+        rows.iter()
+            .map(|r| r["algorithm"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let native = bench(&[("XPU_SIMNPU_CCL_LATENCY_US", "none")]);
+    assert!(native.iter().all(|a| a == "native"), "{native:?}");
+    let own = bench(&[("XPU_SIMNPU_CCL", "off")]);
+    assert!(own.iter().all(|a| a != "native"), "{own:?}");
+}

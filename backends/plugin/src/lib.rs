@@ -54,7 +54,13 @@
 //! `delay_ns` (saturating at `u64::MAX`), and on a plugin without the function returns
 //! an `Unsupported` error naming the plugin. After a loss the plugin fails the device's
 //! later calls with `DEVICE_LOST`, which maps onto `DeviceLost` like any other; a slow
-//! device runs its streams' operations that much later, with unchanged results.
+//! device runs its streams' operations that much later, with unchanged results; and,
+//! from ABI 1.3, native collectives (`group_create`, `group_run`, `group_abort`,
+//! `group_destroy`, all four or none, read only from a plugin whose `abi_minor` is at
+//! least 3): `DeviceImpl::collective_group` makes a `group::PluginGroup`, a HAL
+//! `CollectiveGroup` with the library's name and stated figures, whose operations are
+//! one `group_run` each, numbered on every rank's stream (its numbering locks taken in
+//! address order) so that the streams' checkpoints cover them and hold their buffers.
 //!
 //! A library that passed the checks is never unloaded, even when the last object of
 //! the plugin is gone: the ABI lets a destroyed stream finish in the background, and

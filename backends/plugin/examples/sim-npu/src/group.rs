@@ -72,6 +72,9 @@ struct Exchange {
     failed: Option<(usize, String)>,
     /// Ranks done with the operation (finished, failed or dropped).
     finished: usize,
+    /// Set once every rank's part is enqueued; parts wait for it before they start,
+    /// so that a failure to enqueue a later part can still cancel them.
+    enqueued: bool,
     /// Set when enqueueing failed part-way: the parts already enqueued do nothing.
     cancelled: bool,
 }
@@ -152,6 +155,7 @@ impl Group<SimNpu> for SimGroup {
                     copies: vec![None; self.shared.size],
                     failed: None,
                     finished: 0,
+                    enqueued: false,
                     cancelled: false,
                 },
             );
@@ -187,6 +191,10 @@ impl Group<SimNpu> for SimGroup {
                 return Err(e);
             }
         }
+        if let Some(x) = lock(&self.shared.state).exchanges.get_mut(&seq) {
+            x.enqueued = true;
+        }
+        self.shared.changed.notify_all();
         Ok(())
     }
 
@@ -299,15 +307,29 @@ impl Part {
             if let Some(why) = &st.aborted {
                 return Err(Error::aborted(format!("{}: {why}", shared.name)));
             }
+            // Wait until every part is enqueued (at once, unless the caller is still
+            // enqueueing the others), or the operation is cancelled.
+            loop {
+                let Some(x) = st.exchanges.get(&self.seq) else {
+                    return Err(Error::internal(format!(
+                        "{}: operation {} is unknown to rank {}",
+                        shared.name, self.seq, self.rank
+                    )));
+                };
+                if x.cancelled {
+                    return Ok(());
+                }
+                if x.enqueued {
+                    break;
+                }
+                st = shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
             let Some(x) = st.exchanges.get_mut(&self.seq) else {
                 return Err(Error::internal(format!(
-                    "{}: operation {} is unknown to rank {}",
-                    shared.name, self.seq, self.rank
+                    "{}: operation {} vanished",
+                    shared.name, self.seq
                 )));
             };
-            if x.cancelled {
-                return Ok(());
-            }
             x.copies[self.rank] = mine.clone();
             shared.changed.notify_all();
             let deadline = Instant::now() + shared.timeout;
@@ -378,7 +400,9 @@ impl Part {
         let mut st = lock(&self.shared.state);
         let size = self.shared.size;
         if let Some(x) = st.exchanges.get_mut(&self.seq) {
-            if let Some(e) = failure {
+            // A part dropped while its operation was still being enqueued was refused
+            // by its stream; the caller cancels the operation instead.
+            if let Some(e) = failure.filter(|_| x.enqueued) {
                 x.failed.get_or_insert((self.rank, e.to_string()));
             }
             x.finished += 1;

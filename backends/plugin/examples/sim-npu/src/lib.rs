@@ -25,6 +25,9 @@
 //! | `XPU_SIMNPU_BANDWIDTH_GBPS` | copy bandwidth, GB/s (10^9 bytes/s), or `unlimited` | unlimited |
 //! | `XPU_SIMNPU_LOSE_AFTER` | `DEVICE:OPS`: fault injection, device `DEVICE` is lost after `OPS` operations | never |
 //! | `XPU_SIMNPU_WITHOUT_OPS` | comma-separated standard operations the devices do not provide (`gelu,gelu_backward`) | none |
+//! | `XPU_SIMNPU_CCL` | `on`/`off`: the devices offer their collective library, `simccl` | on |
+//! | `XPU_SIMNPU_CCL_LATENCY_US` | the latency `simccl` states, µs, or `none` to state no figures | latency × 2 + 40 |
+//! | `XPU_SIMNPU_CCL_GBPS` | the bus bandwidth `simccl` states, GB/s | the copy bandwidth, else 4 |
 //!
 //! A malformed value makes `device_count` fail with an `InvalidArgument` error naming
 //! the variable.
@@ -58,6 +61,11 @@
 //!   the worker, not a host thread.
 //! - [`SimEvent`] — completed by the worker with a timestamp and the outcome of the
 //!   work before it.
+//! - [`SimGroup`] — `simccl`, the devices' own collective library (native collectives,
+//!   ABI 1.3): each rank's part is a job on its stream that contributes a copy of its
+//!   data, waits for the ranks it needs, and writes its result from their copies in
+//!   rank order with the HAL's reference arithmetic; it states cost figures for the
+//!   host's cost model, times out, aborts, and fails its peers when it cannot run.
 //! - `ops` — the builtin operations, computed with the host backend's functions
 //!   (`xpu_hal::reference`) so that results agree bit for bit with the reference.
 //! - `health` — whether the device still works, and how slow it is: the fault
