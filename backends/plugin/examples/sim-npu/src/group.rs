@@ -50,6 +50,8 @@ struct Shared {
     state: Mutex<State>,
     /// Signalled when a part contributes, fails or finishes, and on abort.
     changed: Condvar,
+    /// Word buffers of finished operations, for the next ones' copies.
+    pool: Mutex<Vec<Vec<u64>>>,
 }
 
 #[derive(Default)]
@@ -85,13 +87,35 @@ struct Words {
     len: usize,
 }
 
+/// Word buffers kept for reuse, so that large operations do not fault fresh pages in
+/// every time.
+const POOLED: usize = 8;
+
 impl Words {
-    fn of(bytes: &[u8]) -> Words {
-        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+    /// A copy of `bytes`, in a buffer from `pool` when one is large enough.
+    fn of(bytes: &[u8], pool: &Mutex<Vec<Vec<u64>>>) -> Words {
+        let need = bytes.len().div_ceil(8);
+        let reused = {
+            let mut pool = pool.lock().unwrap_or_else(|p| p.into_inner());
+            pool.iter()
+                .position(|w| w.len() >= need)
+                .map(|i| pool.swap_remove(i))
+        };
+        let mut words = reused.unwrap_or_else(|| vec![0u64; need]);
         bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
         Words {
             words,
             len: bytes.len(),
+        }
+    }
+
+    /// Gives the buffer back to `pool`, which keeps the largest few.
+    fn recycle(self, pool: &Mutex<Vec<Vec<u64>>>) {
+        let mut pool = pool.lock().unwrap_or_else(|p| p.into_inner());
+        pool.push(self.words);
+        if pool.len() > POOLED {
+            pool.sort_by_key(|w| std::cmp::Reverse(w.len()));
+            pool.truncate(POOLED);
         }
     }
 
@@ -127,6 +151,7 @@ impl SimGroup {
             name: format!("simccl over plugin.simnpu:{name}"),
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
+            pool: Mutex::new(Vec::new()),
         });
         Ok(NewGroup {
             group: Box::new(SimGroup { shared, config }),
@@ -301,7 +326,7 @@ impl Part {
         // SAFETY: the SDK checked that the range lies in a live buffer of this rank's
         // device with the length the operation implies; this job runs on the rank's
         // stream, which the host orders against every other use of it.
-        let mine = from.map(|s| Arc::new(Words::of(unsafe { view::<u8>(s) })));
+        let mine = from.map(|s| Arc::new(Words::of(unsafe { view::<u8>(s) }, &shared.pool)));
         let copies = {
             let mut st = lock(&shared.state);
             if let Some(why) = &st.aborted {
@@ -407,7 +432,13 @@ impl Part {
             }
             x.finished += 1;
             if x.finished >= size {
-                st.exchanges.remove(&self.seq);
+                if let Some(x) = st.exchanges.remove(&self.seq) {
+                    for copy in x.copies.into_iter().flatten() {
+                        if let Ok(words) = Arc::try_unwrap(copy) {
+                            words.recycle(&self.shared.pool);
+                        }
+                    }
+                }
             }
         }
         self.shared.changed.notify_all();
@@ -505,17 +536,35 @@ fn reduce_as<T: Element>(
     out: &mut [u8],
 ) {
     let len = out.len();
-    let block = |c: &Words| -> Vec<T> { bytemuck::pod_collect_to_vec(&c.bytes()[at..at + len]) };
-    let Some((first, rest)) = copies.split_first() else {
-        return;
-    };
-    let mut acc = block(first);
+    // The copies are 8-byte aligned and `at` is a whole number of elements, so their
+    // blocks are read in place.
+    fn block<T: Element>(c: &Words, at: usize, len: usize) -> &[T] {
+        bytemuck::cast_slice(&c.bytes()[at..at + len])
+    }
     let combine = hal_op(op);
-    for c in rest {
-        reference::accumulate(combine, &mut acc, &block(c));
+    let into = |acc: &mut [T]| {
+        match copies {
+            [] => return,
+            [only] => acc.copy_from_slice(block(only, at, len)),
+            [a, b, rest @ ..] => {
+                reference::binary(combine, block(a, at, len), block(b, at, len), acc);
+                for c in rest {
+                    reference::accumulate(combine, acc, block(c, at, len));
+                }
+            }
+        }
+        if op == CollectiveOp::Avg {
+            reference::average(hal_dtype(dtype), n, acc);
+        }
+    };
+    // The result goes straight into `out` where it is aligned for `T` (arena buffers
+    // are, at whole-element offsets); otherwise through an aligned copy.
+    match bytemuck::try_cast_slice_mut::<u8, T>(out) {
+        Ok(acc) => into(acc),
+        Err(_) => {
+            let mut acc = vec![T::zeroed(); len / std::mem::size_of::<T>()];
+            into(&mut acc);
+            out.copy_from_slice(bytemuck::cast_slice(&acc));
+        }
     }
-    if op == CollectiveOp::Avg {
-        reference::average(hal_dtype(dtype), n, &mut acc);
-    }
-    out.copy_from_slice(bytemuck::cast_slice(&acc));
 }

@@ -26,7 +26,7 @@
 //! | `XPU_SIMNPU_LOSE_AFTER` | `DEVICE:OPS`: fault injection, device `DEVICE` is lost after `OPS` operations | never |
 //! | `XPU_SIMNPU_WITHOUT_OPS` | comma-separated standard operations the devices do not provide (`gelu,gelu_backward`) | none |
 //! | `XPU_SIMNPU_CCL` | `on`/`off`: the devices offer their collective library, `simccl` | on |
-//! | `XPU_SIMNPU_CCL_LATENCY_US` | the latency `simccl` states, µs, or `none` to state no figures | latency × 2 + 40 |
+//! | `XPU_SIMNPU_CCL_LATENCY_US` | the latency `simccl` states, µs, or `none` to state no figures | latency × 2 + 60 |
 //! | `XPU_SIMNPU_CCL_GBPS` | the bus bandwidth `simccl` states, GB/s | the copy bandwidth, else 4 |
 //!
 //! A malformed value makes `device_count` fail with an `InvalidArgument` error naming
