@@ -377,13 +377,14 @@ fn algorithms(kind: Collective) -> Vec<Algorithm> {
 }
 
 /// Whether `algorithm` runs the thorough plan on the self and backend sets: ring,
-/// direct and shared memory do; the others, which are built from the same transfers and
-/// reductions as ring and direct, run the short plan everywhere so that the profile
-/// stays quick.
+/// direct and shared memory do, and so does the devices' own library (a vendor's code,
+/// which shares nothing with xpu's algorithms); the others, which are built from the
+/// same transfers and reductions as ring and direct, run the short plan everywhere so
+/// that the profile stays quick.
 fn thorough_for(algorithm: Algorithm) -> bool {
     matches!(
         algorithm,
-        Algorithm::Ring | Algorithm::Direct | Algorithm::SharedMemory
+        Algorithm::Ring | Algorithm::Direct | Algorithm::SharedMemory | Algorithm::Native
     )
 }
 
@@ -526,7 +527,8 @@ fn sweep(kind: Collective, devices: &[Device], topology: &Topology, thorough: bo
         )?;
         if !comm.offers(algorithm) {
             // Shared memory needs every rank host addressable (or staging through host
-            // memory), NCCL an all-CUDA communicator: the others run the rest.
+            // memory), the native library a backend that offers one over these devices
+            // (NCCL, a plugin's native collectives): the others run the rest.
             continue;
         }
         let chosen = comm.algorithm_for(kind, 4).0;
