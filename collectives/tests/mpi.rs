@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use xpu_collectives::comm::select::Selector;
 use xpu_collectives::process::mpi::Mpi;
+use xpu_collectives::topology::LinkClass;
 use xpu_collectives::{Collective, CommOptions, Communicator, ReduceOp};
 use xpu_hal::{DType, Device, DeviceSelector, Error, Registry};
 use xpu_host::{HostBackend, HostConfig};
@@ -55,6 +56,11 @@ fn main() -> ExitCode {
             3,
         ),
         trial("sends_and_receives_cross_processes_in_order", "p2p", 2),
+        trial(
+            "the_topology_spans_the_processes_and_their_links_are_measured",
+            "topology",
+            3,
+        ),
         trial(
             "a_process_without_devices_is_named_on_every_process",
             "empty",
@@ -180,6 +186,7 @@ fn child(case: &str) -> Outcome {
         "kill" => kill(&mpi),
         "shrink" => shrink(&mpi),
         "p2p" => p2p(&mpi),
+        "topology" => topology(&mpi),
         "empty" => empty(&mpi),
         other => Err(format!("unknown case {other}")),
     }
@@ -508,4 +515,72 @@ fn empty(mpi: &Mpi) -> Outcome {
         }
         got => Err(format!("expected a refusal naming process 1, got {got:?}")),
     }
+}
+
+/// Three processes of one, two and one devices: the topology names every process's
+/// devices, classes the links between processes as cross-process, groups each
+/// process's devices, and measures every pair of processes; operations go on after.
+fn topology(mpi: &Mpi) -> Outcome {
+    let counts = [1, 2, 1];
+    let comm = communicator(mpi, counts[mpi.rank()], Duration::from_secs(60))
+        .map_err(|e| e.to_string())?;
+    let t = comm.global_topology();
+    let ids: Vec<&str> = t.devices.iter().map(|d| d.id.as_str()).collect();
+    if ids != ["host:0@p0", "host:0@p1", "host:1@p1", "host:0@p2"] {
+        return Err(format!("devices {ids:?}"));
+    }
+    let class = |a, b| t.link(a, b).map(|l| l.class).map_err(|e| e.to_string());
+    if class(0, 1)? != LinkClass::CrossProcess
+        || class(1, 3)? != LinkClass::CrossProcess
+        || class(1, 2)? != LinkClass::SharedMemory
+    {
+        return Err(format!(
+            "links {:?} {:?} {:?}",
+            class(0, 1),
+            class(1, 3),
+            class(1, 2)
+        ));
+    }
+    if t.groups() != vec![vec![0], vec![1, 2], vec![3]] {
+        return Err(format!("groups {:?}", t.groups()));
+    }
+    let pairs = comm
+        .calibrate_processes(1 << 20)
+        .map_err(|e| e.to_string())?;
+    let found: Vec<(usize, usize)> = pairs.iter().map(|m| (m.a, m.b)).collect();
+    if found != [(0, 1), (0, 2), (1, 2)]
+        || pairs.iter().any(|m| {
+            !(m.latency_us > 0.0 && m.bandwidth_gbps > 0.0 && m.bandwidth_gbps.is_finite())
+        })
+    {
+        return Err(format!("measured {pairs:?}"));
+    }
+    let t = comm.global_topology();
+    for (a, b) in [(0, 1), (2, 3), (3, 0)] {
+        let l = t.link(a, b).map_err(|e| e.to_string())?;
+        if !l.measured {
+            return Err(format!("link {a} → {b} was not measured: {l:?}"));
+        }
+    }
+    if t.link(1, 2).map_err(|e| e.to_string())?.measured {
+        return Err("a link within a process was changed".into());
+    }
+    // Operations go on after the measurement.
+    sweep_one(&comm)
+}
+
+/// One exact all-reduce on every rank.
+fn sweep_one(comm: &Communicator) -> Outcome {
+    let wrong = support::run(
+        comm,
+        Collective::AllReduce,
+        DType::F32,
+        ReduceOp::Sum,
+        1000,
+        false,
+    );
+    if wrong.iter().any(|&w| w != 0) {
+        return Err(format!("wrong elements per rank {wrong:?}"));
+    }
+    Ok(())
 }

@@ -42,9 +42,33 @@ struct TopoJson<'a> {
     calibration_cache: Option<String>,
 }
 
-/// Runs `xpu topo`.
+/// Runs `xpu topo`. Under an MPI launcher it forms a communicator over every
+/// process's devices and the first process prints the whole job's topology: every
+/// device named `ID@pQ`, with its process and machine, and the links between processes
+/// (cross-process within a machine, network between machines), measured over the
+/// communicator's own transport with `--calibrate`.
 pub fn run(registry: &Registry, args: &TopoArgs) -> Result<()> {
     let devices = registry.devices(&args.selector)?;
+    if let Some(launch) = super::launch::Launch::detect()? {
+        let comm = launch.communicator(devices, xpu_collectives::CommOptions::from_env()?)?;
+        if args.calibrate {
+            let bytes = usize::try_from(args.calibrate_bytes).map_err(|_| {
+                xpu::Error::invalid("--calibrate-bytes does not fit this platform's sizes")
+            })?;
+            comm.calibrate_processes(bytes)?;
+        }
+        if comm.first_rank() == 0 {
+            let topology = comm.global_topology();
+            if args.xml {
+                print!("{}", nccl_xml::write(&topology)?);
+            } else if args.json {
+                print_json(&topology, None)?;
+            } else {
+                print_table(&topology);
+            }
+        }
+        return Ok(());
+    }
     let host = match &args.topo_file {
         Some(path) => nccl_xml::load(path)?,
         None => HostTopology::discover()?,
@@ -133,11 +157,26 @@ fn print_table(t: &Topology) {
     }
     println!("  PCI functions: {}", h.pci.len());
     println!();
+    // The processes and machines, for a topology that spans processes.
+    let spans = t.devices.iter().any(|d| d.process != 0);
+    if spans {
+        println!("processes: device@pQ is process Q's; machines numbered in process order");
+    }
     println!(
-        "{:<18} {:<10} {:<14} {:<5} {:<12} name",
-        "device", "kind", "pci", "numa", "reduce GB/s"
+        "{:<18} {}{:<10} {:<14} {:<5} {:<12} name",
+        "device",
+        if spans { "proc machine " } else { "" },
+        "kind",
+        "pci",
+        "numa",
+        "reduce GB/s"
     );
     for (i, d) in t.devices.iter().enumerate() {
+        let place = if spans {
+            format!("{:<4} {:<7} ", d.process, d.node)
+        } else {
+            String::new()
+        };
         // Measured (`*`) where calibrated, else the estimate the cost model uses.
         let reduce = format!(
             "{:.2}{}",
@@ -145,7 +184,7 @@ fn print_table(t: &Topology) {
             if d.reduce_gbps.is_some() { "*" } else { "" }
         );
         println!(
-            "{:<18} {:<10} {:<14} {:<5} {:<12} {}",
+            "{:<18} {place}{:<10} {:<14} {:<5} {:<12} {}",
             d.id,
             d.kind,
             d.pci_bus_id.as_deref().unwrap_or("-"),

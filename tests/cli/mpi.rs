@@ -370,3 +370,40 @@ fn train_across_processes_rebalances_a_straggler_in_another_process() {
     );
     assert!(out.contains(&final_loss), "{out}");
 }
+
+/// `xpu topo` under mpirun: the first process prints the whole job's topology once,
+/// every process's devices named with their process, and `--calibrate` measures the
+/// path between the processes.
+#[test]
+fn topo_across_processes_shows_every_process_and_measures_between_them() {
+    if !mpirun_available() {
+        return;
+    }
+    let out = succeeds(&mut mpirun(&[
+        "topo",
+        "--devices",
+        "host:0",
+        "--calibrate",
+        "--calibrate-bytes",
+        "65536",
+        "--json",
+    ]));
+    let doc: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let ids: Vec<&str> = doc["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["host:0@p0", "host:0@p1"], "{out}");
+    let between = doc["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["from"] == "host:0@p0" && l["to"] == "host:0@p1")
+        .unwrap();
+    assert_eq!(between["class"], "cross-process", "{between}");
+    assert_eq!(between["measured"], true, "{between}");
+    assert!(between["latency_us"].as_f64().unwrap() > 0.0, "{between}");
+}

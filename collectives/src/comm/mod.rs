@@ -33,6 +33,7 @@
 //! two ranks cannot deadlock); [`Rank::recv`] waits for the matching send — the oldest
 //! unmatched one from that peer — and enqueues the transfer.
 
+mod across_topology;
 pub mod algorithms;
 mod args;
 mod failure;

@@ -40,6 +40,8 @@ pub(crate) struct Span {
     /// Per process: whether this process suspects it of having failed (it did not take
     /// part in time, or a transfer with it failed).
     pub suspects: Mutex<Vec<bool>>,
+    /// Every process's devices and the links between them (`across_topology.rs`).
+    pub topology: Mutex<Topology>,
     /// Shrinks started from this communicator (each uses its own tags).
     pub shrinks: AtomicU32,
 }
@@ -887,7 +889,7 @@ fn finish_avg(desc: &OpDesc, size: usize, data: &mut [u8]) -> std::result::Resul
 /// Sends `mine` to every other process and receives `sizes[q]` bytes from each process
 /// `q`; the result holds each process's bytes (empty for this one). On a failure the
 /// buffers are leaked: the transport may still use them.
-fn swap_with_all(
+pub(super) fn swap_with_all(
     peers: &dyn Peers,
     tag: u32,
     mine: Vec<u8>,
@@ -930,6 +932,9 @@ struct Joining {
     host: String,
     pid: u32,
     devices: Vec<String>,
+    /// The devices as the topology describes them.
+    #[serde(default)]
+    topo: Vec<crate::topology::TopoDevice>,
 }
 
 impl Communicator {
@@ -1089,6 +1094,10 @@ impl Communicator {
             host,
             pid: std::process::id(),
             devices: devices.iter().map(|d| d.id().to_string()).collect(),
+            topo: devices
+                .iter()
+                .map(crate::topology::TopoDevice::from_device)
+                .collect(),
         };
         let mine = serde_json::to_vec(&joining)
             .map_err(|e| Error::backend_message("collectives", format!("internal error: {e}")))?;
@@ -1119,6 +1128,7 @@ impl Communicator {
         let theirs = swap_with_all(&*peers, tag, mine, sizes, deadline)
             .map_err(|e| joined("their devices", e))?;
         let mut procs = Vec::with_capacity(n);
+        let mut topo = Vec::with_capacity(n);
         let mut first = 0;
         for (q, bytes) in theirs.iter().enumerate() {
             let j: Joining = if q == me {
@@ -1126,6 +1136,7 @@ impl Communicator {
                     host: joining.host.clone(),
                     pid: joining.pid,
                     devices: joining.devices.clone(),
+                    topo: joining.topo.clone(),
                 }
             } else {
                 serde_json::from_slice(bytes).map_err(|e| {
@@ -1134,6 +1145,14 @@ impl Communicator {
                     ))
                 })?
             };
+            if j.topo.len() != j.devices.len() {
+                return Err(Error::invalid(format!(
+                    "process {q} described {} devices but {} of their topology; run the same build of the program in every process",
+                    j.devices.len(),
+                    j.topo.len()
+                )));
+            }
+            topo.push(j.topo);
             procs.push(ProcessInfo {
                 index: q,
                 host: j.host,
@@ -1155,6 +1174,7 @@ impl Communicator {
         local_options.timeout = options.timeout + Duration::from_secs(1);
         let local = Communicator::new(devices, local_options)?;
         let local_ranks = local.shared.devices.len();
+        let topology = super::across_topology::global(&local.shared.topology, &procs, topo);
         Ok(Communicator {
             shared: local.shared,
             span: Some(Arc::new(Span {
@@ -1170,6 +1190,7 @@ impl Communicator {
                 aborted: AtomicBool::new(false),
                 suspects: Mutex::new(vec![false; n]),
                 shrinks: AtomicU32::new(0),
+                topology: Mutex::new(topology),
             })),
         })
     }

@@ -22,6 +22,7 @@
 //! process id and its devices.
 
 pub(crate) mod between;
+pub mod links;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub(crate) mod wire;

@@ -145,23 +145,28 @@ pub struct TopoDevice {
     pub pci_bus_id: Option<String>,
     /// The NUMA node it is attached to, when known.
     pub numa_node: Option<u32>,
-    /// The process holding it (0: this one).
+    /// The process holding it (0: this one; in the topology of a communicator across
+    /// processes, the process's index).
     pub process: u32,
+    /// The machine (node) of that process: an index over the communicator's host names
+    /// in process order (0: the first process's machine).
+    #[serde(default)]
+    pub node: u32,
     /// The measured throughput of its builtin reduction (an `f32` sum accumulated into a
     /// buffer), GB/s of destination, once calibrated ([`calibrate`]).
     #[serde(default)]
     pub reduce_gbps: Option<f64>,
     /// Indexes (within its backend) of the devices it reaches peer to peer.
-    #[serde(skip)]
+    #[serde(default)]
     peers: Vec<u32>,
     /// Direct links: (index within its backend, count).
-    #[serde(skip)]
+    #[serde(default)]
     direct: Vec<(u32, u32)>,
     /// Its index within its backend.
-    #[serde(skip)]
+    #[serde(default)]
     index: u32,
-    /// Whether its memory is this process's host memory.
-    #[serde(skip)]
+    /// Whether its memory is its process's host memory.
+    #[serde(default)]
     host_memory: bool,
 }
 
@@ -191,6 +196,7 @@ impl TopoDevice {
                 .extra_value(topology_keys::NUMA_NODE)
                 .and_then(|v| v.parse().ok()),
             process: 0,
+            node: 0,
             reduce_gbps: None,
             peers: list(topology_keys::PEERS)
                 .iter()
@@ -389,11 +395,14 @@ impl Topology {
 /// The class of the path from `a` to `b`, and the number of direct links for
 /// [`LinkClass::DirectLink`].
 fn classify(host: &HostTopology, a: &TopoDevice, b: &TopoDevice) -> (LinkClass, u32) {
-    if a.id == b.id {
-        return (LinkClass::SameDevice, 0);
+    if a.node != b.node {
+        return (LinkClass::Network, 0);
     }
     if a.process != b.process {
         return (LinkClass::CrossProcess, 0);
+    }
+    if a.id == b.id {
+        return (LinkClass::SameDevice, 0);
     }
     if a.backend != b.backend {
         return (LinkClass::HostStaged, 0);

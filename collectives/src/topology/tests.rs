@@ -37,6 +37,7 @@ fn gpu(index: u32, bus: &str, peers: &[u32]) -> TopoDevice {
         pci_bus_id: host::normalize_bus_id(bus),
         numa_node: None,
         process: 0,
+        node: 0,
         reduce_gbps: None,
         peers: peers.to_vec(),
         direct: Vec::new(),
@@ -54,6 +55,7 @@ fn host_device(index: u32) -> TopoDevice {
         pci_bus_id: None,
         numa_node: None,
         process: 0,
+        node: 0,
         reduce_gbps: None,
         peers: Vec::new(),
         direct: Vec::new(),
@@ -133,6 +135,35 @@ fn pairs_are_classified() {
         "NUMA node from the PCI tree"
     );
     assert!(t.link(7, 0).is_err());
+}
+
+#[test]
+fn devices_of_other_processes_and_machines_are_classified_by_both() {
+    // host:0 and host:1 in process 0; host:0 in process 1 on the same machine; host:0
+    // in process 2 on another machine.
+    let mut devices = vec![
+        host_device(0),
+        host_device(1),
+        host_device(0),
+        host_device(0),
+    ];
+    for (d, (process, node)) in devices.iter_mut().zip([(0, 0), (0, 0), (1, 0), (2, 1)]) {
+        d.process = process;
+        d.node = node;
+    }
+    let host = nccl_xml::parse(DGX_LIKE, "dgx.xml").unwrap();
+    let t = Topology::from_parts(host, devices);
+    let class = |a, b| t.link(a, b).unwrap().class;
+    assert_eq!(class(0, 1), LinkClass::SharedMemory);
+    assert_eq!(
+        class(0, 2),
+        LinkClass::CrossProcess,
+        "same id, other process"
+    );
+    assert_eq!(class(2, 3), LinkClass::Network);
+    assert_eq!(class(3, 0), LinkClass::Network);
+    assert_eq!(class(2, 2), LinkClass::SameDevice);
+    assert_eq!(t.groups(), vec![vec![0, 1], vec![2], vec![3]]);
 }
 
 #[test]
