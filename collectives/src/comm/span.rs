@@ -952,13 +952,15 @@ impl Communicator {
         options: CommOptions,
     ) -> Result<Communicator> {
         let peers = mpi.peers(options.timeout)?;
-        Self::across(
-            Box::new(peers),
-            mpi.host().to_string(),
-            SETUP_TAG,
-            devices,
-            options,
-        )
+        // The machine this process runs on, as the others group it: MPI's processor
+        // name unless XPU_NODE_NAME says otherwise (containers whose host names differ
+        // on one machine, or processes meant to stand for separate machines).
+        let host = std::env::var("XPU_NODE_NAME")
+            .ok()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| mpi.host().to_string());
+        Self::across(Box::new(peers), host, SETUP_TAG, devices, options)
     }
 
     /// After a failure of this communicator across processes, a new one over the

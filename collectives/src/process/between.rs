@@ -217,6 +217,9 @@ impl Between<'_> {
             return Ok(());
         }
         if len <= ONE_ROUND || len / elem < n {
+            if let Some(machines) = self.machines() {
+                return self.all_reduce_by_machine(data, extra, &machines);
+            }
             let others: Vec<usize> = self.others().collect();
             let mut recvs = from_others(&others, extra, len)?;
             self.swap(
@@ -236,6 +239,81 @@ impl Between<'_> {
         let blocks = even_blocks(len, elem, n);
         self.reduce_scatter(data, extra, &blocks)?;
         self.all_gather(data, &blocks)
+    }
+
+    /// The processes grouped by machine, in process order, when that makes a hierarchy:
+    /// more than one machine, and one of them holding more than one process.
+    fn machines(&self) -> Option<Vec<Vec<usize>>> {
+        let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
+        for (q, p) in self.procs.iter().enumerate() {
+            match groups.iter_mut().find(|(h, _)| *h == p.host) {
+                Some((_, g)) => g.push(q),
+                None => groups.push((&p.host, vec![q])),
+            }
+        }
+        (groups.len() > 1 && groups.iter().any(|(_, g)| g.len() > 1))
+            .then(|| groups.into_iter().map(|(_, g)| g).collect())
+    }
+
+    /// A small all-reduce over several machines: each machine's processes send their
+    /// data to its first process (its leader), which combines them in process order;
+    /// the leaders exchange their machines' sums and combine them in machine order; each
+    /// leader hands the result to its machine. Only one message per process crosses
+    /// machines, instead of one to every process of every other machine, and every
+    /// process ends with the same bits.
+    fn all_reduce_by_machine(
+        &mut self,
+        data: &mut [u8],
+        extra: &mut [u8],
+        machines: &[Vec<usize>],
+    ) -> std::result::Result<(), Failure> {
+        let me = self.me();
+        let len = data.len();
+        let Some(mine) = machines.iter().find(|g| g.contains(&me)) else {
+            return Err(Error::backend_message(
+                "collectives",
+                "internal error: this process is on no machine",
+            )
+            .into());
+        };
+        let (leader, members) = (mine[0], &mine[1..]);
+        if me != leader {
+            self.swap(&[(leader, &*data)], &mut [])?;
+            return self.swap(&[], &mut [(leader, data)]);
+        }
+        // Within the machine, to the leader.
+        if !members.is_empty() {
+            let mut recvs = from_others(members, extra, len)?;
+            self.swap(&[], &mut recvs)?;
+            let own = data.as_mut_ptr();
+            let mut sources = vec![own];
+            sources.extend(recvs.iter_mut().map(|(_, b)| b.as_mut_ptr()));
+            // SAFETY: as in `all_reduce`: every source is `len` live, aligned bytes that
+            // only the reduction touches, and the destination is this process's own.
+            unsafe { self.reduce(&sources, own, len) }?;
+        }
+        // Among the machines' leaders.
+        let leaders: Vec<usize> = machines.iter().map(|g| g[0]).collect();
+        let others: Vec<usize> = leaders.iter().copied().filter(|&q| q != me).collect();
+        let mut recvs = from_others(&others, extra, len)?;
+        self.swap(
+            &others.iter().map(|&q| (q, &*data)).collect::<Vec<_>>(),
+            &mut recvs,
+        )?;
+        let own = data.as_mut_ptr();
+        let mut sources: Vec<*mut u8> = recvs.iter_mut().map(|(_, b)| b.as_mut_ptr()).collect();
+        let at = leaders.iter().position(|&q| q == me).unwrap_or(0);
+        sources.insert(at, own);
+        // SAFETY: as above.
+        unsafe { self.reduce(&sources, own, len) }?;
+        // Back to the machine.
+        if members.is_empty() {
+            return Ok(());
+        }
+        self.swap(
+            &members.iter().map(|&q| (q, &*data)).collect::<Vec<_>>(),
+            &mut [],
+        )
     }
 
     /// Block `q` of `data` (`blocks[q]`) at process `q` becomes the reduction of every
