@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use xpu_collectives::check;
-use xpu_collectives::comm::select::Selector;
 use xpu_collectives::{
     Algorithm, Collective, CommOptions, CommStats, Communicator, ReduceOp, Topology,
 };
@@ -38,16 +37,7 @@ fn devices(sel: &str) -> Vec<Device> {
 }
 
 fn comm(devices: Vec<Device>, overrides: &str, timeout: Duration) -> Communicator {
-    let topology = Topology::discover(&devices).unwrap();
-    Communicator::with_topology(
-        devices,
-        topology,
-        CommOptions {
-            timeout,
-            selector: Selector::parse(overrides).unwrap(),
-        },
-    )
-    .unwrap()
+    support::communicator(devices, overrides, timeout)
 }
 
 /// Runs every operation with every algorithm forced by an override (an operation the

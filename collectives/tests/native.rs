@@ -11,8 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use xpu_collectives::comm::select::Selector;
-use xpu_collectives::{Algorithm, Collective, CommOptions, Communicator, ReduceOp, Topology};
+use xpu_collectives::{Algorithm, Collective, Communicator, ReduceOp};
 use xpu_hal::{DType, Device, DeviceSelector, LaunchDims, Registry};
 use xpu_host::{HostBackend, HostConfig};
 use xpu_plugin::PluginBackend;
@@ -54,17 +53,7 @@ fn devices(sel: &str) -> Vec<Device> {
 }
 
 fn comm(sel: &str, overrides: &str, timeout: Duration) -> Communicator {
-    let devices = devices(sel);
-    let topology = Topology::discover(&devices).unwrap();
-    Communicator::with_topology(
-        devices,
-        topology,
-        CommOptions {
-            timeout,
-            selector: Selector::parse(overrides).unwrap(),
-        },
-    )
-    .unwrap()
+    support::communicator(devices(sel), overrides, timeout)
 }
 
 fn forced(algorithm: &str) -> String {

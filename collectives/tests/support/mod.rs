@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use xpu_collectives::check;
-use xpu_collectives::{Collective, Communicator, ReduceOp};
+use xpu_collectives::comm::select::Selector;
+use xpu_collectives::{Collective, CommOptions, Communicator, ReduceOp, Topology};
 use xpu_hal::{DType, Device, KernelDesc, KernelSource};
 
 /// The operations with data, as the tests sweep them.
@@ -170,4 +171,19 @@ pub fn gate(device: &Device, release: Arc<AtomicBool>) -> xpu_hal::Kernel {
             params: vec![],
         })
         .unwrap()
+}
+
+/// A communicator over `devices` with the `XPU_COLL_ALGO`-style `overrides` and
+/// `timeout`.
+pub fn communicator(devices: Vec<Device>, overrides: &str, timeout: Duration) -> Communicator {
+    let topology = Topology::discover(&devices).unwrap();
+    Communicator::with_topology(
+        devices,
+        topology,
+        CommOptions {
+            timeout,
+            selector: Selector::parse(overrides).unwrap(),
+        },
+    )
+    .unwrap()
 }

@@ -31,6 +31,7 @@ use xpu_plugin_sdk::{
 use crate::arena::Buffer;
 use crate::config::SimConfig;
 use crate::ops::{view, view_mut};
+use crate::std_ops::hal_dtype;
 use crate::SimNpu;
 
 /// How long a part waits for its peers when the host gives no timeout.
@@ -463,18 +464,6 @@ fn hal_op(op: CollectiveOp) -> BinaryOp {
         CollectiveOp::Prod => BinaryOp::Prod,
         CollectiveOp::Min => BinaryOp::Min,
         CollectiveOp::Max => BinaryOp::Max,
-    }
-}
-
-fn hal_dtype(d: DType) -> xpu_hal::DType {
-    match d {
-        DType::F32 => xpu_hal::DType::F32,
-        DType::F64 => xpu_hal::DType::F64,
-        DType::F16 => xpu_hal::DType::F16,
-        DType::BF16 => xpu_hal::DType::BF16,
-        DType::I32 => xpu_hal::DType::I32,
-        DType::I64 => xpu_hal::DType::I64,
-        DType::U8 => xpu_hal::DType::U8,
     }
 }
 

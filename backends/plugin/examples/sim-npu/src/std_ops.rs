@@ -44,7 +44,8 @@ fn sdk_dtype(d: xpu_hal::DType) -> DType {
     }
 }
 
-fn hal_dtype(d: DType) -> xpu_hal::DType {
+/// The HAL's dtype of an SDK dtype.
+pub(crate) fn hal_dtype(d: DType) -> xpu_hal::DType {
     match d {
         DType::F32 => xpu_hal::DType::F32,
         DType::F64 => xpu_hal::DType::F64,
