@@ -187,6 +187,14 @@ impl Group<SimNpu> for SimGroup {
             );
             seq
         };
+        // Until every part is enqueued, leaving early (a refused part, or a panic)
+        // cancels the operation: see `Enqueueing`.
+        let mut enqueueing = Enqueueing {
+            shared: &self.shared,
+            seq,
+            made: 0,
+            done: false,
+        };
         for (rank, p) in parts.into_iter().enumerate() {
             let written = p.recv.as_ref().map_or(0, |r| r.length);
             let part = Part {
@@ -198,25 +206,11 @@ impl Group<SimNpu> for SimGroup {
                 recv: p.recv,
                 done: false,
             };
-            if let Err(e) = p
-                .stream
-                .run(self.config.copy_time(written), move || part.run())
-            {
-                // The parts already enqueued find the operation cancelled and do
-                // nothing; this rank's was dropped (and counted) already, and the ones
-                // never made count as finished.
-                let mut st = lock(&self.shared.state);
-                if let Some(x) = st.exchanges.get_mut(&seq) {
-                    x.cancelled = true;
-                    x.finished += self.shared.size - rank - 1;
-                    if x.finished >= self.shared.size {
-                        st.exchanges.remove(&seq);
-                    }
-                }
-                self.shared.changed.notify_all();
-                return Err(e);
-            }
+            enqueueing.made += 1;
+            p.stream
+                .run(self.config.copy_time(written), move || part.run())?;
         }
+        enqueueing.done = true;
         if let Some(x) = lock(&self.shared.state).exchanges.get_mut(&seq) {
             x.enqueued = true;
         }
@@ -257,6 +251,35 @@ impl Drop for SimGroup {
                 .map(|(g, _)| g)
                 .unwrap_or_else(|p| p.into_inner().0);
         }
+    }
+}
+
+/// An operation whose parts are being enqueued. Dropped before `done`, it cancels the
+/// operation: the parts already enqueued find it cancelled and do nothing; every part
+/// made counts itself finished (when it runs, or when it is dropped unrun), and the
+/// ones never made are counted here.
+struct Enqueueing<'a> {
+    shared: &'a Shared,
+    seq: u64,
+    made: usize,
+    done: bool,
+}
+
+impl Drop for Enqueueing<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let size = self.shared.size;
+        let mut st = lock(&self.shared.state);
+        if let Some(x) = st.exchanges.get_mut(&self.seq) {
+            x.cancelled = true;
+            x.finished += size.saturating_sub(self.made);
+            if x.finished >= size {
+                st.exchanges.remove(&self.seq);
+            }
+        }
+        self.shared.changed.notify_all();
     }
 }
 
