@@ -44,6 +44,11 @@ pub(crate) struct StreamSlot {
     pub(crate) inflight: VecDeque<(u64, Event)>,
     /// Per stream index: the latest point of that stream this one already waits for.
     waits_for: Vec<u64>,
+    /// Set when a recovery saw this stream's failure through its events only: the
+    /// stream's own report of it was taken elsewhere meanwhile (a `wait_all` that
+    /// synchronizes outside the lock) and is still to come; it is the same failure,
+    /// already handled, and is not reported twice.
+    pub(crate) error_owed: bool,
 }
 
 impl StreamSlot {
@@ -54,6 +59,7 @@ impl StreamSlot {
             completed: 0,
             inflight: VecDeque::new(),
             waits_for: vec![0; streams],
+            error_owed: false,
         }
     }
 

@@ -85,6 +85,14 @@ impl State {
                 causes[s].get_or_insert(e);
             }
             let slot = &mut self.streams[s];
+            // The stream's report of a failure an earlier recovery handled from its
+            // events: the stream keeps only its first error until reported, so this is
+            // that one, not a new failure (a new one fails its events again below).
+            let reported = causes[s].is_some();
+            if slot.error_owed && reported {
+                slot.error_owed = false;
+                causes[s] = None;
+            }
             for (seq, e) in &slot.inflight {
                 match e.query() {
                     Ok(true) => slot.completed = *seq,
@@ -94,6 +102,11 @@ impl State {
                     }
                     Err(err) => {
                         first_bad[s] = *seq;
+                        // Failed work without the stream's own report: someone else
+                        // took it, and it is still to reach a recovery.
+                        if !reported {
+                            slot.error_owed = true;
+                        }
                         causes[s].get_or_insert(err);
                         break;
                     }
