@@ -16,7 +16,7 @@ use xpu_hal::{DType, Device, DeviceSelector, Error, LaunchDims, Registry};
 use xpu_host::{HostBackend, HostConfig};
 
 mod support;
-use support::{gate, run, KINDS};
+use support::{check_every, forced, gate, run, KINDS};
 
 fn registry() -> Registry {
     let mut r = Registry::new();
@@ -44,12 +44,7 @@ fn comm(devices: Vec<Device>, overrides: &str, timeout: Duration) -> Communicato
 /// algorithm lacks ignores its override and runs the model's choice, checked here too).
 fn sweep(comm_for: impl Fn(&str) -> Communicator, dtypes: &[DType], sizes: &[usize]) {
     for algo in Algorithm::ALL {
-        let overrides = KINDS
-            .iter()
-            .map(|k| format!("{}:{}", k.name(), algo.name()))
-            .collect::<Vec<_>>()
-            .join(",");
-        let comm = comm_for(&overrides);
+        let comm = comm_for(&forced(algo.name()));
         for kind in KINDS {
             let chosen = comm.algorithm_for(kind, 4).0;
             assert_eq!(
@@ -57,30 +52,7 @@ fn sweep(comm_for: impl Fn(&str) -> Communicator, dtypes: &[DType], sizes: &[usi
                 algo.implements(kind) && comm.offers(algo),
                 "{kind} forced to {algo} chose {chosen}"
             );
-            for &dtype in dtypes {
-                let ops: &[ReduceOp] = match kind {
-                    Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter => {
-                        &ReduceOp::ALL
-                    }
-                    _ => &[ReduceOp::Sum],
-                };
-                for &op in ops {
-                    for &elems in sizes {
-                        for in_place in [false, true] {
-                            if kind == Collective::AllToAll && in_place {
-                                continue;
-                            }
-                            let wrong = run(&comm, kind, dtype, op, elems, in_place);
-                            assert!(
-                                wrong.iter().all(|&w| w == 0),
-                                "{algo} {kind} {} {op} × {elems} in_place={in_place} on {:?}: wrong elements per rank {wrong:?}",
-                                dtype.name(),
-                                comm
-                            );
-                        }
-                    }
-                }
-            }
+            check_every(&comm, kind, dtypes, sizes, &format!("{algo} on {comm:?}:"));
         }
     }
 }

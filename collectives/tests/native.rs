@@ -17,7 +17,7 @@ use xpu_host::{HostBackend, HostConfig};
 use xpu_plugin::PluginBackend;
 
 mod support;
-use support::{gate, run, KINDS};
+use support::{check_every, forced, gate, run, KINDS};
 
 /// The sim-npu library Cargo built next to this test binary (a dev-dependency).
 fn sim_npu() -> PathBuf {
@@ -56,14 +56,6 @@ fn comm(sel: &str, overrides: &str, timeout: Duration) -> Communicator {
     support::communicator(devices(sel), overrides, timeout)
 }
 
-fn forced(algorithm: &str) -> String {
-    KINDS
-        .iter()
-        .map(|k| format!("{}:{algorithm}", k.name()))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 #[test]
 fn every_operation_is_exact_through_the_plugins_library() {
     let comm = comm(
@@ -75,29 +67,7 @@ fn every_operation_is_exact_through_the_plugins_library() {
     assert!(comm.offers(Algorithm::Native));
     for kind in KINDS {
         assert_eq!(comm.algorithm_for(kind, 64).0, Algorithm::Native, "{kind}");
-        for dtype in DType::ALL {
-            let ops: &[ReduceOp] = match kind {
-                Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter => {
-                    &ReduceOp::ALL
-                }
-                _ => &[ReduceOp::Sum],
-            };
-            for &op in ops {
-                for elems in [1, 7, 300] {
-                    for in_place in [false, true] {
-                        if kind == Collective::AllToAll && in_place {
-                            continue;
-                        }
-                        let wrong = run(&comm, kind, dtype, op, elems, in_place);
-                        assert!(
-                            wrong.iter().all(|&w| w == 0),
-                            "{kind} {} {op} × {elems} in_place={in_place}: wrong per rank {wrong:?}",
-                            dtype.name()
-                        );
-                    }
-                }
-            }
-        }
+        check_every(&comm, kind, &DType::ALL, &[1, 7, 300], "simccl:");
     }
 }
 

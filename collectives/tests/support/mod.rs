@@ -187,3 +187,45 @@ pub fn communicator(devices: Vec<Device>, overrides: &str, timeout: Duration) ->
     )
     .unwrap()
 }
+
+/// `XPU_COLL_ALGO` overrides that force `algorithm` for every operation of [`KINDS`].
+pub fn forced(algorithm: &str) -> String {
+    KINDS
+        .iter()
+        .map(|k| format!("{}:{algorithm}", k.name()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Runs `kind` on `comm` in every dtype of `dtypes`, every reduction it has, at every
+/// size of `sizes`, in place and out of place, and fails naming `what` and the case at
+/// the first wrong element.
+pub fn check_every(
+    comm: &Communicator,
+    kind: Collective,
+    dtypes: &[DType],
+    sizes: &[usize],
+    what: &str,
+) {
+    let ops: &[ReduceOp] = match kind {
+        Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter => &ReduceOp::ALL,
+        _ => &[ReduceOp::Sum],
+    };
+    for &dtype in dtypes {
+        for &op in ops {
+            for &elems in sizes {
+                for in_place in [false, true] {
+                    if kind == Collective::AllToAll && in_place {
+                        continue;
+                    }
+                    let wrong = run(comm, kind, dtype, op, elems, in_place);
+                    assert!(
+                        wrong.iter().all(|&w| w == 0),
+                        "{what} {kind} {} {op} × {elems} in_place={in_place}: wrong elements per rank {wrong:?}",
+                        dtype.name()
+                    );
+                }
+            }
+        }
+    }
+}

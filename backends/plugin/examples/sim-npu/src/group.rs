@@ -440,7 +440,8 @@ impl Part {
         // SAFETY: as for the contribution; only this job writes `recv`, and it reads the
         // others' data from their copies, so an in-place `recv` is safe to overwrite.
         let out = unsafe { view_mut::<u8>(recv) };
-        write_result(self.call, self.rank, self.shared.size, &copies, out)
+        write_result(self.call, self.rank, self.shared.size, &copies, out);
+        Ok(())
     }
 
     /// Counts this rank done; the last one forgets the operation.
@@ -492,19 +493,17 @@ fn hal_op(op: CollectiveOp) -> BinaryOp {
 
 /// Rank `rank`'s result of `call` from the contributions `copies` (of the ranks it
 /// needs, in rank order), into `out`.
-fn write_result(
-    call: GroupCall,
-    rank: usize,
-    n: usize,
-    copies: &[Arc<Words>],
-    out: &mut [u8],
-) -> Result<()> {
+fn write_result(call: GroupCall, rank: usize, n: usize, copies: &[Arc<Words>], out: &mut [u8]) {
     match call {
-        GroupCall::AllReduce { dtype, op, .. } | GroupCall::Reduce { dtype, op, .. } => {
-            reduce(dtype, op, n, copies, 0, out);
-        }
-        GroupCall::ReduceScatter { dtype, op, .. } => {
-            reduce(dtype, op, n, copies, rank * out.len(), out);
+        GroupCall::AllReduce { dtype, op, .. }
+        | GroupCall::Reduce { dtype, op, .. }
+        | GroupCall::ReduceScatter { dtype, op, .. } => {
+            // A reduce-scatter's rank reduces its own block of the copies.
+            let at = match call {
+                GroupCall::ReduceScatter { .. } => rank * out.len(),
+                _ => 0,
+            };
+            xpu_hal::with_dtype!(DType, dtype, T => reduce::<T>(dtype, op, n, copies, at, out));
         }
         GroupCall::Broadcast { .. } => {
             if let Some(root) = copies.first() {
@@ -524,22 +523,10 @@ fn write_result(
             }
         }
     }
-    Ok(())
 }
 
 /// `out` = `op` over the ranks' bytes `at .. at + out.len()`, combined in rank order.
-fn reduce(
-    dtype: DType,
-    op: CollectiveOp,
-    n: usize,
-    copies: &[Arc<Words>],
-    at: usize,
-    out: &mut [u8],
-) {
-    xpu_hal::with_dtype!(DType, dtype, T => reduce_as::<T>(dtype, op, n, copies, at, out));
-}
-
-fn reduce_as<T: Element>(
+fn reduce<T: Element>(
     dtype: DType,
     op: CollectiveOp,
     n: usize,
