@@ -40,7 +40,10 @@
 //!   rank to arrive hands the whole operation to it, after the same rendezvous. A
 //!   library that states its cost is weighed against the algorithms above by the cost
 //!   model; one that does not is preferred wherever it implements the operation.
-//!   `XPU_COLL_ALGO` forces either way (`allreduce:native`, `allreduce:ring`).
+//!   `XPU_COLL_ALGO` forces either way (`allreduce:native`, `allreduce:ring`). Across
+//!   processes, a library whose groups span them (NCCL ≥ 2.14, a plugin of ABI 1.4)
+//!   gets a group over every process's ranks when all processes agree on it, and runs
+//!   the operations it is chosen for instead of the leaders' exchange (see [`process`]).
 //!
 //! [`Communicator::stats`] counts which way operations ran.
 //!

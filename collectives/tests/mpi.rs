@@ -71,6 +71,26 @@ fn main() -> ExitCode {
             "empty",
             2,
         ),
+        trial(
+            "every_operation_through_a_plugins_library_across_processes",
+            "native",
+            2,
+        ),
+        trial(
+            "a_plugins_library_across_processes_finds_processes_that_disagree",
+            "native_desync",
+            2,
+        ),
+        trial(
+            "a_stalled_process_is_named_by_a_plugins_library_across_processes",
+            "native_stall",
+            2,
+        ),
+        trial(
+            "a_host_and_a_plugin_device_in_each_process_are_exact",
+            "mixed",
+            2,
+        ),
     ];
     libtest_mimic::run(&args, trials).exit_code()
 }
@@ -194,6 +214,10 @@ fn child(case: &str) -> Outcome {
         "topology" => topology(&mpi),
         "machines" => machines(&mpi),
         "empty" => empty(&mpi),
+        "native" => native(&mpi),
+        "native_desync" => native_desync(&mpi),
+        "native_stall" => native_stall(&mpi),
+        "mixed" => mixed(&mpi),
         other => Err(format!("unknown case {other}")),
     }
 }
@@ -646,4 +670,156 @@ fn machines(mpi: &Mpi) -> Outcome {
         return Err(format!("a large all-reduce: wrong per rank {wrong:?}"));
     }
     Ok(())
+}
+
+/// The sim-npu plugin Cargo built next to this test binary (a dev-dependency).
+fn sim_npu() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let name = format!("libxpu_sim_npu.{}", std::env::consts::DLL_EXTENSION);
+    [deps.join(&name), deps.join("..").join(&name)]
+        .into_iter()
+        .find(|p| p.exists())
+        .expect("the xpu-sim-npu plugin is built (it is a dev-dependency)")
+}
+
+/// The devices `selector` picks from one host device and the sim-npu plugin.
+fn mixed_devices(selector: &str) -> xpu_hal::Result<Vec<Device>> {
+    let mut r = Registry::new();
+    r.register(Arc::new(HostBackend::new(HostConfig {
+        devices: 1,
+        capacity: 256 << 20,
+    })))?;
+    r.register(Arc::new(xpu_plugin::PluginBackend::load(sim_npu())?))?;
+    r.devices(&DeviceSelector::parse(selector)?)
+}
+
+/// A communicator over `selector`'s devices in this process, with `overrides`.
+fn comm_over(mpi: &Mpi, selector: &str, overrides: &str) -> Result<Communicator, String> {
+    comm_timed(mpi, selector, overrides, Duration::from_secs(60))
+}
+
+/// [`comm_over`] with a timeout.
+fn comm_timed(
+    mpi: &Mpi,
+    selector: &str,
+    overrides: &str,
+    timeout: Duration,
+) -> Result<Communicator, String> {
+    Communicator::from_mpi(
+        mpi,
+        mixed_devices(selector).map_err(|e| e.to_string())?,
+        CommOptions {
+            timeout,
+            selector: Selector::parse(overrides).map_err(|e| e.to_string())?,
+        },
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// Two sim-npu devices in process 0 and one in process 1, every operation forced
+/// through simccl across the processes: its group spans them (the library is named),
+/// and every operation, dtype and reduction is exact, in place and out of place. The
+/// slots are 4 KiB, so the larger operations run in many steps.
+fn native(mpi: &Mpi) -> Outcome {
+    // Set before the plugin reads it; nothing else runs in this process yet.
+    std::env::set_var("XPU_SIMNPU_CCL_SLOT", "4K");
+    let selector = if mpi.rank() == 0 {
+        "plugin.simnpu:0,1"
+    } else {
+        "plugin.simnpu:0"
+    };
+    let comm = comm_over(mpi, selector, &support::forced("native"))?;
+    if comm.native_library().as_deref() != Some("simccl 1.0") || comm.size() != 3 {
+        return Err(format!(
+            "{} ranks, library {:?}",
+            comm.size(),
+            comm.native_library()
+        ));
+    }
+    sweep(&comm)
+}
+
+/// Process 0 all-gathers 4 bytes per rank through simccl across processes, process 1
+/// eight: the library finds that they enqueued different operations and says so, on
+/// both sides (or the other side learns that this one failed), within the timeout.
+fn native_desync(mpi: &Mpi) -> Outcome {
+    let comm = comm_over(mpi, "plugin.simnpu:0", &support::forced("native"))?;
+    let rank = comm.rank(comm.first_rank()).map_err(|e| e.to_string())?;
+    let stream = rank.device().create_stream().map_err(|e| e.to_string())?;
+    let bytes = if mpi.rank() == 0 { 4 } else { 8 };
+    let send = rank.device().allocate(bytes).map_err(|e| e.to_string())?;
+    let recv = rank
+        .device()
+        .allocate(bytes * 2)
+        .map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    rank.all_gather(&send, &recv, &stream)
+        .map_err(|e| format!("the all-gather was refused: {e}"))?;
+    match stream.synchronize() {
+        Err(e)
+            if e.to_string().contains("enqueued another operation")
+                || e.to_string().contains("failed, never ran its part") =>
+        {
+            if started.elapsed() > Duration::from_secs(30) {
+                return Err(format!("the desync took {:?} to show", started.elapsed()));
+            }
+            Ok(())
+        }
+        other => Err(format!("expected simccl to find a desync, got {other:?}")),
+    }
+}
+
+/// Process 1 never takes part in an all-reduce that process 0 hands to simccl across
+/// the processes, with a 3 s timeout: process 0's part fails with a timeout naming rank
+/// 1 and its process id, within the timeout and a margin, and nothing hangs.
+fn native_stall(mpi: &Mpi) -> Outcome {
+    let native = support::forced("native");
+    // Met first with a long timeout, so that neither waits for the other to start.
+    let long = comm_over(mpi, "plugin.simnpu:0", &native)?;
+    on_every_rank(&long, |rank, stream| rank.barrier(stream))?;
+    let timeout = Duration::from_secs(3);
+    let comm = comm_timed(mpi, "plugin.simnpu:0", &native, timeout)?;
+    on_every_rank(&long, |rank, stream| rank.barrier(stream))?;
+    if mpi.rank() == 1 {
+        std::thread::sleep(Duration::from_secs(6));
+        return Ok(());
+    }
+    let rank = comm.rank(0).map_err(|e| e.to_string())?;
+    let stream = rank.device().create_stream().map_err(|e| e.to_string())?;
+    let buf = rank.device().allocate(64).map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    rank.all_reduce(&buf, &buf, DType::F32, ReduceOp::Sum, &stream)
+        .map_err(|e| format!("the all-reduce was refused: {e}"))?;
+    let peer = format!("1 (process {})", mpi_pid_of_peer(&comm));
+    match stream.synchronize() {
+        Err(Error::Timeout { message }) if message.contains(&peer) => {
+            let took = started.elapsed();
+            if took > timeout + Duration::from_secs(2) {
+                return Err(format!("the timeout took {took:?}"));
+            }
+            Ok(())
+        }
+        other => Err(format!(
+            "expected a timeout naming rank {peer}, got {other:?}"
+        )),
+    }
+}
+
+/// The process id of the process holding rank 1.
+fn mpi_pid_of_peer(comm: &Communicator) -> u32 {
+    comm.processes()
+        .iter()
+        .find(|p| p.first_rank == 1)
+        .map_or(0, |p| p.pid)
+}
+
+/// A host device and a sim-npu device in each process: no library spans them, and the
+/// communicator's own algorithms are exact for every operation.
+fn mixed(mpi: &Mpi) -> Outcome {
+    let comm = comm_over(mpi, "host:0;plugin.simnpu:0", "")?;
+    if comm.size() != 4 {
+        return Err(format!("{} ranks", comm.size()));
+    }
+    sweep(&comm)
 }

@@ -113,6 +113,38 @@ pub trait DeviceImpl: Send + Sync {
         None
     }
 
+    /// Whether the backend's vendor library makes groups that span processes
+    /// ([`crate::group::collective_group_across`]). Default: false.
+    fn collective_groups_across(&self) -> bool {
+        false
+    }
+
+    /// A fresh identifier for a group across processes (`ncclGetUniqueId`): at most
+    /// [`crate::group::GroupAcross::MAX_ID`] bytes. The default refuses.
+    fn collective_group_id(&self) -> Result<Vec<u8>> {
+        Err(crate::Error::unsupported(
+            "this backend makes no collective groups across processes",
+        ))
+    }
+
+    /// This process's part of a group across processes: `devices` (all of this
+    /// backend) at the ranks `across` gives them; returns once every process has
+    /// joined, or fails with a timeout after `config.timeout`. The default refuses.
+    ///
+    /// Guaranteed by the HAL: `across` was checked against `devices`
+    /// ([`crate::group::GroupAcross::check`]).
+    fn collective_group_across(
+        &self,
+        devices: &[crate::Device],
+        across: &crate::group::GroupAcross,
+        config: crate::group::GroupConfig,
+    ) -> Result<Box<dyn crate::group::CollectiveGroup>> {
+        let _ = (devices, across, config);
+        Err(crate::Error::unsupported(
+            "this backend makes no collective groups across processes",
+        ))
+    }
+
     /// Loads a kernel.
     ///
     /// Guaranteed by the HAL: the source's format is in `capabilities.kernel_formats`.

@@ -4,6 +4,13 @@
 //! runs whole operations through it without naming the backend. A group may state its
 //! cost ([`GroupCost`]), which the collectives' cost model weighs against its own
 //! algorithms; one that states none is preferred wherever it implements the operation.
+//!
+//! A group may also span processes, as NCCL's and the vendor libraries' communicators
+//! do: one process makes an identifier ([`group_id`]: `ncclGetUniqueId`,
+//! `HcclGetRootInfo`), hands it to the others through its own means (the collectives
+//! send it over MPI), and every process joins with its own devices and their ranks
+//! ([`collective_group_across`], [`GroupAcross`]). Joining is collective: it returns once
+//! every rank of every process has joined, or fails after the group's timeout.
 
 use std::time::Duration;
 
@@ -15,6 +22,54 @@ pub struct GroupConfig {
     /// How long one rank's part of an operation may wait for the other ranks' parts
     /// once it has started on its stream, where the library bounds its waits.
     pub timeout: Duration,
+}
+
+/// Where this process's devices sit in a group that spans processes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupAcross {
+    /// The identifier one process made with [`group_id`]: the same bytes in every
+    /// process.
+    pub id: Vec<u8>,
+    /// The ranks in all processes.
+    pub size: usize,
+    /// The rank of each of this process's devices in the whole group, `ranks[i]` for
+    /// `devices[i]`: distinct, below `size`, and each rank of the group in exactly one
+    /// process.
+    pub ranks: Vec<usize>,
+}
+
+impl GroupAcross {
+    /// Checks the ranks against `devices` local devices: one per device, distinct and
+    /// below `size`, and an identifier of at most [`GroupAcross::MAX_ID`] bytes.
+    pub fn check(&self, devices: usize) -> Result<()> {
+        if self.id.is_empty() || self.id.len() > Self::MAX_ID {
+            return Err(crate::Error::invalid(format!(
+                "a group identifier of {} bytes; pass the 1 to {} bytes group_id made in one process",
+                self.id.len(),
+                Self::MAX_ID
+            )));
+        }
+        if self.ranks.len() != devices || devices == 0 {
+            return Err(crate::Error::invalid(format!(
+                "{} ranks for {devices} devices; give each of this process's devices its rank in the group",
+                self.ranks.len()
+            )));
+        }
+        let mut seen = self.ranks.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        if seen.len() != self.ranks.len() || seen.last().is_some_and(|&r| r >= self.size) {
+            return Err(crate::Error::invalid(format!(
+                "the ranks {:?} are not distinct ranks of a group of {}; give each device its own rank below the group's size",
+                self.ranks, self.size
+            )));
+        }
+        Ok(())
+    }
+
+    /// The longest identifier a group may have (HCCL's root info is 4,108 bytes,
+    /// NCCL's unique id 128).
+    pub const MAX_ID: usize = 8192;
 }
 
 /// A library's own figures for its operations: one moving `B` bytes per rank is
@@ -108,10 +163,17 @@ pub struct GroupPart<'a> {
 }
 
 /// A vendor library's communicators over devices of one backend, rank `r` on the
-/// `r`-th device it was made for.
+/// `r`-th device it was made for. A group across processes ([`collective_group_across`])
+/// has the ranks of every process, and this process's parts are those of its own
+/// devices, in their order; roots are ranks of the whole group.
 pub trait CollectiveGroup: Send + Sync {
-    /// The number of ranks.
+    /// The number of ranks, in every process.
     fn size(&self) -> usize;
+
+    /// The number of this process's ranks: the parts [`CollectiveGroup::run`] takes.
+    fn local_size(&self) -> usize {
+        self.size()
+    }
 
     /// The library's name and version, for reports (`nccl 2.23.4`, `simccl 1.0`).
     fn library(&self) -> String;
@@ -121,8 +183,9 @@ pub trait CollectiveGroup: Send + Sync {
         None
     }
 
-    /// Enqueues `op` for every rank, `parts[r]` being rank `r`'s stream and buffers.
-    /// Each rank's stream then counts the work as its own.
+    /// Enqueues `op` for every rank of this process, `parts[i]` being the stream and
+    /// buffers of the `i`-th device the group was made for. Each rank's stream then
+    /// counts the work as its own.
     fn run(&self, op: GroupOp, parts: &[GroupPart<'_>]) -> Result<()>;
 
     /// Releases every rank's part that waits and fails every part not yet finished,
@@ -144,4 +207,65 @@ pub fn collective_group(
         return None;
     }
     first.implementation().collective_group(devices, config)
+}
+
+/// Whether the backend of `devices` (all of one backend) can make groups that span
+/// processes; false for a mix of backends or an empty list.
+pub fn spans_processes(devices: &[Device]) -> bool {
+    devices.first().is_some_and(|first| {
+        devices.iter().all(|d| d.backend() == first.backend())
+            && first.implementation().collective_groups_across()
+    })
+}
+
+/// A fresh identifier for a group across processes, made by one process with one of
+/// its devices; every process then joins with it ([`collective_group_across`]).
+pub fn group_id(device: &Device) -> Result<Vec<u8>> {
+    let id = device.implementation().collective_group_id()?;
+    if id.is_empty() || id.len() > GroupAcross::MAX_ID {
+        return Err(crate::Error::backend_message(
+            device.backend(),
+            format!(
+                "made a group identifier of {} bytes; at most {} are allowed",
+                id.len(),
+                GroupAcross::MAX_ID
+            ),
+        ));
+    }
+    Ok(id)
+}
+
+/// This process's part of the vendor library's group across processes: `devices`, of
+/// one backend, at the ranks `across` gives them. Collective: every process of the group
+/// calls it with the same identifier, and it returns once all have joined, or fails
+/// with a timeout after `config.timeout`.
+pub fn collective_group_across(
+    devices: &[Device],
+    across: &GroupAcross,
+    config: GroupConfig,
+) -> Result<Box<dyn CollectiveGroup>> {
+    across.check(devices.len())?;
+    let first = &devices[0];
+    if !spans_processes(devices) {
+        return Err(crate::Error::unsupported(format!(
+            "{} offers no collective library across processes for these devices; the collectives' own algorithms run",
+            first.backend()
+        )));
+    }
+    let group = first
+        .implementation()
+        .collective_group_across(devices, across, config)?;
+    if group.size() != across.size || group.local_size() != devices.len() {
+        return Err(crate::Error::backend_message(
+            first.backend(),
+            format!(
+                "made a group of {} ranks, {} here, for {} ranks, {} here",
+                group.size(),
+                group.local_size(),
+                across.size,
+                devices.len()
+            ),
+        ));
+    }
+    Ok(group)
 }

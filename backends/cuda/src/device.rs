@@ -483,12 +483,34 @@ impl DeviceImpl for CudaDevice {
     fn collective_group(
         &self,
         devices: &[xpu_hal::Device],
-        _config: xpu_hal::group::GroupConfig,
+        config: xpu_hal::group::GroupConfig,
     ) -> Option<Result<Box<dyn xpu_hal::group::CollectiveGroup>>> {
-        Some(
-            crate::nccl::NcclGroup::new(devices)
-                .map(|g| Box::new(g) as Box<dyn xpu_hal::group::CollectiveGroup>),
-        )
+        Some(crate::nccl::NcclGroup::new(devices).map(|g| {
+            Box::new(g.with_timeout(config.timeout)) as Box<dyn xpu_hal::group::CollectiveGroup>
+        }))
+    }
+
+    /// Whether the loaded NCCL makes groups across processes (NCCL 2.14 or newer; see
+    /// `nccl::available_across`).
+    fn collective_groups_across(&self) -> bool {
+        crate::nccl::available_across().is_ok()
+    }
+
+    /// `ncclGetUniqueId`'s 128 bytes.
+    fn collective_group_id(&self) -> Result<Vec<u8>> {
+        crate::nccl::unique_id()
+    }
+
+    /// This process's non-blocking NCCL communicators of a group across processes (see
+    /// `nccl::NcclGroup::across`).
+    fn collective_group_across(
+        &self,
+        devices: &[xpu_hal::Device],
+        across: &xpu_hal::group::GroupAcross,
+        config: xpu_hal::group::GroupConfig,
+    ) -> Result<Box<dyn xpu_hal::group::CollectiveGroup>> {
+        crate::nccl::NcclGroup::across(devices, across, config)
+            .map(|g| Box::new(g) as Box<dyn xpu_hal::group::CollectiveGroup>)
     }
 
     fn load_kernel(&self, desc: &KernelDesc) -> Result<Arc<dyn KernelImpl>> {

@@ -90,8 +90,10 @@
 //!   default options, cached per (source, architecture) for the process; offered when
 //!   NVRTC is present). A compile error is an `InvalidArgument` error carrying NVRTC's
 //!   log.
-//! - [`nccl`] — NCCL groups; their work is accounted to the ranks' xpu streams, so
-//!   `synchronize`, `query` and events cover it and it holds its buffers.
+//! - [`nccl`] — NCCL groups, of this process's devices (`ncclCommInitAll`) or spanning
+//!   processes (`ncclGetUniqueId`, non-blocking `ncclCommInitRankConfig` under the
+//!   group's timeout, NCCL ≥ 2.14); their work is accounted to the ranks' xpu streams,
+//!   so `synchronize`, `query` and events cover it and it holds its buffers.
 //!
 //! ## Errors of asynchronous work
 //!

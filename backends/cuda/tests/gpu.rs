@@ -358,6 +358,93 @@ fn nccl_work_is_seen_by_synchronize_and_holds_its_buffers() {
 }
 
 #[test]
+fn nccl_groups_across_processes_join_run_and_time_out() {
+    use xpu_hal::group::{self, GroupAcross, GroupConfig, GroupOp, GroupPart, GroupReduce};
+    let Some((cuda, _)) = devices() else { return };
+    if let Err(reason) = xpu_cuda::nccl::available_across() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let devs = std::slice::from_ref(&cuda);
+    assert!(group::spans_processes(devs));
+    let id = group::group_id(&cuda).unwrap();
+    assert_eq!(id.len(), xpu_cuda::nccl::UNIQUE_ID_BYTES);
+    // A group of one rank: joining needs no other process.
+    let across = GroupAcross {
+        id,
+        size: 1,
+        ranks: vec![0],
+    };
+    let config = GroupConfig {
+        timeout: Duration::from_secs(60),
+    };
+    let g = group::collective_group_across(devs, &across, config).unwrap();
+    assert_eq!((g.size(), g.local_size()), (1, 1));
+    assert!(g.library().starts_with("nccl 2."), "{}", g.library());
+    let stream = cuda.create_stream().unwrap();
+    let values: Vec<u8> = (0..4096u32)
+        .flat_map(|i| (i as f32).to_le_bytes())
+        .collect();
+    let send = cuda.allocate(values.len() as u64).unwrap();
+    let recv = cuda.allocate(values.len() as u64).unwrap();
+    stream.write(&send, &values).unwrap();
+    let part = || GroupPart {
+        stream: &stream,
+        send: Some(send.whole()),
+        recv: Some(recv.whole()),
+    };
+    let e = g
+        .run(GroupOp::AllGather { bytes: 4 }, &[part(), part()])
+        .unwrap_err();
+    assert!(e.to_string().contains("1 ranks in this process"), "{e}");
+    g.run(
+        GroupOp::AllReduce {
+            count: 4096,
+            dtype: xpu_hal::DType::F32,
+            op: GroupReduce::Sum,
+        },
+        &[part()],
+    )
+    .unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(stream.read(&recv).unwrap(), values);
+    // All-to-all (sends and receives: NCCL connects the peers on first use).
+    stream.fill(&recv, Scalar::U8(0)).unwrap();
+    g.run(
+        GroupOp::AllToAll {
+            bytes: values.len(),
+        },
+        &[part()],
+    )
+    .unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(stream.read(&recv).unwrap(), values);
+    g.abort();
+    let e = g
+        .run(GroupOp::AllGather { bytes: 4 }, &[part()])
+        .unwrap_err();
+    assert!(matches!(e, xpu_hal::Error::Aborted { .. }), "{e}");
+    drop(g);
+
+    // A group of two where the other process never comes: a timeout, not a hang.
+    let across = GroupAcross {
+        id: group::group_id(&cuda).unwrap(),
+        size: 2,
+        ranks: vec![0],
+    };
+    let started = std::time::Instant::now();
+    let timeout = GroupConfig {
+        timeout: Duration::from_secs(2),
+    };
+    let Err(e) = group::collective_group_across(devs, &across, timeout) else {
+        panic!("a group of two was joined by one rank");
+    };
+    assert!(matches!(e, xpu_hal::Error::Timeout { .. }), "{e}");
+    assert!(e.to_string().contains("did not join"), "{e}");
+    assert!(started.elapsed() < DEADLOCK, "{:?}", started.elapsed());
+}
+
+#[test]
 fn staged_device_to_host_copies_keep_their_staging_buffer_across_checkpoints() {
     let Some((cuda, _)) = devices() else { return };
     let (a, b) = (cuda.create_stream().unwrap(), cuda.create_stream().unwrap());

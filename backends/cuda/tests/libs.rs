@@ -193,6 +193,49 @@ fn nccl_is_found_as_pythons_nvidia_nccl_and_an_old_one_is_refused() {
 }
 
 #[test]
+fn an_nccl_without_the_calls_across_processes_serves_this_process_only() {
+    let root = scratch("nccl-across");
+    build(
+        "fake_nccl",
+        &["VERSION=21305", "OMIT_ACROSS"],
+        &root.join("old/lib"),
+        "libnccl.so.2",
+    );
+    let found = Nccl::find(Some(places(&[&root.join("old")], &[]))).unwrap();
+    assert_eq!(
+        found.version, "2.13.5",
+        "found: it still serves groups in-process"
+    );
+    let reason = found.value.across().unwrap_err();
+    assert!(reason.contains("lacks ncclGetUniqueId"), "{reason}");
+    assert!(reason.contains("NCCL 2.14 or newer"), "{reason}");
+    assert!(reason.contains("libnccl.so.2"), "names the file: {reason}");
+
+    // The entry points of a 2.13 are not enough: across processes needs 2.14.
+    build(
+        "fake_nccl",
+        &["VERSION=21304"],
+        &root.join("symbols/lib"),
+        "libnccl.so.2",
+    );
+    let found = Nccl::find(Some(places(&[&root.join("symbols")], &[]))).unwrap();
+    let reason = found.value.across().unwrap_err();
+    assert!(
+        reason.contains("2.13.4") && reason.contains("older than 2.14"),
+        "{reason}"
+    );
+
+    build(
+        "fake_nccl",
+        &["VERSION=21403"],
+        &root.join("new/lib"),
+        "libnccl.so.2",
+    );
+    let found = Nccl::find(Some(places(&[&root.join("new")], &[]))).unwrap();
+    assert_eq!(found.value.across(), Ok(()));
+}
+
+#[test]
 fn nothing_found_lists_where_it_looked() {
     let root = scratch("empty");
     let e = Nccl::find(Some(places(&[&root], &[&root.join("site")]))).unwrap_err();

@@ -28,7 +28,7 @@
  *       *equal* their own size, only to reach the struct's MIN_SIZE macro, its size
  *       in the version that introduced it (1.0 for most; 1.1 for the structs of the
  *       standard operations; 1.2 for xpu_device_fault_args; 1.3 for those of the
- *       native collectives).
+ *       native collectives; 1.4 for xpu_group_id_args).
  *     - A function pointer in xpu_plugin_api that is NULL or beyond its struct_size is
  *       absent. Functions marked REQUIRED must be present.
  *   Optional features live in extensions: a chain of structs, each starting with
@@ -83,7 +83,7 @@ extern "C" {
 #endif
 
 #define XPU_PLUGIN_ABI_MAJOR 1
-#define XPU_PLUGIN_ABI_MINOR 3
+#define XPU_PLUGIN_ABI_MINOR 4
 
 /* The symbol every plugin exports (type xpu_plugin_get_api_fn). */
 #define XPU_PLUGIN_ENTRY_SYMBOL "xpu_plugin_get_api"
@@ -777,6 +777,50 @@ typedef struct xpu_device_fault_args {
  */
 typedef struct xpu_group xpu_group;
 
+/* ------------------------------- native collectives across processes (1.4) --- */
+/*
+ * A library whose communicators span processes (as HCCL's, CNCL's and NCCL's do:
+ * HcclGetRootInfo and HcclCommInitRootInfo, ncclGetUniqueId and ncclCommInitRank)
+ * offers it with one more optional function, group_id, read only from a plugin whose
+ * abi_minor is at least 4 and only together with the four functions above.
+ *
+ * group_id makes a fresh identifier of a group across processes with one device of
+ * the plugin: at most XPU_GROUP_ID_MAX bytes, written to id (a buffer of that size)
+ * with its length in id_len (at least 1). One process makes it; the host hands the
+ * same bytes to every process of the group through its own means (MPI).
+ *
+ * Every process then calls group_create with its own devices and these fields of
+ * xpu_group_create_args, appended in 1.4 (a host leaves id_len 0 for a group within
+ * one process, and sets the others only for a plugin that has group_id):
+ *   - id, id_len: the identifier;
+ *   - size: the ranks in all processes;
+ *   - ranks: device_count values, the rank of devices[i] in the whole group, distinct
+ *     and below size; every rank of 0 .. size-1 is in exactly one process.
+ * group_create is then collective: it returns once every rank of every process has
+ * joined, or after timeout_ns (0: the plugin's default) with XPU_ERROR_TIMEOUT and
+ * nothing made. A process whose devices the library cannot reach from the others
+ * returns XPU_ERROR_UNSUPPORTED at once (the others then time out).
+ *
+ * group_run on such a group takes this process's parts: part_count is device_count and
+ * parts[i] is the part of devices[i]. root and the blocks of all-gather, reduce-scatter
+ * and all-to-all are numbered by the ranks of the whole group, and n in the rules above
+ * is size. Every process enqueues the same operations in the same order (the k-th
+ * group_run is the k-th operation of every rank of every process). A part whose peers
+ * in other processes do not take part within timeout_ns fails with XPU_ERROR_TIMEOUT,
+ * naming the ranks it waited for; group_abort in one process fails that process's
+ * parts, and the others' parts that wait for them time out.
+ */
+#define XPU_GROUP_ID_MAX 8192
+
+typedef struct xpu_group_id_args {
+  size_t struct_size;
+  const xpu_extension_base* extensions;
+  xpu_device* device; /* in: a device of this plugin */
+  uint8_t* id;        /* in: XPU_GROUP_ID_MAX bytes; out: the identifier */
+  uint64_t id_len;    /* out: its length, 1 to XPU_GROUP_ID_MAX */
+} xpu_group_id_args;
+#define XPU_GROUP_ID_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_group_id_args, id_len)
+
 typedef enum xpu_collective {
   XPU_COLLECTIVE_ALL_REDUCE = 1,
   XPU_COLLECTIVE_REDUCE = 2,
@@ -805,6 +849,11 @@ typedef struct xpu_group_create_args {
   const char* library;        /* out: static; the library's name and version */
   uint64_t latency_ns;        /* out: cost figure (0: none) */
   uint64_t bus_bytes_per_s;   /* out: cost figure (0: none) */
+  /* ABI 1.4: a group across processes (see above); id_len 0 for one within this process. */
+  const uint8_t* id;          /* in: the identifier group_id made in one process */
+  uint64_t id_len;            /* in: its length (0: a group of this process alone) */
+  const uint64_t* ranks;      /* in: device_count ranks, that of devices[i] in the whole group */
+  uint64_t size;              /* in: the ranks in all processes */
 } xpu_group_create_args;
 #define XPU_GROUP_CREATE_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_group_create_args, bus_bytes_per_s)
 
@@ -906,6 +955,11 @@ typedef struct xpu_plugin_api {
   xpu_error* (*group_run)(xpu_group_run_args* args);
   xpu_error* (*group_abort)(xpu_group_args* args);
   xpu_error* (*group_destroy)(xpu_group_args* args);
+
+  /* ABI 1.4, optional, and only with the four above (see "native collectives across
+   * processes"): an identifier for a group that spans processes. Absent: groups span
+   * one process only. */
+  xpu_error* (*group_id)(xpu_group_id_args* args);
 } xpu_plugin_api;
 #define XPU_PLUGIN_API_MIN_SIZE XPU_STRUCT_SIZE(xpu_plugin_api, kernel_launch)
 

@@ -388,9 +388,42 @@ impl DeviceImpl for PluginDevice {
         let plugin = &self.shared.plugin;
         let fns = plugin.table.groups?;
         Some(
-            crate::group::PluginGroup::create(plugin, fns, devices, config)
+            crate::group::PluginGroup::create(plugin, fns, devices, config, None)
                 .map(|g| Box::new(g) as Box<dyn xpu_hal::group::CollectiveGroup>),
         )
+    }
+
+    fn collective_groups_across(&self) -> bool {
+        self.shared
+            .plugin
+            .table
+            .groups
+            .is_some_and(|g| g.id.is_some())
+    }
+
+    fn collective_group_id(&self) -> Result<Vec<u8>> {
+        crate::group::group_id(&self.shared)
+    }
+
+    fn collective_group_across(
+        &self,
+        devices: &[xpu_hal::Device],
+        across: &xpu_hal::group::GroupAcross,
+        config: xpu_hal::group::GroupConfig,
+    ) -> Result<Box<dyn xpu_hal::group::CollectiveGroup>> {
+        let plugin = &self.shared.plugin;
+        let fns = plugin
+            .table
+            .groups
+            .filter(|g| g.id.is_some())
+            .ok_or_else(|| {
+                Error::unsupported(format!(
+                    "the plugin `{}` has no collective groups across processes (ABI 1.4 group_id)",
+                    plugin.plugin_name
+                ))
+            })?;
+        crate::group::PluginGroup::create(plugin, fns, devices, config, Some(across))
+            .map(|g| Box::new(g) as Box<dyn xpu_hal::group::CollectiveGroup>)
     }
 
     fn inject_fault(&self, fault: Fault) -> Result<()> {

@@ -2,15 +2,19 @@
 //! `group_destroy`) as a HAL [`CollectiveGroup`], so that the collectives layer hands
 //! whole operations to the vendor's library without naming the plugin.
 //!
-//! A group holds its devices open and is destroyed before them. Each operation is one
-//! `group_run` call carrying every rank's part; the work it enqueues is numbered on
+//! A group holds its devices open and is destroyed before them. A group across
+//! processes (ABI 1.4) is made the same way, with the identifier one process made
+//! ([`group_id`]) and this process's ranks; its parts are this process's. Each operation
+//! is one `group_run` call carrying every local rank's part; the work it enqueues is numbered on
 //! each rank's stream as that stream's next operation, so the stream's checkpoints
 //! (synchronize, query, events) cover it and hold its buffers until it has run.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use xpu_hal::group::{CollectiveGroup, GroupConfig, GroupCost, GroupOp, GroupPart, GroupReduce};
+use xpu_hal::group::{
+    CollectiveGroup, GroupAcross, GroupConfig, GroupCost, GroupOp, GroupPart, GroupReduce,
+};
 use xpu_hal::{Device, Error, Result};
 use xpu_plugin_sdk::abi::*;
 
@@ -18,14 +22,47 @@ use crate::device::{abi_dtype, DeviceShared, PluginDevice};
 use crate::load::{plugin_string, Args, GroupFns, Handle, Plugin};
 use crate::stream::{Held, PluginStream, StreamShared};
 
-/// A native collective communicator of a plugin, rank `r` on `devices[r]`.
+/// A native collective communicator of a plugin, this process's part `i` on
+/// `devices[i]` (rank `i`, within one process).
 pub(crate) struct PluginGroup {
     plugin: Arc<Plugin>,
     fns: GroupFns,
     handle: Handle<xpu_group>,
     devices: Vec<Arc<DeviceShared>>,
+    /// The ranks in every process.
+    size: usize,
     library: String,
     cost: Option<GroupCost>,
+}
+
+/// `group_id` with `device`: the identifier of a new group across processes.
+pub(crate) fn group_id(device: &Arc<DeviceShared>) -> Result<Vec<u8>> {
+    let plugin = &device.plugin;
+    let f = plugin.table.groups.and_then(|g| g.id).ok_or_else(|| {
+        Error::unsupported(format!(
+            "the plugin `{}` has no collective groups across processes (ABI 1.4 group_id)",
+            plugin.plugin_name
+        ))
+    })?;
+    let mut id = vec![0u8; XPU_GROUP_ID_MAX];
+    let mut args = xpu_group_id_args::new();
+    args.device = device.handle.0;
+    args.id = id.as_mut_ptr();
+    // SAFETY: the device is open (held by `device`); `id` holds XPU_GROUP_ID_MAX bytes
+    // and outlives the call; the function was read from a table of ABI 1.4 or later.
+    unsafe { plugin.call(f, &mut args, "group_id", &plugin.backend) }?;
+    let len = usize::try_from(args.id_len).unwrap_or(usize::MAX);
+    if len == 0 || len > XPU_GROUP_ID_MAX {
+        return Err(Error::backend_message(
+            plugin.backend.clone(),
+            format!(
+                "group_id returned an identifier of {} bytes; 1 to {XPU_GROUP_ID_MAX} are allowed (a plugin bug)",
+                args.id_len
+            ),
+        ));
+    }
+    id.truncate(len);
+    Ok(id)
 }
 
 /// The plugin device behind a HAL device, if it is one of `plugin`'s.
@@ -52,6 +89,7 @@ impl PluginGroup {
         fns: GroupFns,
         devices: &[Device],
         config: GroupConfig,
+        across: Option<&GroupAcross>,
     ) -> Result<PluginGroup> {
         let shared = devices
             .iter()
@@ -70,8 +108,19 @@ impl PluginGroup {
         args.devices = handles.as_ptr();
         args.device_count = handles.len() as u64;
         args.timeout_ns = u64::try_from(config.timeout.as_nanos()).unwrap_or(u64::MAX);
-        // SAFETY: the devices are open (held by `shared`), `handles` outlives the call,
-        // and the function was read from a table of ABI 1.3 or later with all four.
+        let ranks: Vec<u64> = across
+            .map(|x| x.ranks.iter().map(|&r| r as u64).collect())
+            .unwrap_or_default();
+        if let Some(x) = across {
+            args.id = x.id.as_ptr();
+            args.id_len = x.id.len() as u64;
+            args.ranks = ranks.as_ptr();
+            args.size = x.size as u64;
+        }
+        // SAFETY: the devices are open (held by `shared`), `handles`, `ranks` and the
+        // identifier outlive the call, and the function was read from a table of ABI 1.3
+        // or later with all four (the 1.4 fields are set only for a plugin with
+        // `group_id`, whose table is of 1.4 or later).
         unsafe { plugin.call(fns.create, &mut args, "group_create", &plugin.backend) }?;
         if args.group.is_null() {
             return Err(Error::backend_message(
@@ -93,6 +142,7 @@ impl PluginGroup {
             plugin: plugin.clone(),
             fns,
             handle: Handle(args.group),
+            size: across.map_or(shared.len(), |x| x.size),
             devices: shared,
             library,
             cost,
@@ -165,6 +215,10 @@ fn describe(op: GroupOp, a: &mut xpu_group_run_args) -> Result<()> {
 
 impl CollectiveGroup for PluginGroup {
     fn size(&self) -> usize {
+        self.size
+    }
+
+    fn local_size(&self) -> usize {
         self.devices.len()
     }
 
@@ -180,7 +234,7 @@ impl CollectiveGroup for PluginGroup {
         let n = self.devices.len();
         if parts.len() != n {
             return Err(Error::invalid(format!(
-                "{} parts for a native group of {n} ranks; give one per rank",
+                "{} parts for a native group of {n} ranks in this process; give one per rank",
                 parts.len()
             )));
         }

@@ -90,10 +90,11 @@ abi_structs!(
     xpu_op_args => params,
     xpu_tensor => range,
     xpu_device_fault_args => delay_ns,
-    xpu_group_create_args => bus_bytes_per_s,
+    xpu_group_create_args => size,
     xpu_group_part => recv,
     xpu_group_run_args => part_count,
     xpu_group_args => group,
+    xpu_group_id_args => id_len,
 );
 
 // SAFETY: as above: a size, pointers, integers and optional function pointers.
@@ -164,13 +165,16 @@ pub(crate) struct OpFns {
     pub(crate) enqueue: Func<xpu_op_args>,
 }
 
-/// The entry points of the native collectives (ABI 1.3): all four or none.
+/// The entry points of the native collectives (ABI 1.3): all four or none, and the
+/// identifier of groups across processes (ABI 1.4) with them.
 #[derive(Clone, Copy)]
 pub(crate) struct GroupFns {
     pub(crate) create: Func<xpu_group_create_args>,
     pub(crate) run: Func<xpu_group_run_args>,
     pub(crate) abort: Func<xpu_group_args>,
     pub(crate) destroy: Func<xpu_group_args>,
+    /// Only from a plugin of ABI 1.4 or later.
+    pub(crate) id: Option<Func<xpu_group_id_args>>,
 }
 
 /// The validated function table: required functions as plain function pointers,
@@ -330,6 +334,7 @@ impl Table {
                     run,
                     abort,
                     destroy,
+                    id: api.group_id,
                 }),
                 _ => None,
             },
@@ -465,6 +470,12 @@ impl Plugin {
         if minor < 3 {
             // And those of 1.3, for a plugin of 1.2 or older.
             table.groups = None;
+        }
+        if minor < 4 {
+            // And that of 1.4, for a plugin of 1.3 or older.
+            if let Some(g) = table.groups.as_mut() {
+                g.id = None;
+            }
         }
         if api.name.is_null() {
             return Err(LoadErrorKind::InvalidName { name: None });

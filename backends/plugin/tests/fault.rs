@@ -51,7 +51,7 @@ fn round_trip(device: &Device) {
 #[test]
 fn an_injected_loss_fails_every_later_call_on_that_device_only() {
     let setup = Setup::new(support::sim_npu());
-    assert_eq!(setup.plugin.abi_version(), (1, 3));
+    assert_eq!(setup.plugin.abi_version(), (1, 4));
     let d0 = setup.device("plugin.simnpu", 0);
     let d1 = setup.device("plugin.simnpu", 1);
     let a1 = d1.allocate(256).unwrap();

@@ -56,7 +56,7 @@ fn the_minimal_plugin_loads_and_describes_its_devices() {
     assert_eq!(backend.name(), "plugin.minimal");
     assert_eq!(backend.plugin_name(), "minimal");
     assert_eq!(backend.version(), "1.0.0");
-    assert_eq!(backend.abi_version(), (1, 3));
+    assert_eq!(backend.abi_version(), (1, 4));
     assert!(backend.has_kernels());
     let devices = backend.enumerate().unwrap();
     assert_eq!(devices.len(), 2);
@@ -108,8 +108,8 @@ fn listed_ops(backend: &PluginBackend) -> Vec<(OpKind, Vec<DType>)> {
 
 /// A plugin of ABI 1.0 has the smallest table a host accepts: whatever a newer host
 /// appended reads as absent — here the standard operations, whose functions lie in
-/// memory beyond its `struct_size` — and it works as before. A plugin claiming 1.4
-/// appends members this 1.3 host must ignore.
+/// memory beyond its `struct_size` — and it works as before. A plugin claiming 1.5
+/// appends members this 1.4 host must ignore.
 #[test]
 fn older_and_newer_minor_versions_load() {
     let old = PluginBackend::load(support::minimal_1_0()).unwrap();
@@ -117,7 +117,7 @@ fn older_and_newer_minor_versions_load() {
     assert!(listed_ops(&old).is_empty());
     round_trip(old);
     let current = PluginBackend::load(support::minimal()).unwrap();
-    assert_eq!(current.abi_version(), (1, 3));
+    assert_eq!(current.abi_version(), (1, 4));
     let f32_only = vec![DType::F32];
     assert_eq!(
         listed_ops(&current),
@@ -128,8 +128,8 @@ fn older_and_newer_minor_versions_load() {
         ]
     );
     round_trip(current);
-    let new = PluginBackend::load(support::minimal_minor(4)).unwrap();
-    assert_eq!(new.abi_version(), (1, 4));
+    let new = PluginBackend::load(support::minimal_minor(5)).unwrap();
+    assert_eq!(new.abi_version(), (1, 5));
     assert_eq!(new.name(), "plugin.minimal");
     round_trip(new);
 }
@@ -176,7 +176,7 @@ fn a_library_without_the_entry_point() {
 #[test]
 fn an_entry_point_returning_null() {
     let e = refused(&support::bad("NULL_TABLE"));
-    assert_eq!(e.cause(), &LoadErrorKind::Refused { host: (1, 3) });
+    assert_eq!(e.cause(), &LoadErrorKind::Refused { host: (1, 4) });
     assert!(e.to_string().contains("returned NULL"), "{e}");
 }
 
@@ -187,12 +187,12 @@ fn a_newer_major_version() {
         e.cause(),
         &LoadErrorKind::IncompatibleMajor {
             plugin: (2, 7),
-            host: (1, 3)
+            host: (1, 4)
         }
     );
     let text = e.to_string();
     assert!(
-        text.contains("ABI 2.7") && text.contains("ABI 1.3"),
+        text.contains("ABI 2.7") && text.contains("ABI 1.4"),
         "{text}"
     );
     assert!(text.contains("newer"), "{text}");
@@ -203,7 +203,7 @@ fn an_older_major_version() {
     let e = refused(&support::bad("OLDER_MAJOR"));
     let text = e.to_string();
     assert!(
-        text.contains("ABI 0.7") && text.contains("ABI 1.3"),
+        text.contains("ABI 0.7") && text.contains("ABI 1.4"),
         "{text}"
     );
     assert!(text.contains("older") && text.contains("rebuild"), "{text}");
@@ -399,7 +399,7 @@ fn discovery_loads_what_it_can_and_names_the_rest() {
 fn discovery_loads_a_file_once_and_refuses_a_second_name() {
     let dir = scratch("duplicates");
     let first = copy_into(&support::minimal(), &dir, "libfirst.so");
-    let other = copy_into(&support::minimal_minor(4), &dir, "libsecond.so");
+    let other = copy_into(&support::minimal_minor(5), &dir, "libsecond.so");
     // The same file named twice (and by its folder) is loaded once; a second file
     // with the same plugin name is refused, naming the first.
     let found = discover_from(&[first.clone(), first.clone()], Some(dir.as_os_str()));

@@ -36,7 +36,7 @@ fn main() -> xpu_hal::Result<()> {
 
     let args = Arguments::from_args();
     let plugin = Arc::new(PluginBackend::load(sim_npu())?);
-    assert_eq!(plugin.abi_version(), (1, 3));
+    assert_eq!(plugin.abi_version(), (1, 4));
     let mut registry = Registry::new();
     registry.register(plugin.clone())?;
     registry.register(Arc::new(HostBackend::new(HostConfig {

@@ -37,6 +37,7 @@ mod across_topology;
 pub mod algorithms;
 mod args;
 mod failure;
+mod native_across;
 pub mod op;
 mod rank;
 mod rendezvous;
@@ -44,6 +45,7 @@ pub mod select;
 mod shared_memory;
 mod small;
 mod span;
+mod span_native;
 mod staging;
 mod transport;
 mod wait;
@@ -481,8 +483,14 @@ impl Communicator {
 
     /// The devices' own collective library the communicator may use (its name and
     /// version), if their backend offers one.
+    /// For a communicator across processes, the library spanning them where there is
+    /// one, else that of this process's devices.
     pub fn native_library(&self) -> Option<String> {
-        self.shared.native.as_ref().map(|g| g.library())
+        self.span
+            .as_ref()
+            .and_then(|s| s.native.as_ref())
+            .map(|n| n.library())
+            .or_else(|| self.shared.native.as_ref().map(|g| g.library()))
     }
 
     /// Fails the communicator: every rank waiting in an operation returns
@@ -494,6 +502,9 @@ impl Communicator {
             native.abort();
         }
         if let Some(span) = &self.span {
+            if let Some(native) = &span.native {
+                native.abort();
+            }
             span.aborted.store(true, Ordering::Release);
             span.peers.abort_others(crate::process::GiveUp::Aborted);
         }

@@ -49,7 +49,7 @@ impl Rank {
         &self.shared.devices[self.rank]
     }
 
-    fn check_stream(&self, stream: &Stream) -> Result<()> {
+    pub(super) fn check_stream(&self, stream: &Stream) -> Result<()> {
         if stream.device() != self.device() {
             return Err(Error::invalid(format!(
                 "the stream is on {}, but rank {} is {}; enqueue on a stream of the rank's device",

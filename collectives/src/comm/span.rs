@@ -44,6 +44,9 @@ pub(crate) struct Span {
     pub topology: Mutex<Topology>,
     /// Shrinks started from this communicator (each uses its own tags).
     pub shrinks: AtomicU32,
+    /// The devices' own library over every process's ranks, when it spans them
+    /// (`native_across.rs`).
+    pub native: Option<super::native_across::NativeAcross>,
 }
 
 /// The leader's host buffers.
@@ -397,7 +400,7 @@ impl Rank {
     }
 
     /// A failure in this process's own step, which the other processes must hear of.
-    fn failed_here(&self, span: &Span, error: Error) -> Error {
+    pub(super) fn failed_here(&self, span: &Span, error: Error) -> Error {
         span.peers.abort_others(match error {
             Error::InvalidArgument { .. } => GiveUp::Refused,
             _ => GiveUp::Failed,
@@ -416,6 +419,15 @@ impl Rank {
         stream: &Stream,
     ) -> Result<()> {
         let seq = self.next_seq(span);
+        let call = super::span_native::Call::AllReduce {
+            send,
+            recv,
+            dtype,
+            op,
+        };
+        if let Some(done) = self.span_native(span, seq, call, stream) {
+            return done;
+        }
         let local_op = if op == ReduceOp::Avg {
             ReduceOp::Sum
         } else {
@@ -473,6 +485,16 @@ impl Rank {
         stream: &Stream,
     ) -> Result<()> {
         let seq = self.next_seq(span);
+        let call = super::span_native::Call::Reduce {
+            send,
+            recv,
+            dtype,
+            op,
+            root,
+        };
+        if let Some(done) = self.span_native(span, seq, call, stream) {
+            return done;
+        }
         let (root_process, local_root) = span.locate(root)?;
         let at_root = root_process == span.me;
         let leader_rank = if at_root { local_root } else { 0 };
@@ -546,6 +568,10 @@ impl Rank {
         stream: &Stream,
     ) -> Result<()> {
         let seq = self.next_seq(span);
+        let call = super::span_native::Call::Broadcast { send, recv, root };
+        if let Some(done) = self.span_native(span, seq, call, stream) {
+            return done;
+        }
         let (root_process, local_root) = span.locate(root)?;
         let at_root = root_process == span.me;
         let leader_rank = if at_root { local_root } else { 0 };
@@ -595,6 +621,10 @@ impl Rank {
         stream: &Stream,
     ) -> Result<()> {
         let seq = self.next_seq(span);
+        let call = super::span_native::Call::AllGather { send, recv };
+        if let Some(done) = self.span_native(span, seq, call, stream) {
+            return done;
+        }
         let unit = send.len;
         check_len(
             recv.len,
@@ -645,6 +675,15 @@ impl Rank {
         stream: &Stream,
     ) -> Result<()> {
         let seq = self.next_seq(span);
+        let call = super::span_native::Call::ReduceScatter {
+            send,
+            recv,
+            dtype,
+            op,
+        };
+        if let Some(done) = self.span_native(span, seq, call, stream) {
+            return done;
+        }
         let unit = recv.len;
         check_len(
             send.len,
@@ -722,6 +761,10 @@ impl Rank {
         stream: &Stream,
     ) -> Result<()> {
         let seq = self.next_seq(span);
+        let call = super::span_native::Call::AllToAll { send, recv };
+        if let Some(done) = self.span_native(span, seq, call, stream) {
+            return done;
+        }
         let n = span.size as u64;
         let checked = check_len(
             recv.len,
@@ -935,6 +978,9 @@ struct Joining {
     /// The devices as the topology describes them.
     #[serde(default)]
     topo: Vec<crate::topology::TopoDevice>,
+    /// The devices' backend, when its own collective library spans processes.
+    #[serde(default)]
+    native: Option<String>,
 }
 
 impl Communicator {
@@ -1100,6 +1146,7 @@ impl Communicator {
                 .iter()
                 .map(crate::topology::TopoDevice::from_device)
                 .collect(),
+            native: super::native_across::offer(&devices),
         };
         let mine = serde_json::to_vec(&joining)
             .map_err(|e| Error::backend_message("collectives", format!("internal error: {e}")))?;
@@ -1131,6 +1178,7 @@ impl Communicator {
             .map_err(|e| joined("their devices", e))?;
         let mut procs = Vec::with_capacity(n);
         let mut topo = Vec::with_capacity(n);
+        let mut offers = Vec::with_capacity(n);
         let mut first = 0;
         for (q, bytes) in theirs.iter().enumerate() {
             let j: Joining = if q == me {
@@ -1139,6 +1187,7 @@ impl Communicator {
                     pid: joining.pid,
                     devices: joining.devices.clone(),
                     topo: joining.topo.clone(),
+                    native: joining.native.clone(),
                 }
             } else {
                 serde_json::from_slice(bytes).map_err(|e| {
@@ -1155,6 +1204,7 @@ impl Communicator {
                 )));
             }
             topo.push(j.topo);
+            offers.push(j.native);
             procs.push(ProcessInfo {
                 index: q,
                 host: j.host,
@@ -1176,6 +1226,15 @@ impl Communicator {
         local_options.timeout = options.timeout + Duration::from_secs(1);
         let local = Communicator::new(devices, local_options)?;
         let local_ranks = local.shared.devices.len();
+        let native = super::native_across::NativeAcross::form(
+            &*peers,
+            &offers,
+            &local.shared.devices,
+            procs[me].first_rank,
+            first,
+            options.timeout,
+            &joined,
+        )?;
         let topology = super::across_topology::global(&local.shared.topology, &procs, topo);
         Ok(Communicator {
             shared: local.shared,
@@ -1193,6 +1252,7 @@ impl Communicator {
                 suspects: Mutex::new(vec![false; n]),
                 shrinks: AtomicU32::new(0),
                 topology: Mutex::new(topology),
+                native,
             })),
         })
     }

@@ -17,7 +17,10 @@
 //! number and its size ([`wire`]), so processes that disagree on what they call are told
 //! so (a *desync*) instead of exchanging the wrong bytes. Reductions between processes
 //! combine the processes' partial results in process order, so every process ends with
-//! the same bits. Every wait between processes has a deadline (the communicator's
+//! the same bits. Where every process's devices have a collective library that spans
+//! processes, an operation chosen for it skips these steps: each process's ranks hand
+//! their parts to one group over all processes (`comm/native_across.rs`). Every wait
+//! between processes has a deadline (the communicator's
 //! timeout): a process that stalls or dies is named on the others, with its host, its
 //! process id and its devices.
 

@@ -1412,6 +1412,7 @@ static const minimal_api api = {
         NULL, /* group_run */
         NULL, /* group_abort */
         NULL, /* group_destroy */
+        NULL, /* group_id (ABI 1.4): no groups across processes */
     } MINIMAL_API_TAIL};
 
 XPU_PLUGIN_EXPORT const xpu_plugin_api* xpu_plugin_get_api(const xpu_host_info* host) {

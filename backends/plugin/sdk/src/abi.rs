@@ -11,7 +11,7 @@ use std::ffi::{c_char, c_void};
 /// `XPU_PLUGIN_ABI_MAJOR`.
 pub const XPU_PLUGIN_ABI_MAJOR: u32 = 1;
 /// `XPU_PLUGIN_ABI_MINOR`.
-pub const XPU_PLUGIN_ABI_MINOR: u32 = 3;
+pub const XPU_PLUGIN_ABI_MINOR: u32 = 4;
 /// `XPU_PLUGIN_ENTRY_SYMBOL`, NUL-terminated.
 pub const XPU_PLUGIN_ENTRY_SYMBOL: &[u8] = b"xpu_plugin_get_api\0";
 
@@ -830,6 +830,29 @@ args_struct!(
         latency_ns: u64,
         /// out: cost figure (0: none)
         bus_bytes_per_s: u64,
+        /// in (ABI 1.4): the identifier of a group across processes
+        id: *const u8,
+        /// in (ABI 1.4): its length (0: a group of this process alone)
+        id_len: u64,
+        /// in (ABI 1.4): `device_count` ranks, that of `devices[i]` in the whole group
+        ranks: *const u64,
+        /// in (ABI 1.4): the ranks in all processes
+        size: u64,
+    }
+);
+
+/// `XPU_GROUP_ID_MAX`: the longest identifier of a group across processes.
+pub const XPU_GROUP_ID_MAX: usize = 8192;
+
+args_struct!(
+    /// `xpu_group_id_args` (ABI 1.4).
+    xpu_group_id_args {
+        /// in: a device of the plugin
+        device: *mut xpu_device,
+        /// in: `XPU_GROUP_ID_MAX` bytes; out: the identifier
+        id: *mut u8,
+        /// out: its length
+        id_len: u64,
     }
 );
 
@@ -966,6 +989,8 @@ pub struct xpu_plugin_api {
     pub group_abort: PluginFn<xpu_group_args>,
     /// Releases a group (ABI 1.3, optional).
     pub group_destroy: PluginFn<xpu_group_args>,
+    /// Makes the identifier of a group across processes (ABI 1.4, optional).
+    pub group_id: PluginFn<xpu_group_id_args>,
 }
 
 // SAFETY: the table holds function pointers and pointers to static strings and

@@ -100,6 +100,7 @@ arg_struct! {
     xpu_group_part, recv, "XPU_GROUP_PART_MIN_SIZE", since "1.3";
     xpu_group_run_args, part_count, "XPU_GROUP_RUN_ARGS_MIN_SIZE", since "1.3";
     xpu_group_args, group, "XPU_GROUP_ARGS_MIN_SIZE", since "1.3";
+    xpu_group_id_args, id_len, "XPU_GROUP_ID_ARGS_MIN_SIZE", since "1.4";
 }
 
 /// The caller's argument struct: a copy of the fields within its `struct_size` (the
@@ -1282,7 +1283,8 @@ pub const fn capabilities_extension<P: Plugin>() -> xpu_capabilities_extension {
 }
 
 /// `P`'s function table (used by [`export_plugin!`](crate::export_plugin), which places
-/// it in a static). Event timing, kernels and native collectives (ABI 1.3) are present
+/// it in a static). Event timing, kernels and native collectives (ABI 1.3, across
+/// processes 1.4) are present
 /// as `P`'s constants say; the standard operations (ABI 1.1) and fault injection (ABI
 /// 1.2) always are, and their trait defaults provide none.
 pub const fn api_table<P: Plugin>(
@@ -1294,7 +1296,7 @@ pub const fn api_table<P: Plugin>(
         };
     }
     xpu_plugin_api {
-        struct_size: struct_size!(xpu_plugin_api, group_destroy),
+        struct_size: struct_size!(xpu_plugin_api, group_id),
         extensions: (capabilities as *const xpu_capabilities_extension).cast(),
         abi_major: XPU_PLUGIN_ABI_MAJOR,
         abi_minor: XPU_PLUGIN_ABI_MINOR,
@@ -1352,6 +1354,11 @@ pub const fn api_table<P: Plugin>(
         },
         group_destroy: if P::COLLECTIVES {
             Some(group::group_destroy::<P> as unsafe extern "C" fn(_) -> _)
+        } else {
+            None
+        },
+        group_id: if P::COLLECTIVES && P::COLLECTIVES_ACROSS {
+            Some(group::group_id::<P> as unsafe extern "C" fn(_) -> _)
         } else {
             None
         },

@@ -21,11 +21,26 @@ use crate::plugin::Plugin;
 use crate::types::{BufferRange, DType};
 
 /// What a group is asked to be.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupConfig {
-    /// How long a rank's part may wait for its peers' parts once it has started;
-    /// `None`: the plugin's own default.
+    /// How long a rank's part may wait for its peers' parts once it has started (and,
+    /// across processes, how long joining may take); `None`: the plugin's own default.
     pub timeout: Option<Duration>,
+    /// Set for a group that spans processes (ABI 1.4): where this process's devices
+    /// sit in it. `None`: a group of this process's devices alone.
+    pub across: Option<GroupAcross>,
+}
+
+/// Where this process's devices sit in a group across processes (ABI 1.4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupAcross {
+    /// The identifier [`Plugin::group_id`](crate::Plugin::group_id) made in one process.
+    pub id: Vec<u8>,
+    /// The ranks in all processes.
+    pub size: usize,
+    /// The rank in the whole group of each device given, in their order (checked by
+    /// the SDK: distinct and below `size`).
+    pub ranks: Vec<usize>,
 }
 
 /// A group, made by [`Plugin::create_group`](crate::Plugin::create_group), with what the
@@ -152,11 +167,13 @@ pub struct GroupPart<'a, P: Plugin> {
 }
 
 /// A native collective communicator over devices of the plugin, rank `r` on the `r`-th
-/// device it was made for. Dropping it is `group_destroy`: it should return only once
-/// no part of the group runs any more.
+/// device it was made for (across processes: the parts are this process's devices', in
+/// their order, and roots and blocks are ranks of the whole group). Dropping it is
+/// `group_destroy`: it should return only once no part of the group runs any more.
 pub trait Group<P: Plugin>: Send + Sync + 'static {
     /// Enqueues `call` on every rank's stream, `parts[r]` being rank `r`'s (guaranteed
-    /// by the SDK: one part per rank, on the rank's device, ranges as `call` needs).
+    /// by the SDK: one part per rank of this process, on the rank's device, ranges as
+    /// `call` needs).
     /// Returns at once; a rank's part fails its stream's work with `Timeout` when its
     /// peers do not start within the group's timeout, and with `Aborted` when a peer's
     /// part failed or the group was aborted. An error returned here must leave nothing

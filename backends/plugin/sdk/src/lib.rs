@@ -241,7 +241,7 @@ mod types;
 pub use error::{
     error_code, error_destroy, error_message, panic_message, take_raw, Error, ErrorCode, Result,
 };
-pub use group::{CollectiveOp, Group, GroupCall, GroupConfig, GroupPart, NewGroup};
+pub use group::{CollectiveOp, Group, GroupAcross, GroupCall, GroupConfig, GroupPart, NewGroup};
 pub use handle::Handle;
 pub use host::{ExternalSignal, ExternalWait, HostDestination, HostSource};
 pub use ops::{Distribution, Op, OpKind, OpParams, OpSupport, ReduceOp, Tensor};

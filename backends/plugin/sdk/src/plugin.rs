@@ -44,6 +44,12 @@ pub trait Plugin: Sized + Send + Sync + 'static {
     /// and [`Plugin::create_group`] is called. Default: false.
     const COLLECTIVES: bool = false;
 
+    /// Whether the collective library's groups span processes (ABI 1.4; only with
+    /// [`Plugin::COLLECTIVES`]): `group_id` is in the table, [`Plugin::group_id`] is
+    /// called, and [`Plugin::create_group`] may be asked for a group across processes
+    /// ([`GroupConfig::across`]). Default: false.
+    const COLLECTIVES_ACROSS: bool = false;
+
     /// An open device.
     type Device: Device<Self>;
     /// A stream of a device.
@@ -75,8 +81,12 @@ pub trait Plugin: Sized + Send + Sync + 'static {
     /// library cannot span with [`ErrorCode::Unsupported`](crate::ErrorCode::Unsupported)
     /// saying why: the host then runs its own algorithms. Default: `Unsupported`.
     ///
+    /// With [`GroupConfig::across`] set (only when [`Plugin::COLLECTIVES_ACROSS`] is
+    /// true), the group spans processes: this call is collective, returning once every
+    /// rank of every process has joined, or failing with `Timeout` after the timeout.
+    ///
     /// Guaranteed by the SDK: at least one device, all open devices of this plugin, none
-    /// twice.
+    /// twice; across processes, one rank per device, distinct and below the size.
     fn create_group(
         &self,
         devices: &[&Self::Device],
@@ -87,6 +97,17 @@ pub trait Plugin: Sized + Send + Sync + 'static {
             "this plugin has no collective library of its own ({} devices were asked for); the host's own algorithms run",
             devices.len()
         )))
+    }
+
+    /// A fresh identifier of a group across processes, made with `device` (ABI 1.4;
+    /// only called when [`Plugin::COLLECTIVES_ACROSS`] is true): 1 to
+    /// [`XPU_GROUP_ID_MAX`](crate::abi::XPU_GROUP_ID_MAX) bytes that every process then
+    /// passes to [`Plugin::create_group`]. Default: `Unsupported`.
+    fn group_id(&self, device: &Self::Device) -> Result<Vec<u8>> {
+        let _ = device;
+        Err(Error::unsupported(
+            "this plugin's collective library spans one process only",
+        ))
     }
 }
 

@@ -515,7 +515,7 @@ fn the_entry_accepts_any_minor_of_major_1_and_refuses_the_rest() {
         more: u64,
     }
     let mut newer = Newer {
-        info: host_info(1, 4),
+        info: host_info(1, 5),
         more: 7,
     };
     newer.info.struct_size = size_of::<Newer>();
@@ -526,8 +526,8 @@ fn the_entry_accepts_any_minor_of_major_1_and_refuses_the_rest() {
 #[test]
 fn the_table_describes_the_plugin() {
     let api = probe();
-    assert_eq!(api.struct_size, struct_size!(xpu_plugin_api, group_destroy));
-    assert_eq!((api.abi_major, api.abi_minor), (1, 3));
+    assert_eq!(api.struct_size, struct_size!(xpu_plugin_api, group_id));
+    assert_eq!((api.abi_major, api.abi_minor), (1, 4));
     // The standard operations' entry points are always there; the defaults provide none.
     assert!(api.device_ops.is_some() && api.op_enqueue.is_some());
     // So is fault injection's; the default refuses.
@@ -535,6 +535,7 @@ fn the_table_describes_the_plugin() {
     // Native collectives only where the plugin says it has them.
     assert!(api.group_create.is_none() && api.group_run.is_none());
     assert!(api.group_abort.is_none() && api.group_destroy.is_none());
+    assert!(api.group_id.is_none());
     assert_eq!(cstr(api.name), "probe");
     assert_eq!(cstr(api.version), "1.2.3");
     assert!(api.error_code.is_some() && api.error_message.is_some() && api.error_destroy.is_some());

@@ -129,8 +129,10 @@ fn describe() -> Layout {
     layout!(l, xpu_group_create_args {
         extensions => extensions, devices => devices, device_count => device_count,
         timeout_ns => timeout_ns, group => group, library => library,
-        latency_ns => latency_ns, bus_bytes_per_s => bus_bytes_per_s,
+        latency_ns => latency_ns, bus_bytes_per_s => bus_bytes_per_s, id => id,
+        id_len => id_len, ranks => ranks, size => size,
     });
+    layout!(l, xpu_group_id_args { extensions => extensions, device => device, id => id, id_len => id_len });
     layout!(l, xpu_group_part { struct_size => struct_size, stream => stream, send => send, recv => recv });
     layout!(l, xpu_group_run_args {
         extensions => extensions, group => group, collective => collective, dtype => dtype,
@@ -155,6 +157,7 @@ fn describe() -> Layout {
         device_ops => device_ops, op_enqueue => op_enqueue,
         device_inject_fault => device_inject_fault, group_create => group_create,
         group_run => group_run, group_abort => group_abort, group_destroy => group_destroy,
+        group_id => group_id,
     });
     constant!(l, "XPU_PLUGIN_ABI_MAJOR", XPU_PLUGIN_ABI_MAJOR);
     constant!(l, "XPU_PLUGIN_ABI_MINOR", XPU_PLUGIN_ABI_MINOR);
@@ -263,6 +266,12 @@ fn describe() -> Layout {
         l,
         "XPU_GROUP_RUN_ARGS_MIN_SIZE",
         struct_size!(xpu_group_run_args, part_count)
+    );
+    constant!(l, "XPU_GROUP_ID_MAX", XPU_GROUP_ID_MAX);
+    constant!(
+        l,
+        "XPU_GROUP_ID_ARGS_MIN_SIZE",
+        struct_size!(xpu_group_id_args, id_len)
     );
     constant!(
         l,

@@ -29,6 +29,7 @@ mod ring;
 mod tree;
 
 pub(crate) use hierarchical::is_hierarchical;
+pub(crate) use native::group_reduce;
 pub(crate) use tree::double_tree_depth;
 
 use xpu_hal::{BinaryOp, DType, Error, Result};

@@ -10,7 +10,8 @@ use xpu_hal::{Error, Result};
 use super::{Collective, Run};
 use crate::comm::op::ReduceOp;
 
-fn reduce(op: ReduceOp) -> GroupReduce {
+/// The library's reduction of `op`.
+pub(crate) fn group_reduce(op: ReduceOp) -> GroupReduce {
     match op {
         ReduceOp::Sum => GroupReduce::Sum,
         ReduceOp::Prod => GroupReduce::Prod,
@@ -32,7 +33,7 @@ impl Run<'_> {
         let bytes = usize::try_from(self.bytes)
             .map_err(|_| Error::invalid("the operation does not fit this platform's sizes"))?;
         let count = bytes / self.elem() as usize;
-        let op = self.op.map(reduce).unwrap_or(GroupReduce::Sum);
+        let op = self.op.map(group_reduce).unwrap_or(GroupReduce::Sum);
         let root = self.root;
         let call = match self.kind {
             Collective::AllReduce => GroupOp::AllReduce {

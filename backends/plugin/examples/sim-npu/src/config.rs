@@ -42,7 +42,13 @@ pub struct SimConfig {
     /// The figures `simccl` states: the latency of an empty operation and the bus
     /// bandwidth in bytes per second; `None` states none.
     pub ccl_cost: Option<(Duration, f64)>,
+    /// Bytes each rank of a `simccl` group across processes stages per step in the
+    /// shared-memory segment; larger operations run in steps of this size.
+    pub ccl_slot: u64,
 }
+
+/// The default of [`SimConfig::ccl_slot`]: 8 MiB.
+pub const DEFAULT_CCL_SLOT: u64 = 8 << 20;
 
 /// The latency `simccl` states when `XPU_SIMNPU_CCL_LATENCY_US` is not set (on top
 /// of twice the devices' own): the hand-offs between the ranks' stream threads,
@@ -66,6 +72,7 @@ impl Default for SimConfig {
             without_ops: 0,
             ccl: true,
             ccl_cost: Some((DEFAULT_CCL_LATENCY, DEFAULT_CCL_BANDWIDTH)),
+            ccl_slot: DEFAULT_CCL_SLOT,
         }
     }
 }
@@ -84,6 +91,7 @@ impl SimConfig {
     /// | `XPU_SIMNPU_CCL` | `on` or `off`: the devices offer their collective library, `simccl` | on |
     /// | `XPU_SIMNPU_CCL_LATENCY_US` | the latency `simccl` states, µs, or `none` (with `none`, it states no figures) | latency × 2 + 60 |
     /// | `XPU_SIMNPU_CCL_GBPS` | the bus bandwidth `simccl` states, GB/s | the copy bandwidth, else 4 |
+    /// | `XPU_SIMNPU_CCL_SLOT` | bytes per rank and step of `simccl` across processes (`64K`, `8M`), 64 to 1G | 8 MiB |
     ///
     /// An unset or empty variable takes the default; a malformed one is an
     /// `InvalidArgument` error naming it.
@@ -187,6 +195,16 @@ impl SimConfig {
             None => config.bandwidth.unwrap_or(DEFAULT_CCL_BANDWIDTH),
         };
         config.ccl_cost = latency.map(|l| (l, bandwidth));
+        if let Some(v) = value("XPU_SIMNPU_CCL_SLOT") {
+            config.ccl_slot = xpu_host::parse_size(&v)
+                .ok()
+                .filter(|b| (64..=1 << 30).contains(b))
+                .ok_or_else(|| {
+                    Error::invalid_argument(format!(
+                        "XPU_SIMNPU_CCL_SLOT is `{v}`; set it to a size from 64 bytes to 1G, e.g. 8M"
+                    ))
+                })?;
+        }
         Ok(config)
     }
 

@@ -440,6 +440,7 @@ impl Part {
         // SAFETY: as for the contribution; only this job writes `recv`, and it reads the
         // others' data from their copies, so an in-place `recv` is safe to overwrite.
         let out = unsafe { view_mut::<u8>(recv) };
+        let copies: Vec<&[u8]> = copies.iter().map(|c| c.bytes()).collect();
         write_result(self.call, self.rank, self.shared.size, &copies, out);
         Ok(())
     }
@@ -492,8 +493,14 @@ fn hal_op(op: CollectiveOp) -> BinaryOp {
 }
 
 /// Rank `rank`'s result of `call` from the contributions `copies` (of the ranks it
-/// needs, in rank order), into `out`.
-fn write_result(call: GroupCall, rank: usize, n: usize, copies: &[Arc<Words>], out: &mut [u8]) {
+/// needs, in rank order), into `out`. Contributions 8-byte aligned are read in place.
+pub(crate) fn write_result(
+    call: GroupCall,
+    rank: usize,
+    n: usize,
+    copies: &[&[u8]],
+    out: &mut [u8],
+) {
     match call {
         GroupCall::AllReduce { dtype, op, .. }
         | GroupCall::Reduce { dtype, op, .. }
@@ -507,19 +514,19 @@ fn write_result(call: GroupCall, rank: usize, n: usize, copies: &[Arc<Words>], o
         }
         GroupCall::Broadcast { .. } => {
             if let Some(root) = copies.first() {
-                out.copy_from_slice(root.bytes());
+                out.copy_from_slice(root);
             }
         }
         GroupCall::AllGather { bytes } => {
             let b = bytes as usize;
             for (q, c) in copies.iter().enumerate() {
-                out[q * b..(q + 1) * b].copy_from_slice(c.bytes());
+                out[q * b..(q + 1) * b].copy_from_slice(c);
             }
         }
         GroupCall::AllToAll { bytes } => {
             let b = bytes as usize;
             for (q, c) in copies.iter().enumerate() {
-                out[q * b..(q + 1) * b].copy_from_slice(&c.bytes()[rank * b..(rank + 1) * b]);
+                out[q * b..(q + 1) * b].copy_from_slice(&c[rank * b..(rank + 1) * b]);
             }
         }
     }
@@ -530,25 +537,29 @@ fn reduce<T: Element>(
     dtype: DType,
     op: CollectiveOp,
     n: usize,
-    copies: &[Arc<Words>],
+    copies: &[&[u8]],
     at: usize,
     out: &mut [u8],
 ) {
     let len = out.len();
     // The copies are 8-byte aligned and `at` is a whole number of elements, so their
-    // blocks are read in place.
-    fn block<T: Element>(c: &Words, at: usize, len: usize) -> &[T] {
-        bytemuck::cast_slice(&c.bytes()[at..at + len])
+    // blocks are read in place; a block that is not aligned is read through a copy.
+    fn block<T: Element>(c: &[u8], at: usize, len: usize) -> std::borrow::Cow<'_, [T]> {
+        let bytes = &c[at..at + len];
+        match bytemuck::try_cast_slice(bytes) {
+            Ok(b) => std::borrow::Cow::Borrowed(b),
+            Err(_) => std::borrow::Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
+        }
     }
     let combine = hal_op(op);
     let into = |acc: &mut [T]| {
         match copies {
             [] => return,
-            [only] => acc.copy_from_slice(block(only, at, len)),
+            [only] => acc.copy_from_slice(&block(only, at, len)),
             [a, b, rest @ ..] => {
-                reference::binary(combine, block(a, at, len), block(b, at, len), acc);
+                reference::binary(combine, &block(a, at, len), &block(b, at, len), acc);
                 for c in rest {
-                    reference::accumulate(combine, acc, block(c, at, len));
+                    reference::accumulate(combine, acc, &block(c, at, len));
                 }
             }
         }

@@ -28,6 +28,7 @@
 //! | `XPU_SIMNPU_CCL` | `on`/`off`: the devices offer their collective library, `simccl` | on |
 //! | `XPU_SIMNPU_CCL_LATENCY_US` | the latency `simccl` states, µs, or `none` to state no figures | latency × 2 + 60 |
 //! | `XPU_SIMNPU_CCL_GBPS` | the bus bandwidth `simccl` states, GB/s | the copy bandwidth, else 4 |
+//! | `XPU_SIMNPU_CCL_SLOT` | bytes per rank and step of `simccl` across processes | 8M |
 //!
 //! A malformed value makes `device_count` fail with an `InvalidArgument` error naming
 //! the variable.
@@ -66,6 +67,9 @@
 //!   data, waits for the ranks it needs, and writes its result from their copies in
 //!   rank order with the HAL's reference arithmetic; it states cost figures for the
 //!   host's cost model, times out, aborts, and fails its peers when it cannot run.
+//!   Across processes (ABI 1.4, `group_across`), the ranks meet in a POSIX
+//!   shared-memory segment that the group's identifier names, in steps of at most
+//!   `XPU_SIMNPU_CCL_SLOT` bytes per rank.
 //! - `ops` — the builtin operations, computed with the host backend's functions
 //!   (`xpu_hal::reference`) so that results agree bit for bit with the reference.
 //! - `health` — whether the device still works, and how slow it is: the fault
@@ -92,6 +96,7 @@ mod config;
 mod device;
 mod event;
 mod group;
+mod group_across;
 mod health;
 mod ops;
 mod std_ops;
@@ -142,6 +147,7 @@ impl Plugin for SimNpu {
     const EVENT_TIMING: bool = true;
     const KERNELS: bool = true;
     const COLLECTIVES: bool = true;
+    const COLLECTIVES_ACROSS: bool = true;
     type Device = SimDevice;
     type Stream = SimStream;
     type Event = SimEvent;
@@ -171,7 +177,16 @@ impl Plugin for SimNpu {
         devices: &[&SimDevice],
         config: xpu_plugin_sdk::GroupConfig,
     ) -> Result<xpu_plugin_sdk::NewGroup<Self>> {
-        group::SimGroup::create(devices, self.config, config)
+        match &config.across {
+            Some(across) => {
+                group_across::SimGroupAcross::join(devices, self.config, &config, across)
+            }
+            None => group::SimGroup::create(devices, self.config, config),
+        }
+    }
+
+    fn group_id(&self, _device: &SimDevice) -> Result<Vec<u8>> {
+        group_across::group_id()
     }
 }
 

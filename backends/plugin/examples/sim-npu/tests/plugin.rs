@@ -21,7 +21,7 @@ fn the_table_and_properties_describe_a_simulated_npu() {
     let api = api();
     assert_eq!(cstr(api.name), "simnpu");
     assert_eq!(cstr(api.version), env!("CARGO_PKG_VERSION"));
-    assert_eq!((api.abi_major, api.abi_minor), (1, 3));
+    assert_eq!((api.abi_major, api.abi_minor), (1, 4));
     assert!(api.event_elapsed.is_some() && api.kernel_load.is_some());
     assert!(api.device_ops.is_some() && api.op_enqueue.is_some());
     assert!(api.device_inject_fault.is_some());

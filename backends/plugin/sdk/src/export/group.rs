@@ -1,7 +1,8 @@
 //! The native collectives' entry points (ABI 1.3): `group_create`, `group_run`,
 //! `group_abort` and `group_destroy`, present in the table when
-//! [`Plugin::COLLECTIVES`] is true. Each checks what the header promises before the
-//! plugin's [`Group`] sees the call.
+//! [`Plugin::COLLECTIVES`] is true, and `group_id` (ABI 1.4) when
+//! [`Plugin::COLLECTIVES_ACROSS`] is too. Each checks what the header promises before
+//! the plugin's [`Group`] sees the call.
 
 use std::ptr;
 use std::time::Duration;
@@ -9,7 +10,7 @@ use std::time::Duration;
 use super::{device, guard, range, read, stream, DeviceState};
 use crate::abi::{self, *};
 use crate::error::{Error, Result};
-use crate::group::{CollectiveOp, Group, GroupCall, GroupConfig, GroupPart};
+use crate::group::{CollectiveOp, Group, GroupAcross, GroupCall, GroupConfig, GroupPart};
 use crate::handle::{Boxed, DeviceId, Kind};
 use crate::plugin::Plugin;
 use crate::struct_size;
@@ -19,10 +20,90 @@ use crate::types::{BufferRange, DType};
 /// host can make the SDK read).
 const MAX_RANKS: u64 = 1 << 16;
 
-/// A group as the host holds it: the plugin's group and its ranks' devices.
+/// A group as the host holds it: the plugin's group, the devices of this process's
+/// ranks, and those ranks' numbers in the whole group with its size (across processes;
+/// `0..n` and `n` within one).
 struct GroupState<P: Plugin> {
     group: Box<dyn Group<P>>,
     devices: Vec<DeviceId>,
+    ranks: Vec<usize>,
+    size: usize,
+}
+
+pub(super) unsafe extern "C" fn group_id<P: Plugin>(
+    args: *mut xpu_group_id_args,
+) -> *mut xpu_error {
+    guard("group_id", || {
+        // SAFETY: the host passes a valid struct (ABI contract).
+        let a = unsafe { read(args) }?;
+        // SAFETY: the host passes a device it opened.
+        let d = unsafe { device::<P>(a.v.device, "xpu_group_id_args.device") }?;
+        if a.v.id.is_null() {
+            return Err(Error::invalid_argument(
+                "xpu_group_id_args.id is NULL; pass a buffer of XPU_GROUP_ID_MAX bytes",
+            ));
+        }
+        let id = super::instance::<P>()?.group_id(&d.value.device)?;
+        if id.is_empty() || id.len() > XPU_GROUP_ID_MAX {
+            return Err(Error::internal(format!(
+                "the plugin made a group identifier of {} bytes; it must have 1 to {XPU_GROUP_ID_MAX}",
+                id.len()
+            )));
+        }
+        // SAFETY: the host lends XPU_GROUP_ID_MAX writable bytes at `id` (ABI
+        // contract), and `id.len()` is at most that.
+        unsafe { ptr::copy_nonoverlapping(id.as_ptr(), a.v.id, id.len()) };
+        write_out!(a, xpu_group_id_args, id_len, id.len() as u64);
+        Ok(())
+    })
+}
+
+/// The 1.4 fields of a group's arguments: `None` for a group within one process, else
+/// the checked place of its `n` devices in a group across processes.
+fn across<P: Plugin>(a: &xpu_group_create_args, n: usize) -> Result<Option<GroupAcross>> {
+    if a.id_len == 0 {
+        return Ok(None);
+    }
+    if !(P::COLLECTIVES && P::COLLECTIVES_ACROSS) {
+        return Err(Error::unsupported(
+            "xpu_group_create_args asks for a group across processes, but this plugin's groups span one process; leave id_len 0",
+        ));
+    }
+    if a.id.is_null() || a.id_len > XPU_GROUP_ID_MAX as u64 {
+        return Err(Error::invalid_argument(format!(
+            "xpu_group_create_args.id is {:p} with id_len {}; pass the 1 to {XPU_GROUP_ID_MAX} bytes group_id made",
+            a.id, a.id_len
+        )));
+    }
+    if a.ranks.is_null() || a.size < n as u64 || a.size > MAX_RANKS {
+        return Err(Error::invalid_argument(format!(
+            "xpu_group_create_args has ranks at {:p} and size {} for {n} devices; pass each device's rank and a size of {n} to {MAX_RANKS}",
+            a.ranks, a.size
+        )));
+    }
+    // SAFETY: the host passes `id_len` bytes at `id` and `device_count` ranks at
+    // `ranks` (ABI contract); both were bounded above.
+    let (id, raw) = unsafe {
+        (
+            std::slice::from_raw_parts(a.id, a.id_len as usize),
+            std::slice::from_raw_parts(a.ranks, n),
+        )
+    };
+    let size = a.size as usize;
+    let mut ranks: Vec<usize> = Vec::with_capacity(n);
+    for (i, &r) in raw.iter().enumerate() {
+        if r >= a.size || ranks.contains(&(r as usize)) {
+            return Err(Error::invalid_argument(format!(
+                "xpu_group_create_args.ranks[{i}] is {r}: ranks must be distinct and below size {size}"
+            )));
+        }
+        ranks.push(r as usize);
+    }
+    Ok(Some(GroupAcross {
+        id: id.to_vec(),
+        size,
+        ranks,
+    }))
 }
 
 pub(super) unsafe extern "C" fn group_create<P: Plugin>(
@@ -54,13 +135,21 @@ pub(super) unsafe extern "C" fn group_create<P: Plugin>(
             states.push(d);
         }
         let devices: Vec<&P::Device> = states.iter().map(|s| &s.value.device).collect();
+        let across = across::<P>(&a.v, raw.len())?;
+        let (ranks, size) = match &across {
+            Some(x) => (x.ranks.clone(), x.size),
+            None => ((0..raw.len()).collect(), raw.len()),
+        };
         let config = GroupConfig {
             timeout: (a.v.timeout_ns > 0).then(|| Duration::from_nanos(a.v.timeout_ns)),
+            across,
         };
         let made = super::instance::<P>()?.create_group(&devices, config)?;
         let state = GroupState {
             group: made.group,
             devices: states.iter().map(|s| s.device).collect(),
+            ranks,
+            size,
         };
         hand_out!(
             a,
@@ -96,23 +185,24 @@ pub(super) unsafe extern "C" fn group_run<P: Plugin>(
         let n = g.value.devices.len();
         if a.v.part_count != n as u64 || a.v.parts.is_null() {
             return Err(Error::invalid_argument(format!(
-                "xpu_group_run_args has {} parts at {:p} for a group of {n} ranks; pass one part per rank",
+                "xpu_group_run_args has {} parts at {:p} for a group of {n} ranks in this process; pass one part per rank",
                 a.v.part_count, a.v.parts
             )));
         }
-        let call = decode(&a.v, n)?;
+        let call = decode(&a.v, g.value.size)?;
         // SAFETY: the host passes `part_count` part pointers (ABI contract), checked
         // equal to the group's size above.
         let raw = unsafe { std::slice::from_raw_parts(a.v.parts, n) };
         let mut parts = Vec::with_capacity(n);
-        for (r, &ptr) in raw.iter().enumerate() {
+        for (i, &ptr) in raw.iter().enumerate() {
             // SAFETY: each pointer is a part struct of at least its struct_size (ABI
             // contract); `read` refuses NULL and too small ones.
             let p = unsafe { read(ptr.cast_mut()) }?;
-            let what = |field: &str| format!("xpu_group_run_args.parts[{r}].{field}");
+            let r = g.value.ranks[i];
+            let what = |field: &str| format!("xpu_group_run_args.parts[{i}].{field}");
             // SAFETY: the host passes streams it created.
             let s = unsafe { stream::<P>(p.v.stream, &what("stream")) }?;
-            if s.device != g.value.devices[r] {
+            if s.device != g.value.devices[i] {
                 return Err(Error::invalid_argument(format!(
                     "{} is a stream of another device than rank {r}'s; each part runs on its rank's device",
                     what("stream")
@@ -127,7 +217,7 @@ pub(super) unsafe extern "C" fn group_run<P: Plugin>(
             };
             let mut send = optional(&p.v.send, "send")?;
             let mut recv = optional(&p.v.recv, "recv")?;
-            check_part(call, n, r, &mut send, &mut recv, &what)?;
+            check_part(call, g.value.size, r, &mut send, &mut recv, &what)?;
             parts.push(GroupPart {
                 stream: &s.value,
                 send,
