@@ -672,17 +672,6 @@ fn machines(mpi: &Mpi) -> Outcome {
     Ok(())
 }
 
-/// The sim-npu plugin Cargo built next to this test binary (a dev-dependency).
-fn sim_npu() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let name = format!("libxpu_sim_npu.{}", std::env::consts::DLL_EXTENSION);
-    [deps.join(&name), deps.join("..").join(&name)]
-        .into_iter()
-        .find(|p| p.exists())
-        .expect("the xpu-sim-npu plugin is built (it is a dev-dependency)")
-}
-
 /// The devices `selector` picks from one host device and the sim-npu plugin.
 fn mixed_devices(selector: &str) -> xpu_hal::Result<Vec<Device>> {
     let mut r = Registry::new();
@@ -690,7 +679,9 @@ fn mixed_devices(selector: &str) -> xpu_hal::Result<Vec<Device>> {
         devices: 1,
         capacity: 256 << 20,
     })))?;
-    r.register(Arc::new(xpu_plugin::PluginBackend::load(sim_npu())?))?;
+    r.register(Arc::new(xpu_plugin::PluginBackend::load(
+        support::sim_npu(),
+    )?))?;
     r.devices(&DeviceSelector::parse(selector)?)
 }
 

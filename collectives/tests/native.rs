@@ -6,7 +6,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -19,23 +18,12 @@ use xpu_plugin::PluginBackend;
 mod support;
 use support::{check_every, forced, gate, run, KINDS};
 
-/// The sim-npu library Cargo built next to this test binary (a dev-dependency).
-fn sim_npu() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let name = format!("libxpu_sim_npu.{}", std::env::consts::DLL_EXTENSION);
-    [deps.join(&name), deps.join("..").join(&name)]
-        .into_iter()
-        .find(|p| p.exists())
-        .expect("the xpu-sim-npu plugin is built (it is a dev-dependency)")
-}
-
 /// One registry for the whole binary: the plugin reads its configuration once.
 fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| {
         let mut r = Registry::new();
-        r.register(Arc::new(PluginBackend::load(sim_npu()).unwrap()))
+        r.register(Arc::new(PluginBackend::load(support::sim_npu()).unwrap()))
             .unwrap();
         r.register(Arc::new(HostBackend::new(HostConfig {
             devices: 1,

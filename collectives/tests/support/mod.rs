@@ -229,3 +229,14 @@ pub fn check_every(
         }
     }
 }
+
+/// The sim-npu plugin Cargo built next to the test binary (a dev-dependency).
+pub fn sim_npu() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let name = format!("libxpu_sim_npu.{}", std::env::consts::DLL_EXTENSION);
+    [deps.join(&name), deps.join("..").join(&name)]
+        .into_iter()
+        .find(|p| p.exists())
+        .expect("the xpu-sim-npu plugin is built (it is a dev-dependency)")
+}

@@ -154,17 +154,22 @@ impl SimGroup {
             changed: Condvar::new(),
             pool: Mutex::new(Vec::new()),
         });
-        Ok(NewGroup {
-            group: Box::new(SimGroup { shared, config }),
-            library: LIBRARY,
-            latency: config.ccl_cost.map(|(l, _)| l),
-            bus_bytes_per_s: config.ccl_cost.map(|(_, b)| b as u64),
-        })
+        Ok(described(Box::new(SimGroup { shared, config }), &config))
     }
 }
 
 /// The library's name and version, as the host reports it.
 const LIBRARY: &std::ffi::CStr = c"simccl 1.0";
+
+/// `group` as the host is told of it: simccl, with the figures `config` states.
+pub(crate) fn described(group: Box<dyn Group<SimNpu>>, config: &SimConfig) -> NewGroup<SimNpu> {
+    NewGroup {
+        group,
+        library: LIBRARY,
+        latency: config.ccl_cost.map(|(l, _)| l),
+        bus_bytes_per_s: config.ccl_cost.map(|(_, b)| b as u64),
+    }
+}
 
 impl Group<SimNpu> for SimGroup {
     fn run(&self, call: GroupCall, parts: Vec<GroupPart<'_, SimNpu>>) -> Result<()> {

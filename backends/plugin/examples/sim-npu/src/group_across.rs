@@ -39,7 +39,7 @@ use xpu_plugin_sdk::{
 
 use crate::arena::Buffer;
 use crate::config::SimConfig;
-use crate::group::write_result;
+use crate::group::{described, write_result};
 use crate::SimNpu;
 
 /// How long a part waits for its peers, and joining for the other processes, when the
@@ -362,17 +362,12 @@ impl SimGroupAcross {
                 names.join(",")
             ),
         });
-        Ok(NewGroup {
-            group: Box::new(SimGroupAcross { inner, config }),
-            library: LIBRARY,
-            latency: config.ccl_cost.map(|(l, _)| l),
-            bus_bytes_per_s: config.ccl_cost.map(|(_, b)| b as u64),
-        })
+        Ok(described(
+            Box::new(SimGroupAcross { inner, config }),
+            &config,
+        ))
     }
 }
-
-/// The library's name and version, as the host reports it.
-const LIBRARY: &std::ffi::CStr = c"simccl 1.0";
 
 /// Spins briefly, then yields, then sleeps: waits that are usually short stay cheap,
 /// and long ones leave the cores to others.
