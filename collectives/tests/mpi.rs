@@ -45,6 +45,11 @@ fn main() -> ExitCode {
             "two",
             2,
         ),
+        trial(
+            "every_operation_over_mpi_alone_when_a_process_turns_shared_memory_off",
+            "no_shm",
+            2,
+        ),
         trial("three_processes_of_uneven_device_counts", "uneven", 3),
         trial("processes_that_disagree_are_told_of_a_desync", "desync", 2),
         trial("a_stalled_process_is_named_within_the_timeout", "stall", 2),
@@ -190,7 +195,25 @@ const SURVIVED: &str = "xpu-mpi-test: the survivor named the dead process";
 fn child(case: &str) -> Outcome {
     let mpi = Mpi::init().map_err(|e| e.to_string())?;
     match case {
-        "one" => sweep(&communicator(&mpi, 1, Duration::from_secs(60)).map_err(|e| e.to_string())?),
+        "one" => {
+            let comm = communicator(&mpi, 1, Duration::from_secs(60)).map_err(|e| e.to_string())?;
+            if !comm.shares_memory_between_processes() {
+                return Err("the processes of one machine share no memory".into());
+            }
+            sweep(&comm)
+        }
+        "no_shm" => {
+            // One process says no: no process shares memory, and all goes over MPI.
+            if mpi.rank() == 1 {
+                // Set before the communicator reads it; nothing else runs yet.
+                std::env::set_var("XPU_COLL_SHM", "off");
+            }
+            let comm = communicator(&mpi, 2, Duration::from_secs(60)).map_err(|e| e.to_string())?;
+            if comm.shares_memory_between_processes() {
+                return Err("memory is shared though a process turned it off".into());
+            }
+            sweep(&comm)
+        }
         "two" => sweep(&communicator(&mpi, 2, Duration::from_secs(60)).map_err(|e| e.to_string())?),
         "uneven" => {
             // One, two and three devices: ranks 0, 1–2 and 3–5.

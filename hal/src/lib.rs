@@ -99,8 +99,10 @@
 //! ## Vendor collective libraries
 //!
 //! [`group`] lets a backend offer its vendor collective library (NCCL for CUDA) over a
-//! set of its devices, so that the collectives layer uses it without importing the
-//! backend.
+//! set of its devices, in this process or across processes, so that the collectives
+//! layer uses it without importing the backend. [`shm`] is a step exchange in POSIX
+//! shared memory for parties in several processes of one machine, which the
+//! collectives use between processes and the simulated NPU's library between its ranks.
 //!
 //! ## Reference arithmetic
 //!
@@ -137,6 +139,7 @@ pub mod ops;
 mod progress;
 pub mod reference;
 mod registry;
+pub mod shm;
 mod stream;
 mod units;
 mod validate;

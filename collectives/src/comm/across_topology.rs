@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use xpu_hal::{Error, Result};
 
-use super::span::swap_with_all;
 use super::Communicator;
 use crate::process::links::{self, Measured, LINKS_TAG};
+use crate::process::swap_with_all;
 use crate::process::{Incomplete, ProcessInfo};
 use crate::topology::{TopoDevice, Topology};
 

@@ -403,6 +403,13 @@ impl Communicator {
         self.span.as_ref().map_or(&[], |s| &s.procs)
     }
 
+    /// Whether the processes of a communicator across processes share memory (they all
+    /// run on one machine and mapped one segment): their all-reduces then run there,
+    /// and every operation's header is checked there first. False within one process.
+    pub fn shares_memory_between_processes(&self) -> bool {
+        self.span.as_ref().is_some_and(|s| s.shm.is_some())
+    }
+
     /// The topology the algorithms are chosen from.
     pub fn topology(&self) -> &Topology {
         &self.shared.topology
@@ -506,7 +513,7 @@ impl Communicator {
                 native.abort();
             }
             span.aborted.store(true, Ordering::Release);
-            span.peers.abort_others(crate::process::GiveUp::Aborted);
+            span.give_up(crate::process::GiveUp::Aborted);
         }
         self.shared.aborted.store(true, Ordering::Release);
         self.shared.failed_flag.store(true, Ordering::Release);

@@ -35,14 +35,13 @@ use xpu_hal::{Device, Error, Result, Stream};
 
 use super::op::Collective;
 use super::select::NativeFigures;
-use super::span::swap_with_all;
 use super::transport::Slice;
-use crate::process::{Incomplete, Peers};
+use crate::process::{share_from_first, swap_with_all, Incomplete, Peers};
 use crate::topology::Topology;
 
-/// The tags of the exchanges that form the group (just above the set-up's).
-const ID_LEN_TAG: u32 = (1 << 21) + 12;
-const ID_TAG: u32 = (1 << 21) + 13;
+/// The tags of the exchanges that form the group (the identifier's length and bytes
+/// take two).
+const ID_TAG: u32 = (1 << 21) + 12;
 const AGREE_TAG: u32 = (1 << 21) + 14;
 
 /// A group of the devices' own library over every process's ranks.
@@ -112,27 +111,17 @@ impl NativeAcross {
         } else {
             Vec::new()
         };
-        let my_len = (id.len() as u64).to_le_bytes().to_vec();
-        let lens = swap_with_all(peers, ID_LEN_TAG, my_len, vec![8; n], deadline)
+        let id = share_from_first(peers, ID_TAG, id, deadline)
             .map_err(|e| failed("the library's identifier", e))?;
-        let root_len = if me == 0 {
-            id.len()
-        } else {
-            let bytes: [u8; 8] = lens[0].as_slice().try_into().unwrap_or([0; 8]);
-            usize::try_from(u64::from_le_bytes(bytes)).unwrap_or(usize::MAX)
-        };
-        if root_len == 0 {
+        if id.is_empty() {
             return Ok(None);
         }
-        if root_len > GroupAcross::MAX_ID {
+        if id.len() > GroupAcross::MAX_ID {
             return Err(Error::invalid(format!(
-                "process 0 sent a library identifier of {root_len} bytes; is it running the same program?"
+                "process 0 sent a library identifier of {} bytes; is it running the same program?",
+                id.len()
             )));
         }
-        let sizes: Vec<usize> = (0..n).map(|q| if q == 0 { root_len } else { 0 }).collect();
-        let got = swap_with_all(peers, ID_TAG, id.clone(), sizes, deadline)
-            .map_err(|e| failed("the library's identifier", e))?;
-        let id = if me == 0 { id } else { got[0].clone() };
         let across = GroupAcross {
             id,
             size,

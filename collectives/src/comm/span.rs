@@ -17,7 +17,7 @@ use crate::process::wire::Header;
 use std::sync::atomic::AtomicU32;
 
 use crate::process::{
-    process_name, GiveUp, Incomplete, Peers, ProcessInfo, SETUP_TAG, SHRINK_TAGS,
+    process_name, swap_with_all, GiveUp, Incomplete, Peers, ProcessInfo, SETUP_TAG, SHRINK_TAGS,
 };
 
 /// The first tag of point-to-point messages between processes (collectives use the
@@ -47,6 +47,9 @@ pub(crate) struct Span {
     /// The devices' own library over every process's ranks, when it spans them
     /// (`native_across.rs`).
     pub native: Option<super::native_across::NativeAcross>,
+    /// The processes' step exchange in shared memory, when they all run on one machine
+    /// (`process/node_shm.rs`).
+    pub shm: Option<crate::process::node_shm::NodeShm>,
 }
 
 /// The leader's host buffers.
@@ -68,6 +71,15 @@ fn at_least(slot: &mut Option<HostBuffer>, len: usize) -> Result<&mut HostBuffer
 }
 
 impl Span {
+    /// Tells the other processes that this one gave up on the communicator, and why:
+    /// over the transport, and in the shared memory where there is one.
+    pub(super) fn give_up(&self, why: GiveUp) {
+        if let Some(shm) = &self.shm {
+            shm.give_up(self.me, why);
+        }
+        self.peers.abort_others(why);
+    }
+
     fn me(&self) -> &ProcessInfo {
         &self.procs[self.me]
     }
@@ -336,6 +348,7 @@ impl Rank {
                 None => &mut data.as_mut_slice()?[..stage.data],
             };
             let mut between = Between {
+                shm: span.shm.as_ref(),
                 peers: &*span.peers,
                 procs: &span.procs,
                 seq,
@@ -345,6 +358,7 @@ impl Rank {
                 abort: &span.aborted,
                 heads: &mut s.heads,
             };
+            between.agree()?;
             exchange(
                 &mut between,
                 data_bytes,
@@ -388,7 +402,7 @@ impl Rank {
             _ => Some(GiveUp::Failed),
         };
         if let Some(why) = why {
-            span.peers.abort_others(why);
+            span.give_up(why);
         }
         self.shared.fail(failure.error.clone());
         Err(failure.error)
@@ -401,7 +415,7 @@ impl Rank {
 
     /// A failure in this process's own step, which the other processes must hear of.
     pub(super) fn failed_here(&self, span: &Span, error: Error) -> Error {
-        span.peers.abort_others(match error {
+        span.give_up(match error {
             Error::InvalidArgument { .. } => GiveUp::Refused,
             _ => GiveUp::Failed,
         });
@@ -929,46 +943,6 @@ fn finish_avg(desc: &OpDesc, size: usize, data: &mut [u8]) -> std::result::Resul
     Ok(())
 }
 
-/// Sends `mine` to every other process and receives `sizes[q]` bytes from each process
-/// `q`; the result holds each process's bytes (empty for this one). On a failure the
-/// buffers are leaked: the transport may still use them.
-pub(super) fn swap_with_all(
-    peers: &dyn Peers,
-    tag: u32,
-    mine: Vec<u8>,
-    sizes: Vec<usize>,
-    deadline: Instant,
-) -> std::result::Result<Vec<Vec<u8>>, crate::process::Incomplete> {
-    let me = peers.index();
-    let mut theirs: Vec<Vec<u8>> = sizes
-        .iter()
-        .enumerate()
-        .map(|(q, &len)| if q == me { Vec::new() } else { vec![0; len] })
-        .collect();
-    let sends: Vec<(usize, &[u8])> = (0..sizes.len())
-        .filter(|&q| q != me)
-        .map(|q| (q, &mine[..]))
-        .collect();
-    let mut recvs: Vec<(usize, &mut [u8])> = theirs
-        .iter_mut()
-        .enumerate()
-        .filter(|(q, _)| *q != me)
-        .map(|(q, b)| (q, &mut b[..]))
-        .collect();
-    let never = AtomicBool::new(false);
-    // SAFETY: on an error the buffers are leaked below, never freed.
-    let done = unsafe { peers.exchange(tag, &sends, &mut recvs, deadline, &never) };
-    drop((sends, recvs));
-    match done {
-        Ok(()) => Ok(theirs),
-        Err(e) => {
-            std::mem::forget(theirs);
-            std::mem::forget(mine);
-            Err(e)
-        }
-    }
-}
-
 /// What each process tells the others when a communicator across processes is formed.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Joining {
@@ -981,6 +955,9 @@ struct Joining {
     /// The devices' backend, when its own collective library spans processes.
     #[serde(default)]
     native: Option<String>,
+    /// Whether the process would share memory with the others of its machine.
+    #[serde(default)]
+    shm: bool,
 }
 
 impl Communicator {
@@ -1147,6 +1124,7 @@ impl Communicator {
                 .map(crate::topology::TopoDevice::from_device)
                 .collect(),
             native: super::native_across::offer(&devices),
+            shm: crate::process::node_shm::willing(),
         };
         let mine = serde_json::to_vec(&joining)
             .map_err(|e| Error::backend_message("collectives", format!("internal error: {e}")))?;
@@ -1179,6 +1157,7 @@ impl Communicator {
         let mut procs = Vec::with_capacity(n);
         let mut topo = Vec::with_capacity(n);
         let mut offers = Vec::with_capacity(n);
+        let mut willing = Vec::with_capacity(n);
         let mut first = 0;
         for (q, bytes) in theirs.iter().enumerate() {
             let j: Joining = if q == me {
@@ -1188,6 +1167,7 @@ impl Communicator {
                     devices: joining.devices.clone(),
                     topo: joining.topo.clone(),
                     native: joining.native.clone(),
+                    shm: joining.shm,
                 }
             } else {
                 serde_json::from_slice(bytes).map_err(|e| {
@@ -1205,6 +1185,7 @@ impl Communicator {
             }
             topo.push(j.topo);
             offers.push(j.native);
+            willing.push(j.shm);
             procs.push(ProcessInfo {
                 index: q,
                 host: j.host,
@@ -1226,6 +1207,13 @@ impl Communicator {
         local_options.timeout = options.timeout + Duration::from_secs(1);
         let local = Communicator::new(devices, local_options)?;
         let local_ranks = local.shared.devices.len();
+        let shm = crate::process::node_shm::NodeShm::form(
+            &*peers,
+            &procs,
+            &willing,
+            options.timeout,
+            &joined,
+        )?;
         let native = super::native_across::NativeAcross::form(
             &*peers,
             &offers,
@@ -1253,6 +1241,7 @@ impl Communicator {
                 shrinks: AtomicU32::new(0),
                 topology: Mutex::new(topology),
                 native,
+                shm,
             })),
         })
     }

@@ -12,10 +12,12 @@ use std::time::{Duration, Instant};
 
 use xpu_hal::{Error, Result};
 
+use super::node_shm::{NodeShm, ShmFailure, SLOT};
 use super::wire::{self, Header};
 use super::{Incomplete, Peers, ProcessInfo};
 use crate::comm::op::{OpDesc, ReduceOp};
 use crate::comm::reduce_bytes;
+use xpu_hal::shm::Stopped;
 
 /// All-reduces of at most this many bytes exchange whole buffers in one round.
 const ONE_ROUND: usize = 64 << 10;
@@ -44,6 +46,8 @@ impl From<Error> for Failure {
 
 /// One operation's step between processes.
 pub(crate) struct Between<'a> {
+    /// The processes' shared memory, when they all run on one machine.
+    pub shm: Option<&'a NodeShm>,
     pub peers: &'a dyn Peers,
     pub procs: &'a [ProcessInfo],
     /// The operation's number, the same in every process.
@@ -213,7 +217,13 @@ impl Between<'_> {
     ) -> std::result::Result<(), Failure> {
         let n = self.peers.count();
         let len = data.len();
-        if n == 1 || len == 0 {
+        if n == 1 {
+            return Ok(());
+        }
+        if let Some(shm) = self.shm {
+            return self.shm_all_reduce(shm, data);
+        }
+        if len == 0 {
             return Ok(());
         }
         if len <= ONE_ROUND || len / elem < n {
@@ -239,6 +249,132 @@ impl Between<'_> {
         let blocks = even_blocks(len, elem, n);
         self.reduce_scatter(data, extra, &blocks)?;
         self.all_gather(data, &blocks)
+    }
+
+    /// Where the processes share memory, a step in which each posts this operation's
+    /// header, so that processes that called different ones are told before anything
+    /// goes over the transport. All-reduces skip it: they run in shared memory, with the
+    /// same check at every step.
+    pub fn agree(&mut self) -> std::result::Result<(), Failure> {
+        let Some(shm) = self.shm else {
+            return Ok(());
+        };
+        if self.desc.kind == crate::Collective::AllReduce || self.peers.count() == 1 {
+            return Ok(());
+        }
+        let words = wire::encode(self.seq, &self.desc, self.me());
+        let cancel = || self.abort.load(std::sync::atomic::Ordering::Acquire);
+        shm.step(
+            self.me(),
+            &words,
+            self.deadline,
+            &cancel,
+            |_| {},
+            |_| Ok(()),
+        )
+        .map_err(|e| self.shm_failure(e))
+    }
+
+    /// The all-reduce in shared memory: in steps of at most a slot, each process copies
+    /// its chunk into its slot and reduces every process's, in process order, into its
+    /// own data.
+    fn shm_all_reduce(
+        &mut self,
+        shm: &NodeShm,
+        data: &mut [u8],
+    ) -> std::result::Result<(), Failure> {
+        let me = self.me();
+        let n = self.peers.count();
+        let len = data.len();
+        let words = wire::encode(self.seq, &self.desc, me);
+        let cancel = || self.abort.load(std::sync::atomic::Ordering::Acquire);
+        let base = data.as_mut_ptr();
+        let mut lo = 0;
+        loop {
+            let chunk = SLOT.min(len - lo);
+            // SAFETY: `lo + chunk` is within `data`.
+            let at = unsafe { base.add(lo) };
+            let fill = |slot: *mut u8| {
+                // SAFETY: this process's slot holds SLOT ≥ chunk bytes and is free
+                // (every process is done with the step before); `at` is `chunk` bytes of
+                // `data`, which nothing else touches during the step.
+                unsafe { std::ptr::copy_nonoverlapping(at, slot, chunk) };
+            };
+            let read = |slots: &[*const u8]| -> Result<()> {
+                if chunk == 0 {
+                    return Ok(());
+                }
+                let sources: Vec<*mut u8> = (0..n)
+                    .map(|q| if q == me { at } else { slots[q].cast_mut() })
+                    .collect();
+                // SAFETY: every other process's slot holds its `chunk` bytes, posted for
+                // this step and written by no one until this process is done with it;
+                // slots are 64-byte aligned and `at` is `data` (aligned) plus a whole
+                // number of slots; the destination is this process's own source; the
+                // reduction only reads the slots.
+                unsafe { self.reduce(&sources, at, chunk) }
+            };
+            shm.step(me, &words, self.deadline, &cancel, fill, read)
+                .map_err(|e| self.shm_failure(e))?;
+            lo += chunk;
+            if lo >= len {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The failure of a step in shared memory.
+    fn shm_failure(&self, e: ShmFailure) -> Failure {
+        let what = format!("{} (operation #{})", self.desc, self.seq);
+        match e {
+            ShmFailure::Stopped(Stopped::Deadline(missing)) => {
+                let mut f = self.incomplete(Incomplete::Deadline { peers: missing });
+                // Nothing of the transport's holds the buffers.
+                f.in_use = false;
+                f
+            }
+            ShmFailure::Stopped(Stopped::Broken {
+                party,
+                why,
+                missing,
+            }) => {
+                let missing: Vec<usize> = missing.into_iter().filter(|&q| q != party).collect();
+                let late = if missing.is_empty() {
+                    String::new()
+                } else {
+                    let names: Vec<String> = missing.iter().map(|&q| self.name(q)).collect();
+                    format!(" ({} had not come)", names.join(" and "))
+                };
+                Failure {
+                    error: Error::aborted(format!(
+                        "{} gave up on the communicator during {what}: {}{late}",
+                        self.name(party),
+                        super::GiveUp::from_code(why).says()
+                    )),
+                    in_use: false,
+                    suspects: missing,
+                }
+            }
+            ShmFailure::Stopped(Stopped::Cancelled) => Failure {
+                error: Error::aborted(format!("the communicator was aborted during {what}")),
+                in_use: false,
+                suspects: Vec::new(),
+            },
+            ShmFailure::Differs(q, theirs) => {
+                let theirs = match wire::decode(&theirs) {
+                    Some((seq, d)) => format!("{d} as operation #{seq}"),
+                    None => "something that is not an xpu operation".to_string(),
+                };
+                Error::invalid(format!(
+                    "desync between processes: {} called {theirs}, but this process called {} as operation #{}; every process must call the same operations in the same order",
+                    self.name(q),
+                    self.desc,
+                    self.seq
+                ))
+                .into()
+            }
+            ShmFailure::Failed(e) => e.into(),
+        }
     }
 
     /// The processes grouped by machine, in process order, when that makes a hierarchy:

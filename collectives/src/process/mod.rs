@@ -28,6 +28,7 @@ pub(crate) mod between;
 pub mod links;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub(crate) mod node_shm;
 pub(crate) mod wire;
 
 use std::sync::atomic::AtomicBool;
@@ -217,4 +218,75 @@ pub(crate) trait Peers: Send + Sync {
     /// messages never meet this one's. Every process of `keep` calls it with the same
     /// list.
     fn subset(&self, keep: &[usize]) -> xpu_hal::Result<Box<dyn Peers>>;
+}
+
+/// Sends `mine` to every other process and receives `sizes[q]` bytes from each process
+/// `q`; the result holds each process's bytes (empty for this one). On a failure the
+/// buffers are leaked: the transport may still use them.
+pub(crate) fn swap_with_all(
+    peers: &dyn Peers,
+    tag: u32,
+    mine: Vec<u8>,
+    sizes: Vec<usize>,
+    deadline: Instant,
+) -> std::result::Result<Vec<Vec<u8>>, Incomplete> {
+    let me = peers.index();
+    let mut theirs: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(q, &len)| if q == me { Vec::new() } else { vec![0; len] })
+        .collect();
+    let sends: Vec<(usize, &[u8])> = (0..sizes.len())
+        .filter(|&q| q != me)
+        .map(|q| (q, &mine[..]))
+        .collect();
+    let mut recvs: Vec<(usize, &mut [u8])> = theirs
+        .iter_mut()
+        .enumerate()
+        .filter(|(q, _)| *q != me)
+        .map(|(q, b)| (q, &mut b[..]))
+        .collect();
+    let never = AtomicBool::new(false);
+    // SAFETY: on an error the buffers are leaked below, never freed.
+    let done = unsafe { peers.exchange(tag, &sends, &mut recvs, deadline, &never) };
+    drop((sends, recvs));
+    match done {
+        Ok(()) => Ok(theirs),
+        Err(e) => {
+            std::mem::forget(theirs);
+            std::mem::forget(mine);
+            Err(e)
+        }
+    }
+}
+
+/// Sends `mine` (from the first process; empty elsewhere) to every other process under
+/// `tag`: every process returns the first process's bytes (lengths first, so that any
+/// length up to 1 MiB goes).
+pub(crate) fn share_from_first(
+    peers: &dyn Peers,
+    tag: u32,
+    mine: Vec<u8>,
+    deadline: Instant,
+) -> std::result::Result<Vec<u8>, Incomplete> {
+    let n = peers.count();
+    let me = peers.index();
+    let len = (mine.len() as u64).to_le_bytes().to_vec();
+    let lens = swap_with_all(peers, tag, len, vec![8; n], deadline)?;
+    let first = if me == 0 {
+        mine.len()
+    } else {
+        let bytes: [u8; 8] = lens[0].as_slice().try_into().unwrap_or([0; 8]);
+        usize::try_from(u64::from_le_bytes(bytes))
+            .unwrap_or(usize::MAX)
+            .min(1 << 20)
+    };
+    let sizes: Vec<usize> = (0..n).map(|q| if q == 0 { first } else { 0 }).collect();
+    let mine = if me == 0 { mine } else { Vec::new() };
+    let got = swap_with_all(peers, tag + 1, mine.clone(), sizes, deadline)?;
+    Ok(if me == 0 {
+        mine
+    } else {
+        got.into_iter().next().unwrap_or_default()
+    })
 }

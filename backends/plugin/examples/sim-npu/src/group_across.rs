@@ -1,38 +1,30 @@
 //! `simccl` across processes (ABI 1.4): groups whose ranks live in several processes,
-//! meeting in a POSIX shared-memory segment, as a vendor library's communicators meet
-//! over the machine's links.
+//! meeting in a step exchange in POSIX shared memory ([`xpu_hal::shm`]), as a vendor
+//! library's communicators meet over the machine's links.
 //!
-//! [`group_id`] names a fresh segment (a file under `/dev/shm`, or the temporary folder
-//! where there is none); every process maps it when it joins ([`SimGroupAcross::join`]),
-//! and the first process of the group unlinks it once all have joined, so nothing is
-//! left behind. The segment holds a header, one record per rank and one slot per rank:
-//!
-//! ```text
-//! header   magic, size, slot bytes, ranks joined
-//! record   per rank: step posted | step done | pid, broken, operation
-//! slots    per rank: `slot` bytes of staged data
-//! ```
-//!
-//! An operation runs in steps, each moving at most a slot of every rank's data; every
-//! process numbers the steps alike, because every process enqueues the same operations
-//! in the same order and cuts them alike. A rank's part is a job on its stream. In step
-//! `s` it waits until every rank is done with step `s − 1` (so its slot is free), copies
-//! what it contributes into its slot, posts `s` with a description of the operation,
-//! waits for the ranks it needs to post `s` (a different description is a desync),
-//! writes its result from their slots in rank order with the same arithmetic as the
-//! in-process groups ([`crate::group::write_result`]), and marks itself done with `s`.
+//! [`group_id`] names a fresh segment; every process joins it with its ranks
+//! ([`SimGroupAcross::join`]), and the name is removed once all have joined, so nothing
+//! is left behind. An operation runs in steps, each moving at most a slot of every
+//! rank's data; every process numbers the steps alike, because every process enqueues
+//! the same operations in the same order and cuts them alike. A rank's part is a job on
+//! its stream. In step `s` it waits until every rank is done with step `s − 1` (so its
+//! slot is free), copies what it contributes into its slot, posts `s` with a word
+//! describing the operation, waits for the ranks it needs to post `s` (a different word
+//! is a desync), writes its result from their slots in rank order with the same
+//! arithmetic as the in-process groups ([`crate::group::write_result`]), and marks
+//! itself done with `s`.
 //!
 //! Failures: a part whose peers do not post within the group's timeout fails with
 //! `Timeout`, naming the ranks and their processes; a part that fails, never runs or is
 //! aborted marks its rank broken, and every part of the group then fails with `Aborted`
 //! naming it, in every process.
 
-use std::fs::OpenOptions;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use xpu_hal::shm::{Backoff, Exchange, Stopped, Until};
 use xpu_plugin_sdk::{
     BufferRange, Error, Group, GroupAcross, GroupCall, GroupConfig, GroupPart, NewGroup, Result,
 };
@@ -49,189 +41,26 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// The first bytes of every segment's name.
 const PREFIX: &str = "xpu-simccl-";
 
-/// `b"simccl01"`: a segment whose header is initialised.
-const MAGIC: u64 = u64::from_le_bytes(*b"simccl01");
-
-/// Bytes of the header and of each rank's record.
-const HEADER: usize = 64;
-const RECORD: usize = 128;
-
-/// A mapped segment.
-struct Segment {
-    base: *mut u8,
-    len: usize,
-    size: usize,
-    slot: usize,
-    data: usize,
-    path: PathBuf,
-}
-
-// SAFETY: the mapping is shared memory that every user reaches through atomics (the
-// header and records) or under the step protocol (the slots: written only by their rank
-// while no one reads them); the pointer itself may move between threads.
-unsafe impl Send for Segment {}
-// SAFETY: as above.
-unsafe impl Sync for Segment {}
-
-/// Header words, by index.
-const H_MAGIC: usize = 0;
-const H_SIZE: usize = 1;
-const H_SLOT: usize = 2;
-const H_JOINED: usize = 3;
-
-/// Record words of a rank, by offset in bytes (`posted` and `done` on their own lines).
-const R_POSTED: usize = 0;
-const R_PID: usize = 8;
-const R_BROKEN: usize = 16;
-const R_DESC: usize = 24;
-const R_DONE: usize = 64;
-
-impl Segment {
-    /// Maps (creating it if this process is the first) the segment at `path` for
-    /// `size` ranks with slots of `slot` bytes.
-    fn map(path: &Path, size: usize, slot: usize) -> Result<Segment> {
-        let data = (HEADER + size * RECORD).next_multiple_of(4096);
-        let len = size
-            .checked_mul(slot)
-            .and_then(|s| s.checked_add(data))
-            .ok_or_else(|| {
-                Error::invalid_argument("the group's segment would not fit in memory")
-            })?;
-        let file = {
-            use std::os::unix::fs::OpenOptionsExt;
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .open(path)
-        }
-        .map_err(|e| {
-            Error::unavailable(format!(
-                "simccl could not open its shared memory {}: {e}",
-                path.display()
-            ))
-        })?;
-        // Every process sets the same length, so the order does not matter.
-        file.set_len(len as u64).map_err(|e| {
-            Error::unavailable(format!(
-                "simccl could not size its shared memory {} to {len} bytes: {e}",
-                path.display()
-            ))
-        })?;
-        use std::os::fd::AsRawFd;
-        // SAFETY: maps `len` bytes of an open file we just sized to `len`, shared and
-        // readable and writable; the result is checked before use.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(Error::unavailable(format!(
-                "simccl could not map its shared memory {}: {}",
-                path.display(),
-                std::io::Error::last_os_error()
-            )));
-        }
-        Ok(Segment {
-            base: base.cast(),
-            len,
-            size,
-            slot,
-            data,
-            path: path.to_path_buf(),
-        })
-    }
-
-    /// A word of the segment at byte `offset` (8-byte aligned, within the header and
-    /// records).
-    fn word(&self, offset: usize) -> &AtomicU64 {
-        debug_assert!(offset.is_multiple_of(8) && offset + 8 <= self.data);
-        // SAFETY: `offset` is 8-byte aligned and within the mapping's first `data` bytes
-        // (page aligned, so aligned for u64), which live as long as `self`; shared
-        // memory is only ever accessed through atomics here.
-        unsafe { &*self.base.add(offset).cast::<AtomicU64>() }
-    }
-
-    fn header(&self, i: usize) -> &AtomicU64 {
-        self.word(i * 8)
-    }
-
-    fn record(&self, rank: usize, field: usize) -> &AtomicU64 {
-        self.word(HEADER + rank * RECORD + field)
-    }
-
-    /// Rank `rank`'s slot.
-    fn slot_ptr(&self, rank: usize) -> *mut u8 {
-        // SAFETY: rank < size, so the slot lies within the mapping.
-        unsafe { self.base.add(self.data + rank * self.slot) }
-    }
-
-    /// The first `len` bytes of rank `rank`'s slot, to read.
-    ///
-    /// # Safety
-    /// No one writes the slot while the slice lives (the step protocol).
-    unsafe fn slot(&self, rank: usize, len: usize) -> &[u8] {
-        // SAFETY: within the mapping (len ≤ slot); the caller keeps writers away.
-        unsafe { std::slice::from_raw_parts(self.slot_ptr(rank), len.min(self.slot)) }
-    }
-}
-
-impl Drop for Segment {
-    fn drop(&mut self) {
-        // SAFETY: unmaps the mapping made in `map`, which nothing uses any more (every
-        // user holds the segment's Arc).
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-    }
-}
-
 /// A fresh identifier: the path of a segment no group uses yet.
 pub(crate) fn group_id() -> Result<Vec<u8>> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let shm = Path::new("/dev/shm");
-    let dir = if shm.is_dir() {
-        shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    };
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let name = format!(
-        "{PREFIX}{}-{nanos}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    );
-    let path = dir.join(name);
-    path.to_str().map(|p| p.as_bytes().to_vec()).ok_or_else(|| {
-        Error::unavailable("simccl's shared-memory folder has a name that is not UTF-8")
-    })
+    Exchange::fresh_name(PREFIX)
+        .to_str()
+        .map(|p| p.as_bytes().to_vec())
+        .ok_or_else(|| Error::unavailable("the shared-memory folder has a name that is not UTF-8"))
 }
 
 /// The segment an identifier names, refusing anything [`group_id`] would not make.
 fn path_of(id: &[u8]) -> Result<PathBuf> {
-    let text = std::str::from_utf8(id).ok();
-    let path = text.map(PathBuf::from).filter(|p| {
-        p.is_absolute()
-            && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                n.starts_with(PREFIX) && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-            })
-            && p.components()
-                .all(|c| !matches!(c, std::path::Component::ParentDir))
-    });
-    path.ok_or_else(|| {
-        Error::invalid_argument(format!(
-            "the group identifier {:?} is not one simccl made; pass the bytes group_id returned",
-            String::from_utf8_lossy(id)
-        ))
-    })
+    std::str::from_utf8(id)
+        .ok()
+        .map(PathBuf::from)
+        .filter(|p| Exchange::is_fresh_name(p, PREFIX))
+        .ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "the group identifier {:?} is not one simccl made; pass the bytes group_id returned",
+                String::from_utf8_lossy(id)
+            ))
+        })
 }
 
 /// A group across processes, this process's ranks of it.
@@ -241,7 +70,7 @@ pub struct SimGroupAcross {
 }
 
 struct Inner {
-    seg: Segment,
+    seg: Exchange,
     /// The ranks of this process's devices, in their order.
     ranks: Vec<usize>,
     timeout: Duration,
@@ -277,73 +106,15 @@ impl SimGroupAcross {
             .map_err(|_| Error::invalid_argument("XPU_SIMNPU_CCL_SLOT does not fit"))?
             .next_multiple_of(64);
         let timeout = group.timeout.unwrap_or(DEFAULT_TIMEOUT);
-        let seg = Segment::map(&path, across.size, slot)?;
-        let refuse = |e: Error| {
-            let _ = std::fs::remove_file(&seg.path);
-            e
-        };
-        // The first process to map it initialises the header; the others check theirs
-        // against it.
-        let magic = seg.header(H_MAGIC);
-        if magic
-            .compare_exchange(0, u64::MAX, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            seg.header(H_SIZE)
-                .store(across.size as u64, Ordering::Relaxed);
-            seg.header(H_SLOT).store(slot as u64, Ordering::Relaxed);
-            magic.store(MAGIC, Ordering::Release);
-        }
-        let deadline = Instant::now() + timeout;
-        while magic.load(Ordering::Acquire) != MAGIC {
-            if Instant::now() >= deadline {
-                return Err(refuse(Error::timeout(
-                    "simccl's shared memory was never initialised by the process that created it",
-                )));
-            }
-            std::thread::yield_now();
-        }
-        let (size, their_slot) = (
-            seg.header(H_SIZE).load(Ordering::Relaxed),
-            seg.header(H_SLOT).load(Ordering::Relaxed),
-        );
-        if size != across.size as u64 || their_slot != slot as u64 {
-            return Err(refuse(Error::invalid_argument(format!(
-                "the processes disagree on the group: another joined {size} ranks with {their_slot}-byte slots, this one {} with {slot} (set XPU_SIMNPU_CCL_SLOT alike everywhere)",
-                across.size
-            ))));
-        }
-        let pid = u64::from(std::process::id());
-        for &r in &across.ranks {
-            if seg
-                .record(r, R_PID)
-                .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-            {
-                return Err(Error::invalid_argument(format!(
-                    "rank {r} of the group has joined already (process {}); give each rank to one device of one process",
-                    seg.record(r, R_PID).load(Ordering::Acquire)
-                )));
-            }
-            seg.header(H_JOINED).fetch_add(1, Ordering::AcqRel);
-        }
-        let mut spins = Backoff::default();
-        while seg.header(H_JOINED).load(Ordering::Acquire) < across.size as u64 {
-            if Instant::now() >= deadline {
-                let missing: Vec<usize> = (0..across.size)
-                    .filter(|&q| seg.record(q, R_PID).load(Ordering::Acquire) == 0)
-                    .collect();
-                return Err(refuse(Error::timeout(format!(
-                    "simccl waited {timeout:?} for ranks {missing:?} of a group of {} to join; start every process of the group and join in all of them",
-                    across.size
-                ))));
-            }
-            spins.pause();
-        }
-        if across.ranks.contains(&0) {
-            // Every process has mapped it: nothing else needs the name.
-            let _ = std::fs::remove_file(&seg.path);
-        }
+        let seg =
+            Exchange::join(&path, across.size, slot, &across.ranks, timeout).map_err(|e| {
+                let text = format!("simccl across processes: {e}");
+                match e {
+                    xpu_hal::Error::Timeout { .. } => Error::timeout(text),
+                    xpu_hal::Error::InvalidArgument { .. } => Error::invalid_argument(text),
+                    _ => Error::unavailable(text),
+                }
+            })?;
         let names: Vec<String> = devices.iter().map(|d| d.index().to_string()).collect();
         let inner = Arc::new(Inner {
             seg,
@@ -366,22 +137,6 @@ impl SimGroupAcross {
             Box::new(SimGroupAcross { inner, config }),
             &config,
         ))
-    }
-}
-
-/// Spins briefly, then yields, then sleeps: waits that are usually short stay cheap,
-/// and long ones leave the cores to others.
-#[derive(Default)]
-struct Backoff(u32);
-
-impl Backoff {
-    fn pause(&mut self) {
-        self.0 = self.0.saturating_add(1);
-        match self.0 {
-            0..=64 => std::hint::spin_loop(),
-            65..=2000 => std::thread::yield_now(),
-            _ => std::thread::sleep(Duration::from_micros(50)),
-        }
     }
 }
 
@@ -421,9 +176,9 @@ fn plan(call: GroupCall, n: usize, slot: usize) -> Result<Plan> {
     })
 }
 
-/// A word that tells operations apart, so that processes that enqueue different ones
-/// find out instead of exchanging the wrong bytes.
-fn describe(call: GroupCall) -> u64 {
+/// The words that describe an operation, so that processes that enqueue different
+/// ones find out instead of exchanging the wrong bytes.
+fn describe(call: GroupCall) -> xpu_hal::shm::Words {
     let (kind, count, dtype, op, root) = match call {
         GroupCall::AllReduce { count, dtype, op } => (1u64, count, dtype.raw(), op.raw(), 0),
         GroupCall::Reduce {
@@ -437,13 +192,7 @@ fn describe(call: GroupCall) -> u64 {
         GroupCall::ReduceScatter { count, dtype, op } => (5, count, dtype.raw(), op.raw(), 0),
         GroupCall::AllToAll { bytes } => (6, bytes, 0, 0, 0),
     };
-    // FNV-1a over the fields, never 0 (0 is "nothing posted").
-    [kind, count, u64::from(dtype), u64::from(op), root]
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, &v| {
-            (h ^ v).wrapping_mul(0x0100_0000_01b3)
-        })
-        | 1
+    [kind, count, u64::from(dtype), u64::from(op), root, 0, 0, 0]
 }
 
 impl Group<SimNpu> for SimGroupAcross {
@@ -455,7 +204,7 @@ impl Group<SimNpu> for SimGroupAcross {
                 inner.name
             )));
         }
-        let plan = plan(call, inner.seg.size, inner.seg.slot)?;
+        let plan = plan(call, inner.seg.parties(), inner.seg.slot_len())?;
         let first = inner.next_step.fetch_add(plan.steps, Ordering::Relaxed);
         let op = inner.next_op.fetch_add(1, Ordering::Relaxed);
         // The parts start only once all are enqueued; a part refused on the way fails
@@ -492,10 +241,7 @@ impl Group<SimNpu> for SimGroupAcross {
     fn abort(&self) {
         self.inner.aborted.store(true, Ordering::Release);
         for &r in &self.inner.ranks {
-            self.inner
-                .seg
-                .record(r, R_BROKEN)
-                .store(1, Ordering::Release);
+            self.inner.seg.set_broken(r, 1);
         }
     }
 }
@@ -599,10 +345,7 @@ impl Part {
     }
 
     fn break_rank(&self) {
-        self.inner
-            .seg
-            .record(self.rank, R_BROKEN)
-            .store(1, Ordering::Release);
+        self.inner.seg.set_broken(self.rank, 1);
     }
 
     fn finish(&mut self) {
@@ -614,7 +357,7 @@ impl Part {
 
     /// The ranks whose slots this part reads.
     fn needs(&self) -> Vec<usize> {
-        let n = self.inner.seg.size;
+        let n = self.inner.seg.parties();
         match self.call {
             GroupCall::Reduce { root, .. } if self.rank != root => Vec::new(),
             GroupCall::Broadcast { root, .. } if self.rank == root => Vec::new(),
@@ -623,54 +366,38 @@ impl Part {
         }
     }
 
-    /// Waits until `ready(q)` holds for every rank of `ranks`, failing on an abort, a
+    /// Waits until every rank of `ranks` has reached `until`, failing on an abort, a
     /// broken rank or the deadline.
-    fn wait_for(&self, ranks: &[usize], what: &str, ready: impl Fn(usize) -> bool) -> Result<()> {
+    fn wait_for(&self, ranks: &[usize], until: Until, what: &str) -> Result<()> {
         let inner = &self.inner;
         let seg = &inner.seg;
         let deadline = Instant::now() + inner.timeout;
-        let mut backoff = Backoff::default();
-        loop {
-            if inner.aborted.load(Ordering::Acquire) {
-                return Err(Error::aborted(format!(
-                    "{}: the group was aborted",
-                    inner.name
-                )));
+        let aborted = || inner.aborted.load(Ordering::Acquire);
+        match seg.wait(ranks, until, deadline, &aborted) {
+            Ok(()) => Ok(()),
+            Err(Stopped::Cancelled) => {
+                Err(Error::aborted(format!("{}: the group was aborted", inner.name)))
             }
-            if let Some(q) =
-                (0..seg.size).find(|&q| seg.record(q, R_BROKEN).load(Ordering::Acquire) != 0)
-            {
-                return Err(Error::aborted(format!(
-                    "{}: rank {q} (process {}) failed, never ran its part or aborted the group; operation {} cannot finish",
-                    inner.name,
-                    seg.record(q, R_PID).load(Ordering::Acquire),
-                    self.op
-                )));
-            }
-            if ranks.iter().all(|&q| ready(q)) {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                let missing: Vec<String> = ranks
+            Err(Stopped::Broken { party: q, .. }) => Err(Error::aborted(format!(
+                "{}: rank {q} (process {}) failed, never ran its part or aborted the group; operation {} cannot finish",
+                inner.name,
+                seg.pid(q),
+                self.op
+            ))),
+            Err(Stopped::Deadline(missing)) => {
+                let missing: Vec<String> = missing
                     .iter()
-                    .filter(|&&q| !ready(q))
-                    .map(|&q| {
-                        format!(
-                            "{q} (process {})",
-                            seg.record(q, R_PID).load(Ordering::Acquire)
-                        )
-                    })
+                    .map(|&q| format!("{q} (process {})", seg.pid(q)))
                     .collect();
-                return Err(Error::timeout(format!(
+                Err(Error::timeout(format!(
                     "{}: rank {} waited {:?} in operation {} for rank(s) {} to {what} (is their process stalled, or did it enqueue other operations?)",
                     inner.name,
                     self.rank,
                     inner.timeout,
                     self.op,
                     missing.join(", ")
-                )));
+                )))
             }
-            backoff.pause();
         }
     }
 
@@ -678,10 +405,10 @@ impl Part {
     fn steps(&self) -> Result<()> {
         let inner = &self.inner;
         let seg = &inner.seg;
-        let n = seg.size;
+        let n = seg.parties();
         let all: Vec<usize> = (0..n).collect();
         let needs = self.needs();
-        let desc = describe(self.call);
+        let words = describe(self.call);
         let Plan {
             total,
             blocks,
@@ -694,30 +421,21 @@ impl Part {
             let lo = (c as usize) * chunk;
             let len = chunk.min(total.saturating_sub(lo));
             // My slot is free once every rank is done with the step before.
-            self.wait_for(&all, "finish the step before", |q| {
-                seg.record(q, R_DONE).load(Ordering::Acquire) >= step - 1
-            })?;
+            self.wait_for(&all, Until::Done(step - 1), "finish the step before")?;
             self.contribute(lo, len)?;
-            seg.record(me, R_DESC).store(desc, Ordering::Relaxed);
-            seg.record(me, R_POSTED).store(step, Ordering::Release);
-            self.wait_for(&needs, "post their data", |q| {
-                seg.record(q, R_POSTED).load(Ordering::Acquire) >= step
-            })?;
-            if let Some(q) = needs
-                .iter()
-                .copied()
-                .find(|&q| seg.record(q, R_DESC).load(Ordering::Relaxed) != desc)
-            {
+            seg.post(me, step, &words);
+            self.wait_for(&needs, Until::Posted(step), "post their data")?;
+            if let Some(q) = needs.iter().copied().find(|&q| seg.words(q) != words) {
                 return Err(Error::invalid_argument(format!(
                     "{}: rank {q} (process {}) enqueued another operation than rank {me}'s {:?} as operation {}; every process must enqueue the same operations in the same order",
                     inner.name,
-                    seg.record(q, R_PID).load(Ordering::Acquire),
+                    seg.pid(q),
                     self.call,
                     self.op
                 )));
             }
             self.result(&needs, lo, len, blocks);
-            seg.record(me, R_DONE).store(step, Ordering::Release);
+            seg.done(me, step);
         }
         Ok(())
     }
@@ -772,7 +490,7 @@ impl Part {
         };
         let seg = &self.inner.seg;
         let total = self.plan.total;
-        let n = seg.size;
+        let n = seg.parties();
         // SAFETY: every rank of `needs` has posted this step and none writes its slot
         // again before this rank is done with it.
         let slots: Vec<&[u8]> = needs

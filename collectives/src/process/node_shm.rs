@@ -1,0 +1,174 @@
+//! The step between processes of one machine through shared memory: when every process
+//! of a communicator runs on one machine, they also share a step exchange
+//! ([`xpu_hal::shm::Exchange`], one party per process) set up through the transport when
+//! the communicator forms.
+//!
+//! Every operation's step between processes then starts with a step of the exchange in
+//! which each process posts the operation's header: processes that called different
+//! operations are told at once (a desync), as the headers of MPI messages tell them. An
+//! all-reduce runs in that step and the ones after it, with no message at all: each
+//! process copies a chunk of its data into its slot, posts, and reduces every process's
+//! slot, in process order, into its own data, so every process ends with the same bits.
+//! Other operations go on over the transport after the header step.
+//!
+//! A process that gives up on the communicator marks itself broken in the exchange, and
+//! every wait of every other process ends at once; a process that stalls or dies is
+//! named at the deadline. The exchange is formed only when every process could map it;
+//! otherwise (or with `XPU_COLL_SHM=off`) everything goes over the transport.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use xpu_hal::shm::{Backoff, Exchange, Stopped, Until, Words};
+use xpu_hal::{Error, Result};
+
+use super::{share_from_first, swap_with_all, Incomplete, Peers, ProcessInfo};
+
+/// The tags of the exchanges that set it up (the name's length and bytes take two).
+const NAME_TAG: u32 = (1 << 21) + 2;
+const AGREE_TAG: u32 = (1 << 21) + 4;
+
+/// The first bytes of the segments' names.
+const PREFIX: &str = "xpu-coll-";
+
+/// Bytes of each process's slot: an all-reduce moves at most this much per step.
+pub(crate) const SLOT: usize = 256 << 10;
+
+/// The processes' step exchange.
+pub(crate) struct NodeShm {
+    ex: Exchange,
+    /// Looks a waiter spins before it yields its core: many when the processes fit the
+    /// machine's cores (as MPI's own waits), few when they outnumber them.
+    spins: u32,
+    /// The next step's number (steps start at 1; every process numbers them alike).
+    next: AtomicU64,
+}
+
+/// Whether this process would share memory with the others of its machine:
+/// `XPU_COLL_SHM` leaves it on (the default).
+pub(crate) fn willing() -> bool {
+    !std::env::var("XPU_COLL_SHM").is_ok_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "off" | "0" | "false"
+        )
+    })
+}
+
+impl NodeShm {
+    /// The exchange of `procs`, when they all run on one machine, all are `willing`,
+    /// and every one of them maps it; `None` otherwise. Fails only when the set-up's
+    /// messages fail.
+    pub(crate) fn form(
+        peers: &dyn Peers,
+        procs: &[ProcessInfo],
+        willing: &[bool],
+        timeout: Duration,
+        failed: &dyn Fn(&str, Incomplete) -> Error,
+    ) -> Result<Option<NodeShm>> {
+        let n = peers.count();
+        let me = peers.index();
+        if n < 2 || procs.iter().any(|p| p.host != procs[0].host) || !willing.iter().all(|&w| w) {
+            return Ok(None);
+        }
+        let deadline = Instant::now() + timeout;
+        let name = if me == 0 {
+            Exchange::fresh_name(PREFIX)
+                .to_str()
+                .map(|p| p.as_bytes().to_vec())
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let name = share_from_first(peers, NAME_TAG, name, deadline)
+            .map_err(|e| failed("the name of their shared memory", e))?;
+        let path = std::str::from_utf8(&name)
+            .ok()
+            .map(std::path::PathBuf::from)
+            .filter(|p| Exchange::is_fresh_name(p, PREFIX));
+        let Some(path) = path else {
+            return Ok(None);
+        };
+        // Every process is here already (the description exchange just ended): joining
+        // takes milliseconds, and a process that cannot map it costs the others at most
+        // this bound.
+        let joined = Exchange::join(&path, n, SLOT, &[me], timeout.min(Duration::from_secs(30)));
+        if let Err(e) = &joined {
+            tracing::debug!(error = %e, "no shared memory between the processes; their steps go over the transport");
+        }
+        let all = swap_with_all(
+            peers,
+            AGREE_TAG,
+            vec![u8::from(joined.is_ok())],
+            vec![1; n],
+            Instant::now() + timeout,
+        )
+        .map_err(|e| failed("whether they mapped their shared memory", e))?;
+        let agreed = all.iter().enumerate().all(|(q, b)| q == me || b == &[1]);
+        match joined {
+            Ok(ex) if agreed => Ok(Some(NodeShm {
+                ex,
+                spins: if n <= std::thread::available_parallelism().map_or(1, |c| c.get()) {
+                    1 << 16
+                } else {
+                    64
+                },
+                next: AtomicU64::new(1),
+            })),
+            _ => Ok(None),
+        }
+    }
+
+    /// Marks process `me` broken, for `why`: every other process's wait ends.
+    pub(crate) fn give_up(&self, me: usize, why: super::GiveUp) {
+        self.ex.set_broken(me, why as u64);
+    }
+
+    /// One step: waits for the slots to be free, lets `fill` write this process's slot,
+    /// posts `words`, waits for every other process's post, checks their words (all but
+    /// the last, the sender, must equal this process's), lets `read` use the slots, and
+    /// marks the step done.
+    pub(crate) fn step(
+        &self,
+        me: usize,
+        words: &Words,
+        deadline: Instant,
+        cancel: &dyn Fn() -> bool,
+        fill: impl FnOnce(*mut u8),
+        read: impl FnOnce(&[*const u8]) -> Result<()>,
+    ) -> std::result::Result<(), ShmFailure> {
+        let ex = &self.ex;
+        let n = ex.parties();
+        let all: Vec<usize> = (0..n).collect();
+        let others: Vec<usize> = (0..n).filter(|&q| q != me).collect();
+        let step = self.next.fetch_add(1, Ordering::Relaxed);
+        let patience = || Backoff::spin_then_yield(self.spins);
+        ex.wait_with(&all, Until::Done(step - 1), deadline, cancel, patience())
+            .map_err(ShmFailure::Stopped)?;
+        fill(ex.slot_ptr(me));
+        ex.post(me, step, words);
+        ex.wait_with(&others, Until::Posted(step), deadline, cancel, patience())
+            .map_err(ShmFailure::Stopped)?;
+        if let Some(q) = others
+            .iter()
+            .copied()
+            .find(|&q| ex.words(q)[..7] != words[..7])
+        {
+            return Err(ShmFailure::Differs(q, ex.words(q)));
+        }
+        let slots: Vec<*const u8> = (0..n).map(|q| ex.slot_ptr(q).cast_const()).collect();
+        let result = read(&slots);
+        ex.done(me, step);
+        result.map_err(ShmFailure::Failed)
+    }
+}
+
+/// Why a step did not finish.
+pub(crate) enum ShmFailure {
+    /// A wait ended without the other processes.
+    Stopped(Stopped),
+    /// Process `q` posted other words (it called another operation).
+    Differs(usize, Words),
+    /// Reading the slots failed.
+    Failed(Error),
+}
