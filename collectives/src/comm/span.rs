@@ -75,7 +75,7 @@ impl Span {
     /// over the transport, and in the shared memory where there is one.
     pub(super) fn give_up(&self, why: GiveUp) {
         if let Some(shm) = &self.shm {
-            shm.give_up(self.me, why);
+            shm.give_up(why);
         }
         self.peers.abort_others(why);
     }

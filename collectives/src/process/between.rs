@@ -264,15 +264,8 @@ impl Between<'_> {
         }
         let words = wire::encode(self.seq, &self.desc, self.me());
         let cancel = || self.abort.load(std::sync::atomic::Ordering::Acquire);
-        shm.step(
-            self.me(),
-            &words,
-            self.deadline,
-            &cancel,
-            |_| {},
-            |_| Ok(()),
-        )
-        .map_err(|e| self.shm_failure(e))
+        shm.step(&words, self.deadline, &cancel, |_| {}, |_| Ok(()))
+            .map_err(|e| self.shm_failure(e))
     }
 
     /// The all-reduce in shared memory: in steps of at most a slot, each process copies
@@ -314,7 +307,7 @@ impl Between<'_> {
                 // reduction only reads the slots.
                 unsafe { self.reduce(&sources, at, chunk) }
             };
-            shm.step(me, &words, self.deadline, &cancel, fill, read)
+            shm.step(&words, self.deadline, &cancel, fill, read)
                 .map_err(|e| self.shm_failure(e))?;
             lo += chunk;
             if lo >= len {

@@ -37,6 +37,11 @@ pub(crate) const SLOT: usize = 256 << 10;
 /// The processes' step exchange.
 pub(crate) struct NodeShm {
     ex: Exchange,
+    /// This process's party, every party, and every other one (what each step waits
+    /// for, made once).
+    me: usize,
+    all: Vec<usize>,
+    others: Vec<usize>,
     /// Looks a waiter spins before it yields its core: many when the processes fit the
     /// machine's cores (as MPI's own waits), few when they outnumber them.
     spins: u32,
@@ -108,6 +113,9 @@ impl NodeShm {
         match joined {
             Ok(ex) if agreed => Ok(Some(NodeShm {
                 ex,
+                me,
+                all: (0..n).collect(),
+                others: (0..n).filter(|&q| q != me).collect(),
                 spins: if n <= std::thread::available_parallelism().map_or(1, |c| c.get()) {
                     1 << 16
                 } else {
@@ -119,9 +127,9 @@ impl NodeShm {
         }
     }
 
-    /// Marks process `me` broken, for `why`: every other process's wait ends.
-    pub(crate) fn give_up(&self, me: usize, why: super::GiveUp) {
-        self.ex.set_broken(me, why as u64);
+    /// Marks this process broken, for `why`: every other process's wait ends.
+    pub(crate) fn give_up(&self, why: super::GiveUp) {
+        self.ex.set_broken(self.me, why as u64);
     }
 
     /// One step: waits for the slots to be free, lets `fill` write this process's slot,
@@ -130,33 +138,46 @@ impl NodeShm {
     /// marks the step done.
     pub(crate) fn step(
         &self,
-        me: usize,
         words: &Words,
         deadline: Instant,
         cancel: &dyn Fn() -> bool,
         fill: impl FnOnce(*mut u8),
         read: impl FnOnce(&[*const u8]) -> Result<()>,
     ) -> std::result::Result<(), ShmFailure> {
-        let ex = &self.ex;
-        let n = ex.parties();
-        let all: Vec<usize> = (0..n).collect();
-        let others: Vec<usize> = (0..n).filter(|&q| q != me).collect();
+        let (ex, me) = (&self.ex, self.me);
         let step = self.next.fetch_add(1, Ordering::Relaxed);
         let patience = || Backoff::spin_then_yield(self.spins);
-        ex.wait_with(&all, Until::Done(step - 1), deadline, cancel, patience())
-            .map_err(ShmFailure::Stopped)?;
+        ex.wait_with(
+            &self.all,
+            Until::Done(step - 1),
+            deadline,
+            cancel,
+            patience(),
+        )
+        .map_err(ShmFailure::Stopped)?;
         fill(ex.slot_ptr(me));
         ex.post(me, step, words);
-        ex.wait_with(&others, Until::Posted(step), deadline, cancel, patience())
-            .map_err(ShmFailure::Stopped)?;
-        if let Some(q) = others
+        ex.wait_with(
+            &self.others,
+            Until::Posted(step),
+            deadline,
+            cancel,
+            patience(),
+        )
+        .map_err(ShmFailure::Stopped)?;
+        if let Some(q) = self
+            .others
             .iter()
             .copied()
             .find(|&q| ex.words(q)[..7] != words[..7])
         {
             return Err(ShmFailure::Differs(q, ex.words(q)));
         }
-        let slots: Vec<*const u8> = (0..n).map(|q| ex.slot_ptr(q).cast_const()).collect();
+        let slots: Vec<*const u8> = self
+            .all
+            .iter()
+            .map(|&q| ex.slot_ptr(q).cast_const())
+            .collect();
         let result = read(&slots);
         ex.done(me, step);
         result.map_err(ShmFailure::Failed)
