@@ -230,6 +230,57 @@ fn send_and_recv_deliver_in_order_both_ways() {
     });
 }
 
+/// Pins the calling thread to `core` alone.
+fn pin_to(core: usize) {
+    // SAFETY: a valid set holding one core, applied to this thread only.
+    unsafe {
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(core, &mut one);
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        assert_eq!(libc::sched_setaffinity(0, size, &one), 0);
+    }
+}
+
+#[test]
+fn ranks_whose_threads_share_one_core_finish_small_operations_exactly() {
+    // Each waiting rank must hand the core to the other (it may not move: its thread is
+    // allowed that core alone), thousands of times.
+    let c = comm(devices("host:0,1"), "", Duration::from_secs(60));
+    // SAFETY: reads which core this thread runs on; no arguments.
+    let core = usize::try_from(unsafe { libc::sched_getcpu() }).unwrap_or(0);
+    std::thread::scope(|s| {
+        for rank in c.ranks() {
+            s.spawn(move || {
+                pin_to(core);
+                let me = rank.rank() as f32;
+                let device = rank.device().clone();
+                let stream = device.create_stream().unwrap();
+                let (send, recv) = (
+                    device.allocate(1024).unwrap(),
+                    device.allocate(1024).unwrap(),
+                );
+                for k in 0..2000u32 {
+                    let value = k as f32 + me;
+                    let input: Vec<u8> = (0..256).flat_map(|_| value.to_le_bytes()).collect();
+                    stream.write(&send, &input).unwrap();
+                    rank.all_reduce(&send, &recv, DType::F32, ReduceOp::Sum, &stream)
+                        .unwrap();
+                    if k % 97 == 0 || k == 1999 {
+                        let got = stream.read(&recv).unwrap();
+                        let want = (2 * k + 1) as f32;
+                        assert!(
+                            got.chunks_exact(4)
+                                .all(|b| f32::from_le_bytes(b.try_into().unwrap()) == want),
+                            "operation {k}: want {want} everywhere"
+                        );
+                    }
+                }
+                stream.synchronize().unwrap();
+            });
+        }
+    });
+}
+
 #[test]
 fn barrier_orders_streams_across_ranks() {
     let c = comm(devices("host:0,1,2"), "", Duration::from_secs(30));

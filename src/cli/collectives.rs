@@ -10,9 +10,10 @@
 //! all-reduce, (n−1)/n for all-gather, reduce-scatter and all-to-all, 1 otherwise), so
 //! busbw compares with the hardware's bandwidth whatever the rank count. The reference
 //! column, `ceiling`, is the bandwidth of every rank copying the same number of bytes
-//! within its own device at the same time: the most the devices' memory moves. Its
-//! copies interleave with the out-of-place p50 samples, so that both see the machine in
-//! the same state, and `ratio` is the busbw at the p50 time over the ceiling. With `-c
+//! within its own device at the same time: the most the devices' memory moves. From 64
+//! KiB its copies interleave with the out-of-place p50 samples, so that both see the
+//! machine in the same state (below, they follow the samples: a small copy measures a
+//! hand-off, and waking the streams between samples would disturb them), and `ratio` is the busbw at the p50 time over the ceiling. With `-c
 //! 1` each size is checked once per mode with inputs whose exact result is known
 //! (`#wrong` counts differing elements).
 
@@ -162,14 +163,11 @@ impl SpinBarrier {
             self.generation.fetch_add(1, Ordering::AcqRel);
             return;
         }
-        let mut spins = 0u32;
+        // A short spin, then yields: a rank that shares its core with the one it waits
+        // for (threads outnumber cores) must not hold it for long.
+        let mut backoff = xpu::shm::Backoff::spin_then_yield(64);
         while self.generation.load(Ordering::Acquire) == generation {
-            if spins < 1000 {
-                std::hint::spin_loop();
-                spins += 1;
-            } else {
-                std::thread::yield_now();
-            }
+            backoff.pause();
         }
     }
 }
@@ -373,14 +371,22 @@ struct Measured {
     samples: Vec<Duration>,
     wrong: Option<usize>,
     /// With a reference: per iteration, the slowest rank's copy of `size` bytes within
-    /// its own device, each right after that iteration's sample.
+    /// its own device, each right after that iteration's sample (from
+    /// [`INTERLEAVE_FROM`]; below, after all the samples).
     reference: Vec<Duration>,
 }
+
+/// The smallest size whose ceiling copies interleave with the latency samples. Below it
+/// a copy's time is the stream's hand-off rather than memory bandwidth, and the copies
+/// (which wake the streams' workers) would disturb the latencies measured between them,
+/// so they follow all the samples instead.
+const INTERLEAVE_FROM: u64 = 64 << 10;
 
 /// Measures one mode; with `reference`, each latency sample is followed by a sample of
 /// the ceiling (every rank copying `size` bytes within its own device at once), so that
 /// both see the machine in the same state: on a shared virtual machine the memory
-/// bandwidth changes by half from one second to the next.
+/// bandwidth changes by half from one second to the next. Below [`INTERLEAVE_FROM`] the
+/// ceiling's samples follow all the latency samples.
 fn measure(
     comm: &Communicator,
     o: &Options,
@@ -444,6 +450,17 @@ fn measure(
                         false => None,
                     };
                     let mut copy_times = Vec::new();
+                    let copy = |copy_times: &mut Vec<Duration>| -> Result<()> {
+                        if let Some((a, b)) = &copies {
+                            barrier.wait(&rank, &stream)?;
+                            let t = Instant::now();
+                            stream.copy(a, b)?;
+                            stream.synchronize()?;
+                            copy_times.push(t.elapsed());
+                        }
+                        Ok(())
+                    };
+                    let interleave = size >= INTERLEAVE_FROM;
                     let mut samples = Vec::with_capacity(o.iters);
                     // Each sample starts together and ends when this rank's part is
                     // done (as MPI benchmarks time a call between barriers); the
@@ -454,12 +471,13 @@ fn measure(
                         enqueue(&rank, o, &send, &recv, in_place, &stream)?;
                         stream.synchronize()?;
                         samples.push(t.elapsed());
-                        if let Some((a, b)) = &copies {
-                            barrier.wait(&rank, &stream)?;
-                            let t = Instant::now();
-                            stream.copy(a, b)?;
-                            stream.synchronize()?;
-                            copy_times.push(t.elapsed());
+                        if interleave {
+                            copy(&mut copy_times)?;
+                        }
+                    }
+                    if !interleave {
+                        for _ in 0..o.iters {
+                            copy(&mut copy_times)?;
                         }
                     }
                     let mut wrong = 0;
@@ -670,7 +688,7 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
             "# reference `ceiling`: every rank copying the same bytes within its own device at once, each copy"
         );
         say!(printing,
-            "# right after a p50 sample; `ratio`: busbw at the p50 time / ceiling (medians of the same iterations)"
+            "# right after a p50 sample (from 64 KiB; below, after all of them); `ratio`: busbw at the p50 time / ceiling"
         );
         say!(printing, "#");
         say!(printing,

@@ -94,7 +94,7 @@ impl Rank {
                 Err(e) => {
                     // Refused here: go the way the others went, so they learn of it.
                     sh.refuse(slots, self.rank, seq, e)?;
-                    sh.await_slots(slots, seq, &"the operation")?;
+                    sh.await_slots(slots, self.rank, seq, &"the operation")?;
                     let theirs = (0..self.size()).find_map(|q| slots.desc(q, seq));
                     if theirs.is_some_and(|d| self.small_path(&d)) {
                         return Err(sh.refused(seq, self.rank, Some(e)));

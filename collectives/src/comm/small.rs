@@ -30,14 +30,14 @@
 //! passed invalid arguments learns which way the others went.
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 use xpu_hal::{Error, Result};
 
 use super::op::{Collective, OpDesc};
 use super::shared_memory::{reduce_into, HostBuffers};
-use super::wait::Waited;
+use super::wait::{current_core, Core, Waited, NO_CORE};
 use super::{Shared, SPIN};
 
 /// The largest input, in bytes, an operation may have to take the small path.
@@ -63,6 +63,9 @@ struct Half {
 /// One rank's slot.
 struct Slot {
     halves: [Half; 2],
+    /// The core the rank ran on when it last published ([`NO_CORE`] before), for its
+    /// waiters to tell whether it shares theirs (`wait.rs`).
+    core: AtomicU32,
 }
 
 impl Slot {
@@ -95,6 +98,7 @@ impl Slots {
                         desc: UnsafeCell::new(None),
                         data: UnsafeCell::new([0; WORDS]),
                     }),
+                    core: AtomicU32::new(NO_CORE),
                 })
                 .collect(),
         }
@@ -127,7 +131,36 @@ impl Slots {
                 std::ptr::copy_nonoverlapping(from, to, len.min(SMALL_BYTES));
             }
         }
+        slot.core.store(current_core(), Ordering::Relaxed);
         slot.halves[p].flag.store(seq + 1, Ordering::Release);
+    }
+
+    /// Notes that `rank` runs on `core` now.
+    pub fn ran_on(&self, rank: usize, core: u32) {
+        if let Some(slot) = self.slots.get(rank) {
+            slot.core.store(core, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a rank that has not published `seq` yet last ran on `core`, where `rank`
+    /// runs; of two ranks that share a core, the higher one moves off it.
+    pub fn beside(&self, rank: usize, seq: u64, core: u32) -> Core {
+        if core == NO_CORE {
+            return Core::Unknown;
+        }
+        let mut sharing = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.published(seq) && s.core.load(Ordering::Relaxed) == core)
+            .map(|(q, _)| q)
+            .peekable();
+        match sharing.peek() {
+            None => Core::Own,
+            Some(_) => Core::Shared {
+                move_off: sharing.all(|q| q < rank),
+            },
+        }
     }
 
     /// The ranks whose flag has not reached operation `seq` yet.
@@ -292,7 +325,7 @@ impl Shared {
                 input.map(|h| (h.at(0).cast_const(), len)),
             )
         };
-        self.await_slots(slots, seq, &desc)?;
+        self.await_slots(slots, rank, seq, &desc)?;
         for q in 0..n {
             match slots.desc(q, seq) {
                 Some(d) if d == desc => {}
@@ -373,15 +406,23 @@ impl Shared {
     pub(super) fn await_slots(
         &self,
         slots: &Slots,
+        rank: usize,
         seq: u64,
         what: &dyn std::fmt::Display,
     ) -> Result<()> {
         let deadline = || Instant::now() + self.options.timeout;
-        match self.spinner.wait_until(
+        // Where this rank runs, kept current while it waits, for the others' waits.
+        let shares_core = || {
+            let here = current_core();
+            slots.ran_on(rank, here);
+            slots.beside(rank, seq, here)
+        };
+        match self.spinner.wait_until_beside(
             SPIN,
             deadline,
             || slots.all_arrived(seq),
             || self.stopping(),
+            shares_core,
         ) {
             Waited::Done => return Ok(()),
             Waited::Stopped => return Err(self.failure()),
