@@ -958,6 +958,9 @@ struct Joining {
     /// Whether the process would share memory with the others of its machine.
     #[serde(default)]
     shm: bool,
+    /// The cores the process may run on (empty where its system does not say).
+    #[serde(default)]
+    cores: Vec<u32>,
 }
 
 impl Communicator {
@@ -1125,6 +1128,7 @@ impl Communicator {
                 .collect(),
             native: super::native_across::offer(&devices),
             shm: crate::process::node_shm::willing(),
+            cores: crate::process::cores::allowed(),
         };
         let mine = serde_json::to_vec(&joining)
             .map_err(|e| Error::backend_message("collectives", format!("internal error: {e}")))?;
@@ -1158,6 +1162,7 @@ impl Communicator {
         let mut topo = Vec::with_capacity(n);
         let mut offers = Vec::with_capacity(n);
         let mut willing = Vec::with_capacity(n);
+        let mut cores = Vec::with_capacity(n);
         let mut first = 0;
         for (q, bytes) in theirs.iter().enumerate() {
             let j: Joining = if q == me {
@@ -1168,6 +1173,7 @@ impl Communicator {
                     topo: joining.topo.clone(),
                     native: joining.native.clone(),
                     shm: joining.shm,
+                    cores: joining.cores.clone(),
                 }
             } else {
                 serde_json::from_slice(bytes).map_err(|e| {
@@ -1186,6 +1192,7 @@ impl Communicator {
             topo.push(j.topo);
             offers.push(j.native);
             willing.push(j.shm);
+            cores.push(j.cores);
             procs.push(ProcessInfo {
                 index: q,
                 host: j.host,
@@ -1207,10 +1214,21 @@ impl Communicator {
         local_options.timeout = options.timeout + Duration::from_secs(1);
         let local = Communicator::new(devices, local_options)?;
         let local_ranks = local.shared.devices.len();
+        // Whether this machine's processes can each have a core: how long their waits
+        // spin before they yield.
+        let neighbours: Vec<Vec<u32>> = procs
+            .iter()
+            .zip(cores)
+            .filter(|(p, _)| p.host == procs[me].host)
+            .map(|(_, c)| c)
+            .collect();
+        let fitting = crate::process::cores::each_has_one(&neighbours);
+        peers.set_fitting(fitting);
         let shm = crate::process::node_shm::NodeShm::form(
             &*peers,
             &procs,
             &willing,
+            fitting,
             options.timeout,
             &joined,
         )?;

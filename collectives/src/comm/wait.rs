@@ -76,13 +76,10 @@ fn move_off_this_core() -> bool {
     let Ok(core) = usize::try_from(core) else {
         return false;
     };
-    // SAFETY: cpu_set_t is plain data, and all-zero is a valid empty set.
-    let mut allowed: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    let size = std::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: `allowed` is a valid cpu_set_t of `size` bytes; pid 0 is this thread.
-    if unsafe { libc::sched_getaffinity(0, size, &mut allowed) } != 0 {
+    let Some(allowed) = crate::process::cores::allowed_set() else {
         return false;
-    }
+    };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
     // SAFETY: plain reads and writes of the set, within its size (CPU_COUNT/CPU_ISSET
     // bound the index).
     unsafe {

@@ -25,6 +25,7 @@
 //! process id and its devices.
 
 pub(crate) mod between;
+pub(crate) mod cores;
 pub mod links;
 #[cfg(feature = "mpi")]
 pub mod mpi;
@@ -197,6 +198,10 @@ pub(crate) trait Peers: Send + Sync {
     /// Tells every other process that this process gave up on the communicator, and
     /// why, without waiting.
     fn abort_others(&self, why: GiveUp);
+
+    /// Tells the transport whether this machine's processes can each have a core of
+    /// their own ([`cores`]): how long its waits spin before they yield their core.
+    fn set_fitting(&self, _fitting: bool) {}
 
     /// After a failure: sends `mine` to each process of `with` and receives as many
     /// bytes from each, under `tag`, until `deadline`, heeding no abort (the processes of

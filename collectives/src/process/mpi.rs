@@ -8,14 +8,14 @@
 //! forever. Each communicator keeps a receive posted for another process's abort.
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use mpi::ffi;
 use xpu_hal::{Error, Result};
 
-use super::{GiveUp, Incomplete, Peers};
+use super::{cores, GiveUp, Incomplete, Peers};
 
 /// The tag of the message that tells the other processes of an abort.
 const ABORT_TAG: c_int = (1 << 21) + 7;
@@ -155,7 +155,7 @@ impl Mpi {
             size: usize::try_from(size).unwrap_or(1),
             host,
             serial: (threading < mpi::Threading::Multiple).then(|| Mutex::new(())),
-            spins: if local_processes() <= cores() {
+            spins: if local_processes() <= cores::online() {
                 SPINS_FITTING
             } else {
                 SPINS_CROWDED
@@ -264,10 +264,6 @@ fn local_processes() -> usize {
     .unwrap_or(1)
 }
 
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |c| c.get())
-}
-
 /// The [`Mpi`] every later [`Mpi::init`] in this process shares while it lives.
 static ADOPTED: Mutex<Option<std::sync::Weak<Inner>>> = Mutex::new(None);
 
@@ -342,6 +338,9 @@ pub(crate) struct MpiPeers {
     abort_why: std::sync::atomic::AtomicU64,
     /// Point-to-point sends still in flight, with the bytes they send.
     outgoing: Mutex<Outgoing>,
+    /// Polls before a waiting thread yields its core: MPI's guess until the
+    /// communicator using it knows whether its processes fit ([`Peers::set_fitting`]).
+    spins: AtomicU32,
 }
 
 impl MpiPeers {
@@ -361,6 +360,7 @@ impl MpiPeers {
                 check(ffi::MPI_Comm_size(comm.0, &mut count), "MPI_Comm_size")?;
             }
         }
+        let spins = AtomicU32::new(mpi.spins());
         let peers = MpiPeers {
             mpi,
             comm,
@@ -370,6 +370,7 @@ impl MpiPeers {
             abort_req: Mutex::new(None),
             aborted_by: AtomicUsize::new(NOBODY),
             abort_why: std::sync::atomic::AtomicU64::new(0),
+            spins,
             outgoing: Mutex::new(Vec::new()),
         };
         peers.post_abort_receive()?;
@@ -534,7 +535,7 @@ impl Drop for MpiPeers {
         let mut spins = 0;
         while !outgoing.is_empty() && Instant::now() < until {
             self.reap(&mut outgoing);
-            pause(&mut spins, self.mpi.spins());
+            pause(&mut spins, self.spins.load(Ordering::Relaxed));
         }
         std::mem::forget(outgoing);
         let req = self
@@ -669,7 +670,7 @@ impl Peers for MpiPeers {
                 self.cancel(&mut pending);
                 return Err(stop);
             }
-            pause(&mut spins, self.mpi.spins());
+            pause(&mut spins, self.spins.load(Ordering::Relaxed));
         }
         match failure {
             Some(e) => Err(e),
@@ -726,6 +727,15 @@ impl Peers for MpiPeers {
             std::mem::forget(std::mem::take(data));
         }
         done
+    }
+
+    fn set_fitting(&self, fitting: bool) {
+        let spins = if fitting {
+            SPINS_FITTING
+        } else {
+            SPINS_CROWDED
+        };
+        self.spins.store(spins, Ordering::Relaxed);
     }
 
     fn abort_others(&self, why: GiveUp) {
@@ -831,7 +841,7 @@ impl Peers for MpiPeers {
                 false
             });
             if !pending.is_empty() {
-                pause(&mut spins, self.mpi.spins());
+                pause(&mut spins, self.spins.load(Ordering::Relaxed));
             }
         }
         for (_, mut requests, buf) in pending {

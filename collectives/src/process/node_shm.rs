@@ -42,8 +42,9 @@ pub(crate) struct NodeShm {
     me: usize,
     all: Vec<usize>,
     others: Vec<usize>,
-    /// Looks a waiter spins before it yields its core: many when the processes fit the
-    /// machine's cores (as MPI's own waits), few when they outnumber them.
+    /// Looks a waiter spins before it yields its core: many when each process can have
+    /// a core of its own (as MPI's own waits), few when they cannot
+    /// ([`super::cores`]).
     spins: u32,
     /// The next step's number (steps start at 1; every process numbers them alike).
     next: AtomicU64,
@@ -62,12 +63,13 @@ pub(crate) fn willing() -> bool {
 
 impl NodeShm {
     /// The exchange of `procs`, when they all run on one machine, all are `willing`,
-    /// and every one of them maps it; `None` otherwise. Fails only when the set-up's
-    /// messages fail.
+    /// and every one of them maps it; `None` otherwise. `fitting`: whether each process
+    /// can have a core of its own. Fails only when the set-up's messages fail.
     pub(crate) fn form(
         peers: &dyn Peers,
         procs: &[ProcessInfo],
         willing: &[bool],
+        fitting: bool,
         timeout: Duration,
         failed: &dyn Fn(&str, Incomplete) -> Error,
     ) -> Result<Option<NodeShm>> {
@@ -116,11 +118,7 @@ impl NodeShm {
                 me,
                 all: (0..n).collect(),
                 others: (0..n).filter(|&q| q != me).collect(),
-                spins: if n <= std::thread::available_parallelism().map_or(1, |c| c.get()) {
-                    1 << 16
-                } else {
-                    64
-                },
+                spins: if fitting { 1 << 16 } else { 64 },
                 next: AtomicU64::new(1),
             })),
             _ => Ok(None),
