@@ -267,6 +267,22 @@ fn sweep(comm: &Communicator) -> Outcome {
             }
         }
     }
+    // Messages of several steps of the processes' shared memory (a step moves at most
+    // 256 KiB per process, or its share per destination).
+    for kind in KINDS {
+        for in_place in [false, true] {
+            if kind == Collective::AllToAll && in_place {
+                continue;
+            }
+            let wrong = support::run(comm, kind, DType::F32, ReduceOp::Sum, 150_001, in_place);
+            if wrong.iter().any(|&w| w != 0) {
+                return Err(format!(
+                    "{kind} of 150001 × F32 (in place: {in_place}): wrong elements per local rank {wrong:?}"
+                ));
+            }
+            checked += 1;
+        }
+    }
     for op in ReduceOp::ALL {
         for kind in [
             Collective::AllReduce,

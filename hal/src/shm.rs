@@ -12,7 +12,8 @@
 //! ```text
 //! header   magic, parties, slot bytes, parties joined
 //! record   per party, on cache lines of their own:
-//!            step posted, pid, broken | what the party posted (8 words) | step done
+//!            step posted, pid, broken | what it posted with an even step (8 words)
+//!            | with an odd step (8 words) | step done
 //! slots    per party: `slot` bytes, 64-byte aligned
 //! ```
 //!
@@ -23,6 +24,11 @@
 //! their slots, and marks itself done with `s`. A party that fails marks itself broken,
 //! and every wait of every other party then ends at once. Waits spin briefly, then
 //! yield, then sleep a little, and end at their deadline naming the parties missing.
+//!
+//! Parties may also run one step ahead (double buffering): a party that writes step `s`
+//! once every party is done with `s − 2`, into the half of its slot that step `s − 2`
+//! used, can fill the next step while the others still read this one. The words of a
+//! party's last two steps are kept apart for that ([`Exchange::words`] takes the step).
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
@@ -34,13 +40,13 @@ use crate::{Error, Result};
 /// The words a party posts with its data, which every reader compares with its own.
 pub type Words = [u64; 8];
 
-/// `b"xpu-shm1"`: an initialised segment.
-const MAGIC: u64 = u64::from_le_bytes(*b"xpu-shm1");
+/// `b"xpu-shm2"`: an initialised segment.
+const MAGIC: u64 = u64::from_le_bytes(*b"xpu-shm2");
 /// A segment whose first party is initialising it.
 const INITIALISING: u64 = u64::MAX;
 
 const HEADER: usize = 64;
-const RECORD: usize = 192;
+const RECORD: usize = 256;
 // Header words.
 const H_MAGIC: usize = 0;
 const H_PARTIES: usize = 8;
@@ -50,8 +56,9 @@ const H_JOINED: usize = 24;
 const R_POSTED: usize = 0;
 const R_PID: usize = 8;
 const R_BROKEN: usize = 16;
+/// The words of even steps; those of odd ones follow on the next cache line.
 const R_WORDS: usize = 64;
-const R_DONE: usize = 128;
+const R_DONE: usize = 192;
 
 /// The most parties an exchange has (far above any machine's processes or devices).
 pub const MAX_PARTIES: usize = 4096;
@@ -339,16 +346,23 @@ impl Exchange {
 
     /// Party `me` posts `step`, with `words` describing it.
     pub fn post(&self, me: usize, step: u64, words: &Words) {
+        let at = Self::words_at(step);
         for (i, w) in words.iter().enumerate() {
-            self.record(me, R_WORDS + 8 * i)
-                .store(*w, Ordering::Relaxed);
+            self.record(me, at + 8 * i).store(*w, Ordering::Relaxed);
         }
         self.record(me, R_POSTED).store(step, Ordering::Release);
     }
 
-    /// What party `p` posted with its latest step (read after waiting for its post).
-    pub fn words(&self, p: usize) -> Words {
-        std::array::from_fn(|i| self.record(p, R_WORDS + 8 * i).load(Ordering::Relaxed))
+    /// What party `p` posted with `step` (read after waiting for that post, and before
+    /// this party is done with the step, so that `p` cannot post `step + 2`).
+    pub fn words(&self, p: usize, step: u64) -> Words {
+        let at = Self::words_at(step);
+        std::array::from_fn(|i| self.record(p, at + 8 * i).load(Ordering::Relaxed))
+    }
+
+    /// Where a record keeps the words of `step`.
+    fn words_at(step: u64) -> usize {
+        R_WORDS + 64 * (step % 2) as usize
     }
 
     /// Party `me` is done with `step`.
@@ -510,7 +524,7 @@ mod tests {
                             ex.post(me, step, &[step; 8]);
                             ex.wait(&[0, 1], Until::Posted(step), deadline(), &|| false)
                                 .unwrap();
-                            assert_eq!(ex.words(1 - me), [step; 8]);
+                            assert_eq!(ex.words(1 - me, step), [step; 8]);
                             for q in 0..2 {
                                 // SAFETY: posted, and this party is not done yet.
                                 let b = unsafe { ex.slot(q, 8) };
@@ -527,6 +541,52 @@ mod tests {
         let want: u64 = (1..=50).map(|s| s * 3).sum();
         assert_eq!(sums, vec![want, want]);
         assert!(!path.exists(), "the name is removed once all joined");
+    }
+
+    #[test]
+    fn parties_one_step_ahead_keep_each_steps_words_and_half_slot() {
+        let path = Exchange::fresh_name("xpu-shm-test-");
+        let deadline = || Instant::now() + Duration::from_secs(30);
+        const HALF: usize = 64;
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2usize)
+                .map(|me| {
+                    let path = &path;
+                    s.spawn(move || {
+                        let ex = Exchange::join(path, 2, 2 * HALF, &[me], Duration::from_secs(30))
+                            .unwrap();
+                        let half = |step: u64| HALF * (step % 2) as usize;
+                        for step in 1..=200u64 {
+                            // Double buffering: this half was last used two steps ago.
+                            ex.wait(
+                                &[0, 1],
+                                Until::Done(step.saturating_sub(2)),
+                                deadline(),
+                                &|| false,
+                            )
+                            .unwrap();
+                            let value = step * 10 + me as u64;
+                            // SAFETY: this party's half for the step, free since every
+                            // party is done with the step that used it last.
+                            unsafe { *ex.slot_ptr(me).add(half(step)).cast::<u64>() = value };
+                            ex.post(me, step, &[value; 8]);
+                            let other = 1 - me;
+                            ex.wait(&[other], Until::Posted(step), deadline(), &|| false)
+                                .unwrap();
+                            let want = step * 10 + other as u64;
+                            assert_eq!(ex.words(other, step), [want; 8]);
+                            // SAFETY: posted, and this party is not done with the step.
+                            let got = unsafe { *ex.slot_ptr(other).add(half(step)).cast::<u64>() };
+                            assert_eq!(got, want);
+                            ex.done(me, step);
+                        }
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join().unwrap();
+            }
+        });
     }
 
     #[test]

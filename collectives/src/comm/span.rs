@@ -358,7 +358,6 @@ impl Rank {
                 abort: &span.aborted,
                 heads: &mut s.heads,
             };
-            between.agree()?;
             exchange(
                 &mut between,
                 data_bytes,

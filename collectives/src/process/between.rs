@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use xpu_hal::{Error, Result};
 
-use super::node_shm::{NodeShm, ShmFailure, SLOT};
+use super::node_shm::{NodeShm, Posted, ShmFailure, SLOT};
 use super::wire::{self, Header};
 use super::{Incomplete, Peers, ProcessInfo};
 use crate::comm::op::{OpDesc, ReduceOp};
@@ -21,6 +21,12 @@ use xpu_hal::shm::Stopped;
 
 /// All-reduces of at most this many bytes exchange whole buffers in one round.
 const ONE_ROUND: usize = 64 << 10;
+
+/// Flags a process posts with its header in a step of [`Between::shm_swap`] (in the
+/// sender's word, which the others do not compare): it has more to send after this
+/// step; it wrote the same bytes for every process, once, at the start of its slot.
+const MORE: u64 = 1 << 63;
+const ONE_COPY: u64 = 1 << 62;
 
 /// How a step between processes failed.
 pub(crate) struct Failure {
@@ -82,6 +88,9 @@ impl Between<'_> {
         sends: &[(usize, &[u8])],
         recvs: &mut [(usize, &mut [u8])],
     ) -> std::result::Result<(), Failure> {
+        if let Some(shm) = self.shm {
+            return self.shm_swap(shm, sends, recvs);
+        }
         let out = wire::encode(self.seq, &self.desc, self.me());
         self.heads.clear();
         self.heads.resize(recvs.len(), [0; wire::WORDS]);
@@ -251,23 +260,6 @@ impl Between<'_> {
         self.all_gather(data, &blocks)
     }
 
-    /// Where the processes share memory, a step in which each posts this operation's
-    /// header, so that processes that called different ones are told before anything
-    /// goes over the transport. All-reduces skip it: they run in shared memory, with the
-    /// same check at every step.
-    pub fn agree(&mut self) -> std::result::Result<(), Failure> {
-        let Some(shm) = self.shm else {
-            return Ok(());
-        };
-        if self.desc.kind == crate::Collective::AllReduce || self.peers.count() == 1 {
-            return Ok(());
-        }
-        let words = wire::encode(self.seq, &self.desc, self.me());
-        let cancel = || self.abort.load(std::sync::atomic::Ordering::Acquire);
-        shm.step(&words, self.deadline, &cancel, |_| {}, |_| Ok(()))
-            .map_err(|e| self.shm_failure(e))
-    }
-
     /// The all-reduce in shared memory: in steps of at most a slot, each process copies
     /// its chunk into its slot and reduces every process's, in process order, into its
     /// own data.
@@ -289,16 +281,22 @@ impl Between<'_> {
             let at = unsafe { base.add(lo) };
             let fill = |slot: *mut u8| {
                 // SAFETY: this process's slot holds SLOT ≥ chunk bytes and is free
-                // (every process is done with the step before); `at` is `chunk` bytes of
-                // `data`, which nothing else touches during the step.
+                // (every process is done with the step that used it last); `at` is
+                // `chunk` bytes of `data`, which nothing else touches during the step.
                 unsafe { std::ptr::copy_nonoverlapping(at, slot, chunk) };
             };
-            let read = |slots: &[*const u8]| -> Result<()> {
+            let read = |posted: &Posted<'_>| -> Result<()> {
                 if chunk == 0 {
                     return Ok(());
                 }
                 let sources: Vec<*mut u8> = (0..n)
-                    .map(|q| if q == me { at } else { slots[q].cast_mut() })
+                    .map(|q| {
+                        if q == me {
+                            at
+                        } else {
+                            posted.slot(q).cast_mut()
+                        }
+                    })
                     .collect();
                 // SAFETY: every other process's slot holds its `chunk` bytes, posted for
                 // this step and written by no one until this process is done with it;
@@ -314,6 +312,114 @@ impl Between<'_> {
                 return Ok(());
             }
         }
+    }
+
+    /// [`Between::swap`] through the processes' shared memory, in steps: at each, every
+    /// process writes the next part of its sends into its slot — once, at the start, when
+    /// it sends the same bytes to every process it sends to; else the part for process
+    /// `q` at `q`'s share of the slot (one per other process) — posts whether it has more
+    /// after this step, and reads the parts for it from the senders' slots. Steps go on
+    /// while any process posted that it has more, so every process takes the same steps.
+    fn shm_swap(
+        &mut self,
+        shm: &NodeShm,
+        sends: &[(usize, &[u8])],
+        recvs: &mut [(usize, &mut [u8])],
+    ) -> std::result::Result<(), Failure> {
+        let me = self.me();
+        let n = shm.parties();
+        // Each destination's share of a slot, in whole cache lines: a sender's slot holds
+        // one per other process, in process order.
+        let share = (SLOT / (n - 1).max(1)) & !63;
+        let share_of = |from: usize, to: usize| (to - usize::from(to > from)) * share;
+        let peers = sends
+            .iter()
+            .map(|(q, _)| *q)
+            .chain(recvs.iter().map(|(q, _)| *q));
+        if let Some(q) = peers.into_iter().find(|&q| q == me || q >= n) {
+            return Err(Error::backend_message(
+                "collectives",
+                format!("internal error: process {me} exchanges with process {q} of {n}"),
+            )
+            .into());
+        }
+        if share == 0 {
+            return Err(Error::invalid(format!(
+                "{n} processes share too small a slot ({SLOT} bytes) to exchange through shared memory; set XPU_COLL_SHM=off"
+            ))
+            .into());
+        }
+        let one_copy = sends.first().is_some_and(|(_, d)| {
+            sends
+                .iter()
+                .all(|(_, e)| e.as_ptr() == d.as_ptr() && e.len() == d.len())
+        });
+        let chunk = if one_copy { SLOT } else { share };
+        let longest = sends.iter().map(|(_, d)| d.len()).max().unwrap_or(0);
+        let cancel = || self.abort.load(std::sync::atomic::Ordering::Acquire);
+        // What each source has delivered to this process so far.
+        let mut got = vec![0usize; recvs.len()];
+        let mut sent = 0usize;
+        loop {
+            let more = longest > sent + chunk;
+            let mut words = wire::encode(self.seq, &self.desc, me);
+            words[7] |= if more { MORE } else { 0 } | if one_copy { ONE_COPY } else { 0 };
+            let fill = |slot: *mut u8| {
+                for (q, data) in sends {
+                    let at = if one_copy { 0 } else { share_of(me, *q) };
+                    let part = &data[sent.min(data.len())..(sent + chunk).min(data.len())];
+                    // SAFETY: this process's slot holds SLOT bytes and is free (every
+                    // process is done with the step that used it last); `at + part.len()`
+                    // is within it (a whole slot at 0, or `share` bytes at one of the
+                    // n − 1 shares).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(part.as_ptr(), slot.add(at), part.len())
+                    };
+                    if one_copy {
+                        break;
+                    }
+                }
+            };
+            let mut again = more;
+            let read = |posted: &Posted<'_>| -> Result<()> {
+                for q in (0..n).filter(|&q| q != me) {
+                    again |= posted.words(q)[7] & MORE != 0;
+                }
+                for ((p, data), got) in recvs.iter_mut().zip(got.iter_mut()) {
+                    let theirs = posted.words(*p)[7];
+                    let (at, chunk) = match theirs & ONE_COPY != 0 {
+                        true => (0, SLOT),
+                        false => (share_of(*p, me), share),
+                    };
+                    let take = chunk.min(data.len() - *got);
+                    // SAFETY: process `p` posted this step, and no one writes its slot
+                    // until this process is done with the step; `at + take` is within
+                    // the slot as above.
+                    let part = unsafe { std::slice::from_raw_parts(posted.slot(*p).add(at), take) };
+                    data[*got..*got + take].copy_from_slice(part);
+                    *got += take;
+                }
+                Ok(())
+            };
+            shm.step(&words, self.deadline, &cancel, fill, read)
+                .map_err(|e| self.shm_failure(e))?;
+            // `again` was set by `read`, which ran inside the step.
+            if !again {
+                break;
+            }
+            sent += chunk;
+        }
+        if let Some(((p, data), got)) = recvs.iter().zip(&got).find(|((_, d), g)| **g != d.len()) {
+            return Err(Error::invalid(format!(
+                "{} sent {got} bytes where this process expected {} in {} (operation #{}); every process must call the same operations with the same sizes",
+                self.name(*p),
+                data.len(),
+                self.desc,
+                self.seq
+            ))
+            .into());
+        }
+        Ok(())
     }
 
     /// The failure of a step in shared memory.

@@ -3,13 +3,15 @@
 //! ([`xpu_hal::shm::Exchange`], one party per process) set up through the transport when
 //! the communicator forms.
 //!
-//! Every operation's step between processes then starts with a step of the exchange in
-//! which each process posts the operation's header: processes that called different
-//! operations are told at once (a desync), as the headers of MPI messages tell them. An
-//! all-reduce runs in that step and the ones after it, with no message at all: each
-//! process copies a chunk of its data into its slot, posts, and reduces every process's
-//! slot, in process order, into its own data, so every process ends with the same bits.
-//! Other operations go on over the transport after the header step.
+//! Every operation's step between processes then runs in the exchange, with no message
+//! at all, and every step carries the operation's header: processes that called
+//! different operations are told at once (a desync), as the headers of MPI messages tell
+//! them. An all-reduce copies a chunk of each process's data into its slot, posts, and
+//! reduces every process's slot, in process order, into its own data, so every process
+//! ends with the same bits. The other operations move their messages through the slots
+//! (`between.rs`'s `shm_swap`): a process sending the same bytes to every other writes
+//! them once per step, one sending each its own bytes writes each a part of its slot, and
+//! steps go on while any process posts that it has more.
 //!
 //! A process that gives up on the communicator marks itself broken in the exchange, and
 //! every wait of every other process ends at once; a process that stalls or dies is
@@ -31,7 +33,8 @@ const AGREE_TAG: u32 = (1 << 21) + 4;
 /// The first bytes of the segments' names.
 const PREFIX: &str = "xpu-coll-";
 
-/// Bytes of each process's slot: an all-reduce moves at most this much per step.
+/// Bytes of each process's slot per step (each slot holds two, for steps by turns): an
+/// all-reduce moves at most this much per step.
 pub(crate) const SLOT: usize = 256 << 10;
 
 /// The processes' step exchange.
@@ -99,7 +102,14 @@ impl NodeShm {
         // Every process is here already (the description exchange just ended): joining
         // takes milliseconds, and a process that cannot map it costs the others at most
         // this bound.
-        let joined = Exchange::join(&path, n, SLOT, &[me], timeout.min(Duration::from_secs(30)));
+        // Two halves per slot: a process may fill the next step while the others read one.
+        let joined = Exchange::join(
+            &path,
+            n,
+            2 * SLOT,
+            &[me],
+            timeout.min(Duration::from_secs(30)),
+        );
         if let Err(e) = &joined {
             tracing::debug!(error = %e, "no shared memory between the processes; their steps go over the transport");
         }
@@ -125,35 +135,47 @@ impl NodeShm {
         }
     }
 
+    /// The processes (parties) of the exchange.
+    pub(crate) fn parties(&self) -> usize {
+        self.all.len()
+    }
+
     /// Marks this process broken, for `why`: every other process's wait ends.
     pub(crate) fn give_up(&self, why: super::GiveUp) {
         self.ex.set_broken(self.me, why as u64);
     }
 
-    /// One step: waits for the slots to be free, lets `fill` write this process's slot,
-    /// posts `words`, waits for every other process's post, checks their words (all but
-    /// the last, the sender, must equal this process's), lets `read` use the slots, and
-    /// marks the step done.
+    /// One step: waits until this process's half of its slot for the step is free
+    /// (every process is done with the step two before: the slots are double-buffered,
+    /// so a process may fill a step while the others still read the one before), lets
+    /// `fill` write it (`SLOT` bytes), posts `words`, waits for every other process's
+    /// post, checks their words (all but the last, the sender and its flags, must equal
+    /// this process's), lets `read` use what they posted, and marks the step done.
     pub(crate) fn step(
         &self,
         words: &Words,
         deadline: Instant,
         cancel: &dyn Fn() -> bool,
         fill: impl FnOnce(*mut u8),
-        read: impl FnOnce(&[*const u8]) -> Result<()>,
+        read: impl FnOnce(&Posted<'_>) -> Result<()>,
     ) -> std::result::Result<(), ShmFailure> {
         let (ex, me) = (&self.ex, self.me);
         let step = self.next.fetch_add(1, Ordering::Relaxed);
+        let posted = Posted {
+            ex,
+            step,
+            half: SLOT * (step % 2) as usize,
+        };
         let patience = || Backoff::spin_then_yield(self.spins);
         ex.wait_with(
             &self.all,
-            Until::Done(step - 1),
+            Until::Done(step.saturating_sub(2)),
             deadline,
             cancel,
             patience(),
         )
         .map_err(ShmFailure::Stopped)?;
-        fill(ex.slot_ptr(me));
+        fill(posted.slot(me).cast_mut());
         ex.post(me, step, words);
         ex.wait_with(
             &self.others,
@@ -167,18 +189,35 @@ impl NodeShm {
             .others
             .iter()
             .copied()
-            .find(|&q| ex.words(q)[..7] != words[..7])
+            .find(|&q| posted.words(q)[..7] != words[..7])
         {
-            return Err(ShmFailure::Differs(q, ex.words(q)));
+            return Err(ShmFailure::Differs(q, posted.words(q)));
         }
-        let slots: Vec<*const u8> = self
-            .all
-            .iter()
-            .map(|&q| ex.slot_ptr(q).cast_const())
-            .collect();
-        let result = read(&slots);
+        let result = read(&posted);
         ex.done(me, step);
         result.map_err(ShmFailure::Failed)
+    }
+}
+
+/// What the processes posted for one step, as its `read` sees it.
+pub(crate) struct Posted<'a> {
+    ex: &'a Exchange,
+    step: u64,
+    /// Where the step's half of each slot starts.
+    half: usize,
+}
+
+impl Posted<'_> {
+    /// The step's half of process `q`'s slot: `SLOT` bytes, 64-byte aligned.
+    pub(crate) fn slot(&self, q: usize) -> *const u8 {
+        // SAFETY: every slot holds two halves of SLOT bytes (see `form`), and `half` is
+        // the offset of one of them.
+        unsafe { self.ex.slot_ptr(q).add(self.half) }.cast_const()
+    }
+
+    /// The words process `q` posted with the step.
+    pub(crate) fn words(&self, q: usize) -> Words {
+        self.ex.words(q, self.step)
     }
 }
 

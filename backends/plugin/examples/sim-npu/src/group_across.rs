@@ -425,7 +425,7 @@ impl Part {
             self.contribute(lo, len)?;
             seg.post(me, step, &words);
             self.wait_for(&needs, Until::Posted(step), "post their data")?;
-            if let Some(q) = needs.iter().copied().find(|&q| seg.words(q) != words) {
+            if let Some(q) = needs.iter().copied().find(|&q| seg.words(q, step) != words) {
                 return Err(Error::invalid_argument(format!(
                     "{}: rank {q} (process {}) enqueued another operation than rank {me}'s {:?} as operation {}; every process must enqueue the same operations in the same order",
                     inner.name,
