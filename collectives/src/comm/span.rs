@@ -126,6 +126,10 @@ struct Stage<'s> {
     drain: Vec<(usize, BufferSlice<'s>)>,
     data: usize,
     extra: usize,
+    /// The operation's input where the exchange may read it in place rather than have
+    /// it filled into `data` (an out-of-place all-reduce's send buffer): with the stream
+    /// idle and the slice the CPU's, it is not filled, and the exchange gets its bytes.
+    source: Option<BufferSlice<'s>>,
 }
 
 /// The CPU's view of a slice: its address and length, and the view that keeps the
@@ -315,6 +319,20 @@ impl Rank {
                         && slice.offset.checked_sub(h.offset) == Some(off as u64)
                 })
             };
+            // The input the exchange reads in place, when it is not the home range.
+            let input = stage
+                .source
+                .filter(|src| home.is_some() && !at_home(src, 0))
+                .and_then(|src| view_of(&src).map(|v| (src, v)))
+                .filter(|(_, v)| v.len == stage.data);
+            let is_input = |slice: &BufferSlice<'_>, off: usize| {
+                off == 0
+                    && input.as_ref().is_some_and(|(src, _)| {
+                        slice.allocation.id() == src.allocation.id()
+                            && slice.offset == src.offset
+                            && slice.len == src.len
+                    })
+            };
             let s = &mut *scratch;
             let data = at_least(&mut s.data, stage.data)?;
             let region = match &home {
@@ -322,7 +340,7 @@ impl Rank {
                 None => data.as_mut_slice()?.as_mut_ptr(),
             };
             for (slice, off) in &stage.fill {
-                if at_home(slice, *off) {
+                if at_home(slice, *off) || is_input(slice, *off) {
                     continue;
                 }
                 match direct.then(|| view_of(slice)).flatten() {
@@ -348,6 +366,12 @@ impl Rank {
                 None => &mut data.as_mut_slice()?[..stage.data],
             };
             let mut between = Between {
+                // SAFETY: the view covers the source's `len` bytes of live memory (checked
+                // in `view_of`), which nothing writes during the step (the stream is
+                // idle, and it is not the home range the exchange writes).
+                input: input
+                    .as_ref()
+                    .map(|(_, v)| unsafe { std::slice::from_raw_parts(v.ptr.cast_const(), v.len) }),
                 shm: span.shm.as_ref(),
                 peers: &*span.peers,
                 procs: &span.procs,
@@ -473,6 +497,7 @@ impl Rank {
                 drain: vec![(0, recv)],
                 data: len,
                 extra: len * (n - 1),
+                source: alone.then_some(send),
             };
             let size = span.size;
             self.lead(span, seq, desc, stream, stage, |b, data, extra| {
@@ -561,6 +586,7 @@ impl Rank {
             } else {
                 0
             },
+            source: None,
         };
         let size = span.size;
         self.lead(span, seq, desc, stream, stage, |b, data, extra| {
@@ -615,6 +641,7 @@ impl Rank {
                 drain: if at_root { Vec::new() } else { vec![(0, recv)] },
                 data: len,
                 extra: 0,
+                source: None,
             };
             self.lead(span, seq, desc, stream, stage, |b, data, _| {
                 b.broadcast(data, root_process)
@@ -667,6 +694,7 @@ impl Rank {
                 drain: vec![(0, recv)],
                 data: unit * span.size,
                 extra: 0,
+                source: None,
             };
             self.lead(span, seq, desc, stream, stage, |b, data, _| {
                 b.all_gather(data, &blocks)
@@ -756,6 +784,7 @@ impl Rank {
             drain,
             data: unit * span.size,
             extra: blocks[span.me].1 * (span.procs.len() - 1),
+            source: None,
         };
         let size = span.size;
         self.lead(span, seq, desc, stream, stage, |b, data, extra| {
@@ -846,6 +875,7 @@ impl Rank {
             drain,
             data: total,
             extra: 2 * total,
+            source: None,
         };
         let procs = span.procs.clone();
         self.lead(span, seq, desc, stream, stage, |b, data, extra| {
@@ -906,6 +936,7 @@ impl Rank {
                 drain: Vec::new(),
                 data: 0,
                 extra: 0,
+                source: None,
             };
             self.lead(span, seq, desc, stream, stage, |b, _, _| b.barrier())?;
         }

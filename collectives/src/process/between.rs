@@ -52,6 +52,10 @@ impl From<Error> for Failure {
 
 /// One operation's step between processes.
 pub(crate) struct Between<'a> {
+    /// The operation's input where it is not in the data yet: an out-of-place
+    /// all-reduce's send buffer, read in place (copied into the data first where the
+    /// step cannot read it there).
+    pub input: Option<&'a [u8]>,
     /// The processes' shared memory, when they all run on one machine.
     pub shm: Option<&'a NodeShm>,
     pub peers: &'a dyn Peers,
@@ -216,8 +220,9 @@ impl Between<'_> {
         unsafe { reduce_bytes(&self.combining(), self.peers.count(), sources, dest, len) }
     }
 
-    /// Every process's `data` becomes the reduction of all processes' `data`; `extra`
-    /// holds at least `(processes - 1) × data.len()` bytes.
+    /// Every process's `data` becomes the reduction of all processes' `data` — or of
+    /// their [`Between::input`], where they have one; `extra` holds at least
+    /// `(processes - 1) × data.len()` bytes.
     pub fn all_reduce(
         &mut self,
         data: &mut [u8],
@@ -226,11 +231,15 @@ impl Between<'_> {
     ) -> std::result::Result<(), Failure> {
         let n = self.peers.count();
         let len = data.len();
+        let input = self.input.take().filter(|i| i.len() == len);
+        if let Some(shm) = self.shm.filter(|_| n > 1) {
+            return self.shm_all_reduce(shm, input, data);
+        }
+        if let Some(input) = input {
+            data.copy_from_slice(input);
+        }
         if n == 1 {
             return Ok(());
-        }
-        if let Some(shm) = self.shm {
-            return self.shm_all_reduce(shm, data);
         }
         if len == 0 {
             return Ok(());
@@ -266,6 +275,7 @@ impl Between<'_> {
     fn shm_all_reduce(
         &mut self,
         shm: &NodeShm,
+        input: Option<&[u8]>,
         data: &mut [u8],
     ) -> std::result::Result<(), Failure> {
         let me = self.me();
@@ -277,13 +287,16 @@ impl Between<'_> {
         let mut lo = 0;
         loop {
             let chunk = SLOT.min(len - lo);
-            // SAFETY: `lo + chunk` is within `data`.
+            // SAFETY: `lo + chunk` is within `data` (and `input`, as long).
             let at = unsafe { base.add(lo) };
+            // This process's chunk: in its input, or already in its data.
+            let mine = input.map_or(at.cast_const(), |i| i[lo..].as_ptr());
             let fill = |slot: *mut u8| {
                 // SAFETY: this process's slot holds SLOT ≥ chunk bytes and is free
-                // (every process is done with the step that used it last); `at` is
-                // `chunk` bytes of `data`, which nothing else touches during the step.
-                unsafe { std::ptr::copy_nonoverlapping(at, slot, chunk) };
+                // (every process is done with the step that used it last); `mine` is
+                // `chunk` bytes of `input` or `data`, which nothing else touches during
+                // the step.
+                unsafe { std::ptr::copy_nonoverlapping(mine, slot, chunk) };
             };
             let read = |posted: &Posted<'_>| -> Result<()> {
                 if chunk == 0 {
@@ -292,7 +305,7 @@ impl Between<'_> {
                 let sources: Vec<*mut u8> = (0..n)
                     .map(|q| {
                         if q == me {
-                            at
+                            mine.cast_mut()
                         } else {
                             posted.slot(q).cast_mut()
                         }
@@ -300,9 +313,10 @@ impl Between<'_> {
                     .collect();
                 // SAFETY: every other process's slot holds its `chunk` bytes, posted for
                 // this step and written by no one until this process is done with it;
-                // slots are 64-byte aligned and `at` is `data` (aligned) plus a whole
-                // number of slots; the destination is this process's own source; the
-                // reduction only reads the slots.
+                // slots are 64-byte aligned, and `mine` and `at` are `input` or `data`
+                // (host buffers, aligned) plus a whole number of slots; the destination
+                // is this process's own source or, with an input, a range disjoint from
+                // every source; the reduction only reads the sources.
                 unsafe { self.reduce(&sources, at, chunk) }
             };
             shm.step(&words, self.deadline, &cancel, fill, read)
