@@ -155,6 +155,12 @@ fn view_of(slice: &BufferSlice<'_>) -> Option<View> {
     Some(View { view, ptr, len })
 }
 
+/// The leader's scratch copy of the data, where the step made one.
+fn scratch_of<'b>(data: &'b mut Option<&mut HostBuffer>) -> Result<&'b mut HostBuffer> {
+    data.as_deref_mut()
+        .ok_or_else(|| Error::backend_message("collectives", "internal error: no scratch data"))
+}
+
 fn usize_of(n: u64) -> Result<usize> {
     usize::try_from(n)
         .map_err(|_| Error::invalid("the operation does not fit this platform's sizes"))
@@ -334,10 +340,15 @@ impl Rank {
                     })
             };
             let s = &mut *scratch;
-            let data = at_least(&mut s.data, stage.data)?;
+            // The scratch copy of the data, only where the exchange cannot work in the
+            // home range itself.
+            let mut data = match home {
+                Some(_) => None,
+                None => Some(at_least(&mut s.data, stage.data)?),
+            };
             let region = match &home {
                 Some((_, v)) => v.ptr,
-                None => data.as_mut_slice()?.as_mut_ptr(),
+                None => scratch_of(&mut data)?.as_mut_slice()?.as_mut_ptr(),
             };
             for (slice, off) in &stage.fill {
                 if at_home(slice, *off) || is_input(slice, *off) {
@@ -351,7 +362,7 @@ impl Rank {
                         // `off + len` is within them.
                         unsafe { std::ptr::copy(v.ptr, region.add(*off), v.len) };
                     }
-                    _ => stream.copy_to_host(*slice, data, *off as u64)?,
+                    _ => stream.copy_to_host(*slice, scratch_of(&mut data)?, *off as u64)?,
                 }
             }
             if !direct {
@@ -363,7 +374,7 @@ impl Rank {
                 // nothing else touches during the step (the stream is idle, and the
                 // caller's other ranks wait for this step).
                 Some((_, v)) => unsafe { std::slice::from_raw_parts_mut(v.ptr, v.len) },
-                None => &mut data.as_mut_slice()?[..stage.data],
+                None => &mut scratch_of(&mut data)?.as_mut_slice()?[..stage.data],
             };
             let mut between = Between {
                 // SAFETY: the view covers the source's `len` bytes of live memory (checked
@@ -396,7 +407,7 @@ impl Rank {
                         // SAFETY: as for the fill (nothing was enqueued since).
                         unsafe { std::ptr::copy(region.add(*off), v.ptr, v.len) };
                     }
-                    _ => stream.copy_from_host(data, *off as u64, *slice)?,
+                    _ => stream.copy_from_host(scratch_of(&mut data)?, *off as u64, *slice)?,
                 }
             }
             if !direct {
@@ -496,7 +507,8 @@ impl Rank {
                 fill: vec![(if alone { send } else { recv }, 0)],
                 drain: vec![(0, recv)],
                 data: len,
-                extra: len * (n - 1),
+                // The all-reduce in shared memory needs no room for the others' data.
+                extra: if span.shm.is_some() { 0 } else { len * (n - 1) },
                 source: alone.then_some(send),
             };
             let size = span.size;
