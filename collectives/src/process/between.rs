@@ -222,7 +222,7 @@ impl Between<'_> {
 
     /// Every process's `data` becomes the reduction of all processes' `data` — or of
     /// their [`Between::input`], where they have one; `extra` holds at least
-    /// `(processes - 1) × data.len()` bytes.
+    /// `(processes - 1) × data.len()` bytes where the processes share no memory.
     pub fn all_reduce(
         &mut self,
         data: &mut [u8],
@@ -231,7 +231,14 @@ impl Between<'_> {
     ) -> std::result::Result<(), Failure> {
         let n = self.peers.count();
         let len = data.len();
-        let input = self.input.take().filter(|i| i.len() == len);
+        let input = self.input.take();
+        if input.is_some_and(|i| i.len() != len) {
+            return Err(Error::backend_message(
+                "collectives",
+                "internal error: an all-reduce's input and data differ in length",
+            )
+            .into());
+        }
         if let Some(shm) = self.shm.filter(|_| n > 1) {
             return self.shm_all_reduce(shm, input, data);
         }
