@@ -11,6 +11,18 @@
 //! each process can be given a distinct core it may run on (a matching), which is what a
 //! launcher's binding, or no binding at all, gives.
 
+/// Polls a waiter between processes makes before it yields its core, when each process
+/// of its machine can have a core of its own (`fitting`): then many (about 1.6 ms
+/// here), as MPI's own waits keep their core, since yielding it to a busy neighbour
+/// costs a whole time slice; else few, so that the awaited process gets the core.
+pub(crate) fn spins(fitting: bool) -> u32 {
+    if fitting {
+        1 << 16
+    } else {
+        64
+    }
+}
+
 /// The cores this process may run on, in increasing order; empty where the system does
 /// not say.
 pub(crate) fn allowed() -> Vec<u32> {

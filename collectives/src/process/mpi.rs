@@ -31,13 +31,6 @@ const PIECE: usize = 1 << 30;
 const SPLIT_UP_TO: usize = 64 << 10;
 /// The piece size below [`SPLIT_UP_TO`]: under 4 KiB with room for MPI's header.
 const EAGER_PIECE: usize = 4000;
-/// Polls of a pending transfer before the waiting thread yields its core, when this
-/// node's processes fit its cores: a waiting process keeps its core, as MPI's own waits
-/// do, since yielding it to a busy neighbour costs a whole time slice (milliseconds).
-const SPINS_FITTING: u32 = 1 << 16;
-/// The same when processes outnumber the cores: yield soon, so that the awaited process
-/// gets a core.
-const SPINS_CROWDED: u32 = 64;
 /// `usize::MAX` in [`MpiPeers::aborted_by`]: no other process has aborted.
 const NOBODY: usize = usize::MAX;
 
@@ -155,11 +148,7 @@ impl Mpi {
             size: usize::try_from(size).unwrap_or(1),
             host,
             serial: (threading < mpi::Threading::Multiple).then(|| Mutex::new(())),
-            spins: if local_processes() <= cores::online() {
-                SPINS_FITTING
-            } else {
-                SPINS_CROWDED
-            },
+            spins: cores::spins(local_processes() <= cores::online()),
         });
         *ADOPTED.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::downgrade(&inner));
         Ok(Mpi { inner })
@@ -730,12 +719,7 @@ impl Peers for MpiPeers {
     }
 
     fn set_fitting(&self, fitting: bool) {
-        let spins = if fitting {
-            SPINS_FITTING
-        } else {
-            SPINS_CROWDED
-        };
-        self.spins.store(spins, Ordering::Relaxed);
+        self.spins.store(cores::spins(fitting), Ordering::Relaxed);
     }
 
     fn abort_others(&self, why: GiveUp) {

@@ -128,7 +128,7 @@ impl NodeShm {
                 me,
                 all: (0..n).collect(),
                 others: (0..n).filter(|&q| q != me).collect(),
-                spins: if fitting { 1 << 16 } else { 64 },
+                spins: super::cores::spins(fitting),
                 next: AtomicU64::new(1),
             })),
             _ => Ok(None),
