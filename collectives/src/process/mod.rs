@@ -9,7 +9,8 @@
 //!    elsewhere), with the in-process algorithms;
 //! 2. **between processes**: the leader brings the combined data to host memory and
 //!    exchanges it with the other processes' leaders ([`between`]), over [`Peers`]: the
-//!    transport between processes (MPI, [`mpi`]);
+//!    transport between processes (MPI, [`mpi`]) — or, when every process runs on one
+//!    machine, through a segment of shared memory they all map ([`node_shm`]);
 //! 3. **within the process again**: the leader hands the result to its process's other
 //!    ranks with the in-process algorithms.
 //!
