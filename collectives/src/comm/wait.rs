@@ -59,16 +59,18 @@ thread_local! {
     static MOVED: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
 }
 
+/// Whether a thread that last moved itself at `last` may move again at `now`.
+fn may_move(last: Option<Instant>, now: Instant) -> bool {
+    last.is_none_or(|t| now.duration_since(t) >= MOVE_EVERY)
+}
+
 /// Moves the calling thread to another core it may run on, leaving its affinity as it
 /// was: the kernel picks the core, and the thread may run anywhere again at once. At
 /// most once every [`MOVE_EVERY`] per thread, and never where it may run on one core
 /// only; `false` when it did not move.
 fn move_off_this_core() -> bool {
     let now = Instant::now();
-    if MOVED
-        .get()
-        .is_some_and(|t| now.duration_since(t) < MOVE_EVERY)
-    {
+    if !may_move(MOVED.get(), now) {
         return false;
     }
     MOVED.set(Some(now));
@@ -267,11 +269,19 @@ mod tests {
             let moved = move_off_this_core();
             assert!(same(&before, &affinity()));
             assert_eq!(moved, cores >= 2 && current_core() != NO_CORE);
-            // Not again within MOVE_EVERY.
-            assert!(!move_off_this_core());
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn a_thread_moves_itself_at_most_once_every_few_milliseconds() {
+        let t = Instant::now();
+        assert!(may_move(None, t));
+        // Not again within MOVE_EVERY (decided on the clock's readings, not timed here).
+        assert!(!may_move(Some(t), t));
+        assert!(!may_move(Some(t), t + MOVE_EVERY / 2));
+        assert!(may_move(Some(t), t + MOVE_EVERY));
     }
 
     #[test]
