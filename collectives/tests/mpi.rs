@@ -67,8 +67,13 @@ fn main() -> ExitCode {
             3,
         ),
         trial(
-            "small_all_reduces_over_machines_go_through_each_machines_leader",
+            "all_reduces_and_broadcasts_over_machines_of_unequal_sizes_are_exact",
             "machines",
+            4,
+        ),
+        trial(
+            "all_reduces_and_broadcasts_over_machines_of_equal_sizes_are_exact",
+            "machines_even",
             4,
         ),
         trial(
@@ -236,6 +241,7 @@ fn child(case: &str) -> Outcome {
         "p2p" => p2p(&mpi),
         "topology" => topology(&mpi),
         "machines" => machines(&mpi),
+        "machines_even" => machines_even(&mpi),
         "empty" => empty(&mpi),
         "native" => native(&mpi),
         "native_desync" => native_desync(&mpi),
@@ -655,35 +661,65 @@ fn sweep_one(comm: &Communicator) -> Outcome {
 }
 
 /// Four processes standing for two machines (XPU_NODE_NAME): processes 0, 1 and 3 on
-/// one, 2 on the other, so that the first machine's processes are not contiguous.
-/// Links between the machines are network links, and small all-reduces (which go
-/// through each machine's leader) are exact in every dtype and reduction, in place and
-/// out of place; a large one (two rounds between processes) too.
+/// one, 2 on the other, so that the first machine's processes are not contiguous and
+/// the machines differ in size (large all-reduces go through each machine's leader).
 fn machines(mpi: &Mpi) -> Outcome {
-    let machine = if mpi.rank() == 2 {
-        "machine-b"
-    } else {
-        "machine-a"
-    };
+    over_machines(
+        mpi,
+        if mpi.rank() == 2 {
+            "machine-b"
+        } else {
+            "machine-a"
+        },
+    )
+}
+
+/// Four processes standing for two machines of two processes each, interleaved (0 and 2
+/// on one, 1 and 3 on the other): large all-reduces run in two dimensions.
+fn machines_even(mpi: &Mpi) -> Outcome {
+    over_machines(
+        mpi,
+        if mpi.rank().is_multiple_of(2) {
+            "machine-a"
+        } else {
+            "machine-b"
+        },
+    )
+}
+
+/// This process stands on `machine`, with one host device: links between the machines
+/// are network links, links within one are between processes; small and large
+/// all-reduces (which are grouped by machine) are exact in every dtype and reduction, in
+/// place and out of place, and so are large broadcasts (root 3, which is not its
+/// machine's first process) and, as a check of the flat steps beside them, the other
+/// operations.
+fn over_machines(mpi: &Mpi, machine: &str) -> Outcome {
     // Set before the communicator reads it; nothing else runs in this process yet.
     std::env::set_var("XPU_NODE_NAME", machine);
     let comm = communicator(mpi, 1, Duration::from_secs(60)).map_err(|e| e.to_string())?;
     let t = comm.global_topology();
     let class = |a, b| t.link(a, b).map(|l| l.class).map_err(|e| e.to_string());
-    if class(0, 2)? != LinkClass::Network
-        || class(3, 2)? != LinkClass::Network
-        || class(0, 3)? != LinkClass::CrossProcess
-    {
-        return Err(format!(
-            "links {:?} {:?} {:?}",
-            class(0, 2),
-            class(3, 2),
-            class(0, 3)
-        ));
+    let on = |q: usize| comm.processes()[q].host.clone();
+    for a in 0..4 {
+        for b in 0..4 {
+            if a == b {
+                continue;
+            }
+            let want = if on(a) == on(b) {
+                LinkClass::CrossProcess
+            } else {
+                LinkClass::Network
+            };
+            if class(a, b)? != want {
+                return Err(format!("link {a}–{b}: {:?}, not {want:?}", class(a, b)));
+            }
+        }
     }
+    // 40,003 elements take the large path between processes in every dtype here (over
+    // 64 KiB), and are cut into blocks of odd sizes.
     for dtype in [DType::F32, DType::I32, DType::BF16, DType::F64] {
         for op in ReduceOp::ALL {
-            for elems in [1, 7, 1000] {
+            for elems in [1, 7, 1000, 40_003] {
                 for in_place in [false, true] {
                     let wrong =
                         support::run(&comm, Collective::AllReduce, dtype, op, elems, in_place);
@@ -697,16 +733,18 @@ fn machines(mpi: &Mpi) -> Outcome {
             }
         }
     }
-    let wrong = support::run(
-        &comm,
-        Collective::AllReduce,
-        DType::F32,
-        ReduceOp::Sum,
-        20_003,
-        false,
-    );
-    if wrong.iter().any(|&w| w != 0) {
-        return Err(format!("a large all-reduce: wrong per rank {wrong:?}"));
+    for kind in KINDS {
+        for in_place in [false, true] {
+            if kind == Collective::AllToAll && in_place {
+                continue;
+            }
+            let wrong = support::run(&comm, kind, DType::F32, ReduceOp::Sum, 40_003, in_place);
+            if wrong.iter().any(|&w| w != 0) {
+                return Err(format!(
+                    "{kind} of 40003 × F32 (in place: {in_place}): wrong per rank {wrong:?}"
+                ));
+            }
+        }
     }
     Ok(())
 }

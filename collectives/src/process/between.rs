@@ -19,6 +19,8 @@ use crate::comm::op::{OpDesc, ReduceOp};
 use crate::comm::reduce_bytes;
 use xpu_hal::shm::Stopped;
 
+mod by_machine;
+
 /// All-reduces of at most this many bytes exchange whole buffers in one round.
 const ONE_ROUND: usize = 64 << 10;
 
@@ -251,10 +253,15 @@ impl Between<'_> {
         if len == 0 {
             return Ok(());
         }
-        if len <= ONE_ROUND || len / elem < n {
-            if let Some(machines) = self.machines() {
-                return self.all_reduce_by_machine(data, extra, &machines);
-            }
+        let small = len <= ONE_ROUND || len / elem < n;
+        if let Some(machines) = self.machines() {
+            return if small {
+                self.all_reduce_by_machine(data, extra, &machines)
+            } else {
+                self.large_all_reduce_by_machine(data, extra, elem, &machines)
+            };
+        }
+        if small {
             let others: Vec<usize> = self.others().collect();
             let mut recvs = from_others(&others, extra, len)?;
             self.swap(
@@ -497,81 +504,6 @@ impl Between<'_> {
         }
     }
 
-    /// The processes grouped by machine, in process order, when that makes a hierarchy:
-    /// more than one machine, and one of them holding more than one process.
-    fn machines(&self) -> Option<Vec<Vec<usize>>> {
-        let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
-        for (q, p) in self.procs.iter().enumerate() {
-            match groups.iter_mut().find(|(h, _)| *h == p.host) {
-                Some((_, g)) => g.push(q),
-                None => groups.push((&p.host, vec![q])),
-            }
-        }
-        (groups.len() > 1 && groups.iter().any(|(_, g)| g.len() > 1))
-            .then(|| groups.into_iter().map(|(_, g)| g).collect())
-    }
-
-    /// A small all-reduce over several machines: each machine's processes send their
-    /// data to its first process (its leader), which combines them in process order;
-    /// the leaders exchange their machines' sums and combine them in machine order; each
-    /// leader hands the result to its machine. Only one message per process crosses
-    /// machines, instead of one to every process of every other machine, and every
-    /// process ends with the same bits.
-    fn all_reduce_by_machine(
-        &mut self,
-        data: &mut [u8],
-        extra: &mut [u8],
-        machines: &[Vec<usize>],
-    ) -> std::result::Result<(), Failure> {
-        let me = self.me();
-        let len = data.len();
-        let Some(mine) = machines.iter().find(|g| g.contains(&me)) else {
-            return Err(Error::backend_message(
-                "collectives",
-                "internal error: this process is on no machine",
-            )
-            .into());
-        };
-        let (leader, members) = (mine[0], &mine[1..]);
-        if me != leader {
-            self.swap(&[(leader, &*data)], &mut [])?;
-            return self.swap(&[], &mut [(leader, data)]);
-        }
-        // Within the machine, to the leader.
-        if !members.is_empty() {
-            let mut recvs = from_others(members, extra, len)?;
-            self.swap(&[], &mut recvs)?;
-            let own = data.as_mut_ptr();
-            let mut sources = vec![own];
-            sources.extend(recvs.iter_mut().map(|(_, b)| b.as_mut_ptr()));
-            // SAFETY: as in `all_reduce`: every source is `len` live, aligned bytes that
-            // only the reduction touches, and the destination is this process's own.
-            unsafe { self.reduce(&sources, own, len) }?;
-        }
-        // Among the machines' leaders.
-        let leaders: Vec<usize> = machines.iter().map(|g| g[0]).collect();
-        let others: Vec<usize> = leaders.iter().copied().filter(|&q| q != me).collect();
-        let mut recvs = from_others(&others, extra, len)?;
-        self.swap(
-            &others.iter().map(|&q| (q, &*data)).collect::<Vec<_>>(),
-            &mut recvs,
-        )?;
-        let own = data.as_mut_ptr();
-        let mut sources: Vec<*mut u8> = recvs.iter_mut().map(|(_, b)| b.as_mut_ptr()).collect();
-        let at = leaders.iter().position(|&q| q == me).unwrap_or(0);
-        sources.insert(at, own);
-        // SAFETY: as above.
-        unsafe { self.reduce(&sources, own, len) }?;
-        // Back to the machine.
-        if members.is_empty() {
-            return Ok(());
-        }
-        self.swap(
-            &members.iter().map(|&q| (q, &*data)).collect::<Vec<_>>(),
-            &mut [],
-        )
-    }
-
     /// Block `q` of `data` (`blocks[q]`) at process `q` becomes the reduction of every
     /// process's block `q`; `extra` holds `(processes - 1) ×` this process's block.
     pub fn reduce_scatter(
@@ -580,18 +512,34 @@ impl Between<'_> {
         extra: &mut [u8],
         blocks: &[(usize, usize)],
     ) -> std::result::Result<(), Failure> {
-        let me = self.me();
-        let (off, len) = blocks[me];
-        let others: Vec<usize> = self.others().collect();
-        let sends: Vec<(usize, &[u8])> = others
+        let all: Vec<usize> = (0..self.peers.count()).collect();
+        self.reduce_scatter_among(&all, data, extra, blocks)
+    }
+
+    /// Among the processes of `group` (this one among them), block `i` of `data`
+    /// (`blocks[i]`) at `group[i]` becomes the reduction of the group's blocks `i`, in
+    /// group order; `extra` holds `(group.len() - 1) ×` this process's block.
+    fn reduce_scatter_among(
+        &mut self,
+        group: &[usize],
+        data: &mut [u8],
+        extra: &mut [u8],
+        blocks: &[(usize, usize)],
+    ) -> std::result::Result<(), Failure> {
+        let at = self.place_in(group, blocks.len())?;
+        let (off, len) = blocks[at];
+        let others: Vec<usize> = group.iter().copied().filter(|&q| q != group[at]).collect();
+        let sends: Vec<(usize, &[u8])> = group
             .iter()
-            .map(|&q| (q, &data[blocks[q].0..blocks[q].0 + blocks[q].1]))
+            .zip(blocks)
+            .filter(|(&q, _)| q != group[at])
+            .map(|(&q, &(o, l))| (q, &data[o..o + l]))
             .collect();
         let mut recvs = from_others(&others, extra, len)?;
         self.swap(&sends, &mut recvs)?;
         let mut sources: Vec<*mut u8> = recvs.iter_mut().map(|(_, b)| b.as_mut_ptr()).collect();
         let own = data[off..off + len].as_mut_ptr();
-        sources.insert(me, own);
+        sources.insert(at, own);
         // SAFETY: as in `all_reduce`: live, aligned, `len`-byte sources (the block
         // starts at an element boundary), and the destination is this process's own.
         unsafe { self.reduce(&sources, own, len) }?;
@@ -604,16 +552,47 @@ impl Between<'_> {
         data: &mut [u8],
         blocks: &[(usize, usize)],
     ) -> std::result::Result<(), Failure> {
-        let me = self.me();
+        let all: Vec<usize> = (0..self.peers.count()).collect();
+        self.all_gather_among(&all, data, blocks)
+    }
+
+    /// Among the processes of `group` (this one among them), every one's `data` gets
+    /// block `i` (`blocks[i]`) from `group[i]`.
+    fn all_gather_among(
+        &mut self,
+        group: &[usize],
+        data: &mut [u8],
+        blocks: &[(usize, usize)],
+    ) -> std::result::Result<(), Failure> {
+        let at = self.place_in(group, blocks.len())?;
         let mut parts = split_blocks(data, blocks)?;
-        let own = std::mem::take(&mut parts[me]);
-        let sends: Vec<(usize, &[u8])> = self.others().map(|q| (q, &*own)).collect();
-        let mut recvs: Vec<(usize, &mut [u8])> = parts
-            .into_iter()
+        let own = std::mem::take(&mut parts[at]);
+        let sends: Vec<(usize, &[u8])> = group
+            .iter()
+            .filter(|&&q| q != group[at])
+            .map(|&q| (q, &*own))
+            .collect();
+        let mut recvs: Vec<(usize, &mut [u8])> = group
+            .iter()
+            .copied()
+            .zip(parts)
             .enumerate()
-            .filter(|(q, _)| *q != me)
+            .filter(|(i, _)| *i != at)
+            .map(|(_, p)| p)
             .collect();
         self.swap(&sends, &mut recvs)
+    }
+
+    /// Where this process stands in `group`, which has one block per process.
+    fn place_in(&self, group: &[usize], blocks: usize) -> Result<usize> {
+        let me = self.me();
+        match group.iter().position(|&q| q == me) {
+            Some(at) if group.len() == blocks => Ok(at),
+            _ => Err(Error::backend_message(
+                "collectives",
+                "internal error: a step between processes without this process or with a block per process missing",
+            )),
+        }
     }
 
     /// Process `root`'s `data` becomes the reduction of every process's `data`; `extra`
@@ -641,6 +620,11 @@ impl Between<'_> {
 
     /// Every process's `data` becomes process `root`'s.
     pub fn broadcast(&mut self, data: &mut [u8], root: usize) -> std::result::Result<(), Failure> {
+        if data.len() > ONE_ROUND {
+            if let Some(machines) = self.machines() {
+                return self.broadcast_by_machine(data, root, &machines);
+            }
+        }
         if self.me() == root {
             let sends: Vec<(usize, &[u8])> = self.others().map(|q| (q, &*data)).collect();
             self.swap(&sends, &mut [])

@@ -28,6 +28,8 @@
 pub(crate) mod between;
 pub(crate) mod cores;
 pub mod links;
+#[cfg(test)]
+pub(crate) mod loopback;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub(crate) mod node_shm;
