@@ -67,12 +67,12 @@ fn main() -> ExitCode {
             3,
         ),
         trial(
-            "all_reduces_and_broadcasts_over_machines_of_unequal_sizes_are_exact",
+            "every_operation_over_machines_of_unequal_sizes_is_exact",
             "machines",
             4,
         ),
         trial(
-            "all_reduces_and_broadcasts_over_machines_of_equal_sizes_are_exact",
+            "every_operation_over_machines_of_equal_sizes_is_exact",
             "machines_even",
             4,
         ),
@@ -671,44 +671,49 @@ fn machines(mpi: &Mpi) -> Outcome {
         } else {
             "machine-a"
         },
+        1,
     )
 }
 
 /// Four processes standing for two machines of two processes each, interleaved (0 and 2
-/// on one, 1 and 3 on the other): large all-reduces run in two dimensions.
+/// on one, 1 and 3 on the other): large all-reduces, reduce-scatters and all-gathers
+/// run in two dimensions. Process 0 holds two ranks, so the processes' blocks differ
+/// in size.
 fn machines_even(mpi: &Mpi) -> Outcome {
-    over_machines(
-        mpi,
-        if mpi.rank().is_multiple_of(2) {
-            "machine-a"
-        } else {
-            "machine-b"
-        },
-    )
+    let machine = if mpi.rank().is_multiple_of(2) {
+        "machine-a"
+    } else {
+        "machine-b"
+    };
+    over_machines(mpi, machine, if mpi.rank() == 0 { 2 } else { 1 })
 }
 
-/// This process stands on `machine`, with one host device: links between the machines
-/// are network links, links within one are between processes; small and large
+/// This process stands on `machine`, with `devices` host devices: links between the
+/// machines are network links, links within one are between processes; small and large
 /// all-reduces (which are grouped by machine) are exact in every dtype and reduction, in
-/// place and out of place, and so are large broadcasts (root 3, which is not its
-/// machine's first process) and, as a check of the flat steps beside them, the other
-/// operations.
-fn over_machines(mpi: &Mpi, machine: &str) -> Outcome {
+/// place and out of place, and so are the other operations at a large size (root the
+/// last rank, which is not its machine's first).
+fn over_machines(mpi: &Mpi, machine: &str, devices: usize) -> Outcome {
     // Set before the communicator reads it; nothing else runs in this process yet.
     std::env::set_var("XPU_NODE_NAME", machine);
-    let comm = communicator(mpi, 1, Duration::from_secs(60)).map_err(|e| e.to_string())?;
+    let comm = communicator(mpi, devices, Duration::from_secs(60)).map_err(|e| e.to_string())?;
     let t = comm.global_topology();
     let class = |a, b| t.link(a, b).map(|l| l.class).map_err(|e| e.to_string());
-    let on = |q: usize| comm.processes()[q].host.clone();
-    for a in 0..4 {
-        for b in 0..4 {
-            if a == b {
-                continue;
-            }
-            let want = if on(a) == on(b) {
-                LinkClass::CrossProcess
-            } else {
-                LinkClass::Network
+    let procs = comm.processes();
+    let process_of = |r: usize| {
+        procs
+            .iter()
+            .find(|p| (p.first_rank..p.first_rank + p.ranks()).contains(&r))
+            .map(|p| (p.index, p.host.clone()))
+    };
+    for a in 0..comm.size() {
+        for b in (0..comm.size()).filter(|&b| b != a) {
+            let (pa, pb) = (process_of(a), process_of(b));
+            let want = match (pa, pb) {
+                (Some(x), Some(y)) if x.0 == y.0 => continue,
+                (Some(x), Some(y)) if x.1 == y.1 => LinkClass::CrossProcess,
+                (Some(_), Some(_)) => LinkClass::Network,
+                _ => return Err(format!("rank {a} or {b} is in no process")),
             };
             if class(a, b)? != want {
                 return Err(format!("link {a}–{b}: {:?}, not {want:?}", class(a, b)));

@@ -795,7 +795,7 @@ impl Rank {
             fill: vec![(source, 0)],
             drain,
             data: unit * span.size,
-            extra: blocks[span.me].1 * (span.procs.len() - 1),
+            extra: blocks.iter().map(|b| b.1).max().unwrap_or(0) * (span.procs.len() - 1),
             source: None,
         };
         let size = span.size;

@@ -505,13 +505,18 @@ impl Between<'_> {
     }
 
     /// Block `q` of `data` (`blocks[q]`) at process `q` becomes the reduction of every
-    /// process's block `q`; `extra` holds `(processes - 1) ×` this process's block.
+    /// process's block `q`; `extra` holds `(processes - 1) ×` the largest block.
     pub fn reduce_scatter(
         &mut self,
         data: &mut [u8],
         extra: &mut [u8],
         blocks: &[(usize, usize)],
     ) -> std::result::Result<(), Failure> {
+        if data.len() > ONE_ROUND {
+            if let Some(machines) = self.machines().filter(|g| even(g)) {
+                return self.reduce_scatter_by_machine(data, extra, blocks, &machines);
+            }
+        }
         let all: Vec<usize> = (0..self.peers.count()).collect();
         self.reduce_scatter_among(&all, data, extra, blocks)
     }
@@ -552,6 +557,11 @@ impl Between<'_> {
         data: &mut [u8],
         blocks: &[(usize, usize)],
     ) -> std::result::Result<(), Failure> {
+        if data.len() > ONE_ROUND {
+            if let Some(machines) = self.machines().filter(|g| even(g)) {
+                return self.all_gather_by_machine(data, blocks, &machines);
+            }
+        }
         let all: Vec<usize> = (0..self.peers.count()).collect();
         self.all_gather_among(&all, data, blocks)
     }
@@ -705,26 +715,35 @@ pub(crate) fn even_blocks(len: usize, elem: usize, n: usize) -> Vec<(usize, usiz
         .collect()
 }
 
-/// `data` cut at `blocks`, which must be in order and disjoint.
+/// `data` cut at `blocks`, which must be disjoint and within it (in any order): the
+/// parts in the order of `blocks`.
 fn split_blocks<'a>(data: &'a mut [u8], blocks: &[(usize, usize)]) -> Result<Vec<&'a mut [u8]>> {
-    let mut parts = Vec::with_capacity(blocks.len());
+    let mut order: Vec<usize> = (0..blocks.len()).collect();
+    order.sort_by_key(|&i| blocks[i]);
+    let mut parts: Vec<Option<&'a mut [u8]>> = blocks.iter().map(|_| None).collect();
     let mut rest = data;
     let mut at = 0;
-    for &(off, len) in blocks {
+    for i in order {
+        let (off, len) = blocks[i];
         let skip = off.checked_sub(at).filter(|s| s + len <= rest.len());
         let Some(skip) = skip else {
             return Err(Error::backend_message(
                 "collectives",
-                "internal error: blocks between processes out of order or out of range",
+                "internal error: blocks between processes overlap or lie out of range",
             ));
         };
         let (_, tail) = std::mem::take(&mut rest).split_at_mut(skip);
         let (part, tail) = tail.split_at_mut(len);
-        parts.push(part);
+        parts[i] = Some(part);
         rest = tail;
         at = off + len;
     }
-    Ok(parts)
+    Ok(parts.into_iter().flatten().collect())
+}
+
+/// Whether every machine holds as many processes.
+fn even(machines: &[Vec<usize>]) -> bool {
+    machines.windows(2).all(|w| w[0].len() == w[1].len())
 }
 
 #[cfg(test)]
@@ -743,5 +762,10 @@ mod tests {
         assert!(split_blocks(&mut data, &[(0, 4), (2, 4)]).is_err());
         let parts = split_blocks(&mut data, &[(0, 4), (6, 4)]).map(|p| p.len());
         assert!(matches!(parts, Ok(2)));
+        let parts = split_blocks(&mut data, &[(6, 3), (0, 4), (4, 2)]).unwrap();
+        let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+        assert_eq!(lens, [3, 4, 2]);
+        assert!(split_blocks(&mut data, &[(6, 4), (0, 7)]).is_err());
+        assert!(split_blocks(&mut data, &[(8, 4)]).is_err());
     }
 }

@@ -17,6 +17,11 @@
 //!   among the leaders, and hand the result back.
 //! - **Large broadcasts** send once to each other machine's first process, which
 //!   forwards to its machine.
+//! - **Large reduce-scatters and all-gathers** where every machine holds as many
+//!   processes run in two dimensions too: the process at place `i` of a machine sums
+//!   (or gathers) within its machine the blocks of the processes at place `i` of every
+//!   machine, and those processes swap them across machines — `m` times fewer bytes
+//!   across machines than the flat algorithm.
 //!
 //! Every process ends with the same bits: each block is combined within each machine in
 //! process order, then across machines in machine order, by the same processes.
@@ -194,6 +199,116 @@ impl Between<'_> {
         }
         Ok(())
     }
+
+    /// The processes at place `at` of every machine, in machine order (machines of
+    /// equal sizes).
+    fn place(machines: &[Vec<usize>], at: usize) -> Vec<usize> {
+        machines.iter().map(|g| g[at]).collect()
+    }
+
+    /// A large reduce-scatter over machines of equal sizes, in two dimensions: within
+    /// each machine, the process at place `i` sums its machine's copies of the blocks of
+    /// the processes at place `i` of every machine; those processes then swap the sums
+    /// and each combines its own block's in machine order. `extra` holds
+    /// `(processes - 1) ×` the largest block.
+    pub(super) fn reduce_scatter_by_machine(
+        &mut self,
+        data: &mut [u8],
+        extra: &mut [u8],
+        blocks: &[(usize, usize)],
+        machines: &[Vec<usize>],
+    ) -> std::result::Result<(), Failure> {
+        let me = self.me();
+        let (mine, at) = self.machine_of(machines)?;
+        let ours = Self::place(machines, at);
+        if mine.len() > 1 {
+            let need = (mine.len() - 1) * ours.iter().map(|&p| blocks[p].1).sum::<usize>();
+            if extra.len() < need {
+                return Err(Error::backend_message(
+                    "collectives",
+                    "internal error: the scratch for a machine's blocks is too small",
+                )
+                .into());
+            }
+            // To each other process of the machine, this process's copies of the blocks
+            // it sums; from each, its copies of the blocks this one sums.
+            let mut sends: Vec<(usize, &[u8])> = Vec::new();
+            for (j, &q) in mine.iter().enumerate().filter(|(_, &q)| q != me) {
+                for p in Self::place(machines, j) {
+                    let (off, len) = blocks[p];
+                    sends.push((q, &data[off..off + len]));
+                }
+            }
+            let mut recvs: Vec<(usize, &mut [u8])> = Vec::new();
+            let mut rest = &mut extra[..need];
+            for &q in mine.iter().filter(|&&q| q != me) {
+                for &p in &ours {
+                    let (chunk, tail) = std::mem::take(&mut rest).split_at_mut(blocks[p].1);
+                    recvs.push((q, chunk));
+                    rest = tail;
+                }
+            }
+            self.swap(&sends, &mut recvs)?;
+            drop(sends);
+            for (x, &p) in ours.iter().enumerate() {
+                let (off, len) = blocks[p];
+                let own = data[off..off + len].as_mut_ptr();
+                let mut sources: Vec<*mut u8> = recvs
+                    .iter_mut()
+                    .skip(x)
+                    .step_by(ours.len())
+                    .map(|(_, b)| b.as_mut_ptr())
+                    .collect();
+                sources.insert(at, own);
+                // SAFETY: as in `all_reduce`: every source is `len` live, aligned bytes
+                // (a block starts at an element boundary, and so does every chunk of
+                // `extra`, cut in whole blocks) that only the reduction touches, and the
+                // destination is this process's own.
+                unsafe { self.reduce(&sources, own, len) }?;
+            }
+        }
+        let theirs: Vec<(usize, usize)> = ours.iter().map(|&p| blocks[p]).collect();
+        self.reduce_scatter_among(&ours, data, extra, &theirs)
+    }
+
+    /// A large all-gather over machines of equal sizes, in two dimensions: the processes
+    /// at place `i` of every machine gather their blocks, then each machine's processes
+    /// swap what they gathered.
+    pub(super) fn all_gather_by_machine(
+        &mut self,
+        data: &mut [u8],
+        blocks: &[(usize, usize)],
+        machines: &[Vec<usize>],
+    ) -> std::result::Result<(), Failure> {
+        let me = self.me();
+        let (mine, at) = self.machine_of(machines)?;
+        let ours = Self::place(machines, at);
+        let theirs: Vec<(usize, usize)> = ours.iter().map(|&p| blocks[p]).collect();
+        self.all_gather_among(&ours, data, &theirs)?;
+        if mine.len() == 1 {
+            return Ok(());
+        }
+        let mut parts: Vec<Option<&mut [u8]>> =
+            split_blocks(data, blocks)?.into_iter().map(Some).collect();
+        let mut recvs: Vec<(usize, &mut [u8])> = Vec::new();
+        for (j, &q) in mine.iter().enumerate().filter(|(_, &q)| q != me) {
+            for p in Self::place(machines, j) {
+                if let Some(part) = parts[p].take() {
+                    recvs.push((q, part));
+                }
+            }
+        }
+        let gathered: Vec<&[u8]> = ours
+            .iter()
+            .filter_map(|&p| parts[p].take().map(|part| &*part))
+            .collect();
+        let sends: Vec<(usize, &[u8])> = mine
+            .iter()
+            .filter(|&&q| q != me)
+            .flat_map(|&q| gathered.iter().map(move |&g| (q, g)))
+            .collect();
+        self.swap(&sends, &mut recvs)
+    }
 }
 
 #[cfg(test)]
@@ -203,13 +318,23 @@ mod tests {
 
     use xpu_hal::DType;
 
-    use super::super::{Between, ONE_ROUND};
+    use super::super::{even_blocks, Between, ONE_ROUND};
     use crate::comm::op::{Collective, OpDesc, ReduceOp};
     use crate::process::loopback::Wire;
     use crate::process::ProcessInfo;
 
     /// 40,003 f32: over [`ONE_ROUND`], in blocks of odd sizes.
     const ELEMS: usize = 40_003;
+    const LEN: u64 = (ELEMS * 4) as u64;
+
+    /// What the processes run.
+    #[derive(Clone, Copy)]
+    enum Op {
+        AllReduce,
+        Broadcast(usize),
+        ReduceScatter,
+        AllGather,
+    }
 
     /// Process `p`'s values: small integers, so that every order of sums is exact.
     fn values(p: usize) -> Vec<f32> {
@@ -218,11 +343,22 @@ mod tests {
             .collect()
     }
 
-    /// Runs one all-reduce (or, with `root`, a broadcast) of [`ELEMS`] f32 over
-    /// processes on `hosts` (threads over a loopback wire); returns every process's
-    /// result and the bytes each process sent to processes on other machines of
-    /// `machine_of`.
-    fn run(hosts: &[&str], machine_of: &[&str], root: Option<usize>) -> (Vec<Vec<f32>>, Vec<u64>) {
+    /// The sum of the first `n` processes' values.
+    fn sum(n: usize) -> Vec<f32> {
+        let all: Vec<Vec<f32>> = (0..n).map(values).collect();
+        (0..ELEMS).map(|i| all.iter().map(|v| v[i]).sum()).collect()
+    }
+
+    /// The f32 blocks of each of `n` processes.
+    fn blocks(n: usize) -> Vec<(usize, usize)> {
+        even_blocks(ELEMS * 4, 4, n)
+    }
+
+    /// Runs `op` on [`ELEMS`] f32 over processes on `hosts` (threads over a loopback
+    /// wire); returns every process's data afterwards and the bytes each process sent
+    /// to processes on other machines of `machine_of`. Each process starts with its
+    /// [`values`] (an all-gather: in its own block only).
+    fn run(hosts: &[&str], machine_of: &[&str], op: Op) -> (Vec<Vec<f32>>, Vec<u64>) {
         let n = hosts.len();
         let (wire, peers) = Wire::processes(n);
         let procs: Vec<ProcessInfo> = hosts
@@ -236,22 +372,35 @@ mod tests {
                 devices: vec![format!("host:{q}")],
             })
             .collect();
+        let (kind, reducing, root) = match op {
+            Op::AllReduce => (Collective::AllReduce, true, None),
+            Op::Broadcast(r) => (Collective::Broadcast, false, Some(r)),
+            Op::ReduceScatter => (Collective::ReduceScatter, true, None),
+            Op::AllGather => (Collective::AllGather, false, None),
+        };
         let desc = OpDesc {
-            kind: root.map_or(Collective::AllReduce, |_| Collective::Broadcast),
-            bytes: (ELEMS * 4) as u64,
-            dtype: root.is_none().then_some(DType::F32),
-            op: root.is_none().then_some(ReduceOp::Sum),
+            kind,
+            bytes: LEN,
+            dtype: reducing.then_some(DType::F32),
+            op: reducing.then_some(ReduceOp::Sum),
             root,
         };
+        let blocks = blocks(n);
         let results = std::thread::scope(|s| {
             let handles: Vec<_> = peers
                 .iter()
                 .map(|peers| {
-                    let procs = &procs;
+                    let (procs, blocks) = (&procs, &blocks);
                     s.spawn(move || {
                         let me = crate::process::Peers::index(peers);
                         let mut data: Vec<u8> =
                             values(me).iter().flat_map(|v| v.to_le_bytes()).collect();
+                        if let Op::AllGather = op {
+                            let (off, len) = blocks[me];
+                            let kept = data[off..off + len].to_vec();
+                            data.fill(0);
+                            data[off..off + len].copy_from_slice(&kept);
+                        }
                         let mut extra = vec![0u8; data.len() * (n - 1)];
                         let abort = AtomicBool::new(false);
                         let mut heads = Vec::new();
@@ -267,9 +416,11 @@ mod tests {
                             abort: &abort,
                             heads: &mut heads,
                         };
-                        let done = match root {
-                            Some(r) => b.broadcast(&mut data, r),
-                            None => b.all_reduce(&mut data, &mut extra, 4),
+                        let done = match op {
+                            Op::AllReduce => b.all_reduce(&mut data, &mut extra, 4),
+                            Op::Broadcast(r) => b.broadcast(&mut data, r),
+                            Op::ReduceScatter => b.reduce_scatter(&mut data, &mut extra, blocks),
+                            Op::AllGather => b.all_gather(&mut data, blocks),
                         };
                         assert!(done.is_ok(), "process {me} failed");
                         data.chunks_exact(4)
@@ -294,20 +445,20 @@ mod tests {
         (results, across)
     }
 
-    /// The sum of the first `n` processes' values.
-    fn sum(n: usize) -> Vec<f32> {
-        let all: Vec<Vec<f32>> = (0..n).map(values).collect();
-        (0..ELEMS).map(|i| all.iter().map(|v| v[i]).sum()).collect()
+    /// Process `p`'s block of `v`, in elements.
+    fn block_of(v: &[f32], n: usize, p: usize) -> &[f32] {
+        let (off, len) = blocks(n)[p];
+        &v[off / 4..(off + len) / 4]
     }
 
     #[test]
     fn a_large_all_reduce_on_machines_of_two_sends_half_as_much_across_them() {
         const { assert!(ELEMS * 4 > ONE_ROUND) };
         let machines = ["a", "b", "a", "b"];
-        let (grouped, grouped_across) = run(&machines, &machines, None);
+        let (grouped, grouped_across) = run(&machines, &machines, Op::AllReduce);
         // The flat algorithm, on the same placement: processes that do not say where
         // they run.
-        let (flat, flat_across) = run(&["x"; 4], &machines, None);
+        let (flat, flat_across) = run(&["x"; 4], &machines, Op::AllReduce);
         let want = sum(4);
         for r in grouped.iter().chain(&flat) {
             assert_eq!(r, &want);
@@ -315,10 +466,9 @@ mod tests {
         for p in 0..4 {
             // Flat: a quarter of the data to each of 2 processes elsewhere, twice (len);
             // grouped: half of this process's half, twice (len / 2). Plus headers.
-            let len = (ELEMS * 4) as u64;
-            assert!(flat_across[p] >= len, "flat {flat_across:?}");
+            assert!(flat_across[p] >= LEN, "flat {flat_across:?}");
             assert!(
-                grouped_across[p] <= len / 2 + 1024,
+                grouped_across[p] <= LEN / 2 + 1024,
                 "grouped {grouped_across:?} flat {flat_across:?}"
             );
         }
@@ -327,18 +477,17 @@ mod tests {
     #[test]
     fn a_large_all_reduce_on_machines_of_unequal_sizes_goes_through_their_leaders() {
         let machines = ["a", "a", "b", "a"];
-        let (results, across) = run(&machines, &machines, None);
+        let (results, across) = run(&machines, &machines, Op::AllReduce);
         let want = sum(4);
         for r in &results {
             assert_eq!(r, &want);
         }
-        // Only the leaders (0 and 2) send across machines, each its data once in the
-        // leaders' reduce-scatter and once in their all-gather (half of it each time).
-        let len = (ELEMS * 4) as u64;
+        // Only the leaders (0 and 2) send across machines, each half its data in the
+        // leaders' reduce-scatter and half in their all-gather.
         assert_eq!(across[1], 0);
         assert_eq!(across[3], 0);
         assert!(
-            across[0] <= len + 1024 && across[2] <= len + 1024,
+            across[0] <= LEN + 1024 && across[2] <= LEN + 1024,
             "{across:?}"
         );
     }
@@ -346,13 +495,49 @@ mod tests {
     #[test]
     fn a_large_broadcast_crosses_to_each_other_machine_once() {
         let machines = ["a", "b", "a", "b", "b"];
-        let (results, across) = run(&machines, &machines, Some(2));
+        let (results, across) = run(&machines, &machines, Op::Broadcast(2));
         for r in &results {
             assert_eq!(r, &values(2));
         }
-        let len = (ELEMS * 4) as u64;
         // The root sends machine b's first process the data, once; nobody else crosses.
-        assert!(across[2] >= len && across[2] <= len + 1024, "{across:?}");
+        assert!(across[2] >= LEN && across[2] <= LEN + 1024, "{across:?}");
         assert_eq!(across.iter().sum::<u64>(), across[2]);
+    }
+
+    #[test]
+    fn large_reduce_scatters_and_all_gathers_on_three_machines_of_two_cross_them_half_as_much() {
+        // Machines' processes interleaved and out of order: places differ from indices.
+        let machines = ["a", "b", "c", "c", "b", "a"];
+        let n = machines.len();
+        let want = sum(n);
+        let (grouped, grouped_across) = run(&machines, &machines, Op::ReduceScatter);
+        let (flat, flat_across) = run(&["x"; 6], &machines, Op::ReduceScatter);
+        for (p, (g, f)) in grouped.iter().zip(&flat).enumerate() {
+            assert_eq!(block_of(g, n, p), block_of(&want, n, p), "process {p}");
+            assert_eq!(block_of(f, n, p), block_of(&want, n, p), "process {p}");
+        }
+        // Flat: the blocks of the 4 processes elsewhere; grouped: 2 blocks.
+        for p in 0..n {
+            assert!(flat_across[p] >= 4 * (LEN / 6) - 8, "{flat_across:?}");
+            assert!(
+                grouped_across[p] <= 2 * (LEN / 6) + 1024,
+                "{grouped_across:?}"
+            );
+        }
+        let (grouped, grouped_across) = run(&machines, &machines, Op::AllGather);
+        let (flat, flat_across) = run(&["x"; 6], &machines, Op::AllGather);
+        let whole: Vec<f32> = (0..n)
+            .flat_map(|p| block_of(&values(p), n, p).to_vec())
+            .collect();
+        for r in grouped.iter().chain(&flat) {
+            assert_eq!(r, &whole);
+        }
+        for p in 0..n {
+            assert!(flat_across[p] >= 4 * (LEN / 6) - 8, "{flat_across:?}");
+            assert!(
+                grouped_across[p] <= 2 * (LEN / 6) + 1024,
+                "{grouped_across:?}"
+            );
+        }
     }
 }
