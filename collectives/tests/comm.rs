@@ -810,3 +810,164 @@ fn shrink_within_one_process_is_refused_with_what_to_do() {
         other => panic!("expected a refusal, got {:?}", other.map(|c| c.size())),
     }
 }
+
+/// One thread calls every rank in turn, in a group: every operation is exact, small and
+/// large, in place and out of place, on idle streams and on streams held by a gate
+/// until every call has returned (without the group the first call would wait for the
+/// second forever).
+#[test]
+fn one_thread_calls_every_rank_in_a_group_on_busy_and_idle_streams() {
+    let c = comm(devices("host:0,1,2"), "", Duration::from_secs(60));
+    assert!(c.can_group());
+    for kind in KINDS {
+        for dtype in [DType::F32, DType::BF16] {
+            for elems in [1, 7, 3000, 70_001] {
+                for in_place in [false, true] {
+                    for busy in [false, true] {
+                        if kind == Collective::AllToAll && in_place {
+                            continue;
+                        }
+                        let wrong = support::run_grouped(
+                            &c,
+                            kind,
+                            dtype,
+                            ReduceOp::Sum,
+                            elems,
+                            in_place,
+                            busy,
+                        );
+                        assert!(
+                            wrong.iter().all(|&w| w == 0),
+                            "{kind} {} × {elems} in_place={in_place} busy={busy}: wrong {wrong:?}",
+                            dtype.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // Barriers too, and then ranks on threads of their own again.
+    let streams: Vec<_> = c
+        .ranks()
+        .iter()
+        .map(|r| r.device().create_stream().unwrap())
+        .collect();
+    c.grouped(|| {
+        for (r, s) in c.ranks().iter().zip(&streams) {
+            r.barrier(s)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    for s in &streams {
+        s.synchronize().unwrap();
+    }
+    assert_eq!(
+        run(
+            &c,
+            Collective::AllReduce,
+            DType::F32,
+            ReduceOp::Sum,
+            5000,
+            false
+        ),
+        vec![0, 0, 0]
+    );
+}
+
+/// Groups are refused where a call could wait for another rank (a device that is not
+/// host addressable) and when nested; a call refused inside a group, or whose ranks
+/// disagree, fails the operation on every rank's stream instead of leaving the ranks
+/// called before it waiting.
+#[test]
+fn grouped_calls_that_cannot_run_fail_every_rank_instead_of_waiting() {
+    let c = comm(devices("host:0,1"), "", Duration::from_secs(60));
+    let nested = c.grouped(|| c.grouped(|| Ok(())));
+    assert!(
+        matches!(nested, Err(Error::InvalidArgument { .. })),
+        "{nested:?}"
+    );
+    if let Some(vulkan) = devices("vulkan:*").first() {
+        let mixed = comm(
+            vec![devices("host:0")[0].clone(), vulkan.clone()],
+            "",
+            Duration::from_secs(60),
+        );
+        assert!(!mixed.can_group());
+        let refused = mixed.grouped(|| Ok(()));
+        assert!(
+            matches!(refused, Err(Error::Unsupported { .. })),
+            "{refused:?}"
+        );
+    }
+    // Ranks that disagree (a desync) on large operations: the last to be called learns
+    // of it, and the first's queued share fails instead of waiting.
+    let ranks = c.ranks();
+    let streams: Vec<_> = ranks
+        .iter()
+        .map(|r| r.device().create_stream().unwrap())
+        .collect();
+    let bufs: Vec<_> = ranks
+        .iter()
+        .map(|r| r.device().allocate(4 * 3000).unwrap())
+        .collect();
+    let started = Instant::now();
+    let last = c.grouped(|| {
+        ranks[0].all_reduce(&bufs[0], &bufs[0], DType::F32, ReduceOp::Sum, &streams[0])?;
+        ranks[1].all_reduce(
+            bufs[1].slice(0, 4 * 2000),
+            bufs[1].slice(0, 4 * 2000),
+            DType::F32,
+            ReduceOp::Sum,
+            &streams[1],
+        )
+    });
+    let e = last.unwrap_err().to_string();
+    assert!(e.contains("desync"), "{e}");
+    let first = streams[0].synchronize().unwrap_err().to_string();
+    assert!(first.contains("desync"), "{first}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    // A call refused in a group (a buffer of the wrong size) fails the communicator.
+    let c = comm(devices("host:0,1"), "", Duration::from_secs(60));
+    let ranks = c.ranks();
+    let streams: Vec<_> = ranks
+        .iter()
+        .map(|r| r.device().create_stream().unwrap())
+        .collect();
+    let bufs: Vec<_> = ranks
+        .iter()
+        .map(|r| r.device().allocate(4 * 3000).unwrap())
+        .collect();
+    let refused = c.grouped(|| {
+        ranks[0].all_reduce(&bufs[0], &bufs[0], DType::F32, ReduceOp::Sum, &streams[0])?;
+        ranks[1].all_reduce(
+            &bufs[1],
+            bufs[1].slice(0, 8),
+            DType::F32,
+            ReduceOp::Sum,
+            &streams[1],
+        )
+    });
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument { .. })),
+        "{refused:?}"
+    );
+    assert!(c.failed().is_some());
+    assert!(streams[0].synchronize().is_err());
+    assert!(started.elapsed() < Duration::from_secs(30));
+    // An override that forces an enqueued algorithm cannot run in a group.
+    let c = comm(
+        devices("host:0,1"),
+        "allreduce:ring",
+        Duration::from_secs(60),
+    );
+    let rank = c.rank(0).unwrap();
+    let stream = rank.device().create_stream().unwrap();
+    let buf = rank.device().allocate(4 * 3000).unwrap();
+    let forced = c.grouped(|| rank.all_reduce(&buf, &buf, DType::F32, ReduceOp::Sum, &stream));
+    assert!(
+        matches!(forced, Err(Error::Unsupported { .. })),
+        "{forced:?}"
+    );
+    assert!(c.failed().is_some());
+}

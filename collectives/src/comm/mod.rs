@@ -37,6 +37,7 @@ mod across_topology;
 pub mod algorithms;
 mod args;
 mod failure;
+mod grouped;
 mod native_across;
 pub mod op;
 mod rank;
@@ -140,6 +141,9 @@ struct Arrival {
     host: Option<HostBuffers>,
     /// Whether the rank's stream had no work pending on arrival.
     idle: bool,
+    /// Where the rank, called in a group, waits for the plan instead of waiting here
+    /// (`grouped.rs`).
+    deferred: Option<Arc<grouped::Deferred>>,
 }
 
 /// How a collective ran, for the rank that called it.
@@ -151,6 +155,9 @@ pub(crate) enum Outcome {
     /// Planned in shared memory, to run on the ranks' streams: the caller enqueues its
     /// share ([`Work::participate_queued`]).
     Queued(Arc<Work>),
+    /// Not planned yet (the rank was called in a group): the caller enqueues a share
+    /// that waits for the plan.
+    Deferred(Arc<grouped::Deferred>),
 }
 
 struct Pending {

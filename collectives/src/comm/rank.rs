@@ -83,10 +83,31 @@ impl Rank {
         if sh.aborted.load(Ordering::Acquire) || sh.failed_flag.load(Ordering::Acquire) {
             return Err(sh.failure());
         }
+        let grouped = grouped::in_group(sh);
+        if grouped {
+            // The ranks called before this one in the group have queued their parts:
+            // an operation this rank cannot take part in fails them all.
+            let refusal = match &desc {
+                Err(e) => Some(e.clone()),
+                Ok(d) if !self.small_path(d) && !self.may_share(d) => Some(Error::unsupported(
+                    format!("{d} cannot run in a group of calls: an override (XPU_COLL_ALGO) forces an algorithm other than shared memory for it"),
+                )),
+                Ok(_) => None,
+            };
+            if let Some(e) = refusal {
+                sh.fail(Error::aborted(format!(
+                    "{} refused an operation called in a group, after other ranks had queued theirs: {e}",
+                    sh.rank_name(self.rank)
+                )));
+                return Err(e);
+            }
+        }
         let seq = sh.seqs[self.rank].fetch_add(1, Ordering::Relaxed);
         if let Some(slots) = &sh.slots {
             match &desc {
-                Ok(d) if self.small_path(d) => return self.small(slots, seq, *d, &args, stream),
+                Ok(d) if self.small_path(d) => {
+                    return self.small(slots, seq, *d, &args, stream, grouped)
+                }
                 Ok(d) if sh.is_through(self.rank, seq) => {
                     sh.announce(slots, self.rank, seq, Some(*d))?
                 }
@@ -126,19 +147,22 @@ impl Rank {
                 buffers,
                 host,
                 idle,
+                deferred: grouped.then(grouped::Deferred::new),
             },
         );
         let Some(staged) = staged else {
             return match shared? {
                 Outcome::Queued(work) => self.enqueue_share(work, &stream),
+                Outcome::Deferred(plan) => self.enqueue_deferred(plan, &stream),
                 Outcome::Enqueued | Outcome::Shared => Ok(()),
             };
         };
         let uploaded = match shared {
             Ok(Outcome::Shared) => staged.upload(&stream),
             Ok(Outcome::Enqueued) => Ok(()),
-            // Staging ranks arrive only with idle streams, so their operations never queue.
-            Ok(Outcome::Queued(_)) => Err(Error::backend_message(
+            // Staging ranks arrive only with idle streams, so their operations never queue
+            // (and are never grouped: their devices are not host addressable).
+            Ok(Outcome::Queued(_) | Outcome::Deferred(_)) => Err(Error::backend_message(
                 "collectives",
                 "internal error: a staged rank's operation was queued",
             )),
@@ -161,7 +185,16 @@ impl Rank {
             )
     }
 
-    /// Runs a small operation through the slots: now when the stream is idle, else as a
+    /// Whether no override forces an algorithm other than shared memory for `desc`.
+    fn may_share(&self, desc: &OpDesc) -> bool {
+        matches!(
+            self.shared.options.selector.forced(desc.kind, desc.bytes),
+            None | Some(Algorithm::SharedMemory)
+        )
+    }
+
+    /// Runs a small operation through the slots: now when the stream is idle (and the
+    /// rank is not called in a group, where it must not wait for the others), else as a
     /// host function on the stream, in stream order.
     fn small(
         &self,
@@ -170,6 +203,7 @@ impl Rank {
         desc: OpDesc,
         args: &Args<'_>,
         stream: &Stream,
+        grouped: bool,
     ) -> Result<()> {
         let view = |s: &Option<BufferSlice<'_>>| match s {
             None => Some(None),
@@ -193,7 +227,7 @@ impl Rank {
             }
         };
         let sh = &self.shared;
-        if sh.is_through(self.rank, seq) && matches!(stream.query(), Ok(true)) {
+        if !grouped && sh.is_through(self.rank, seq) && matches!(stream.query(), Ok(true)) {
             let result = sh.exchange(slots, self.rank, seq, desc, &host);
             if result.is_ok() && self.rank == 0 {
                 sh.ran_shared.fetch_add(1, Ordering::Relaxed);
@@ -309,6 +343,42 @@ impl Rank {
         if launched.is_err() {
             // The other ranks' shares must not wait for this one.
             abandon.abandon();
+        }
+        launched
+    }
+
+    /// Enqueues this rank's share of an operation it was called for in a group, as a
+    /// host function that waits for the operation's plan, then runs the share
+    /// (`grouped.rs`).
+    fn enqueue_deferred(&self, plan: Arc<grouped::Deferred>, stream: &Stream) -> Result<()> {
+        let skipped = plan.clone();
+        let guard = SkipGuard::new(move || skipped.give_up());
+        let armed = guard.armed();
+        let shared = self.shared.clone();
+        let rank = self.rank;
+        let given_up = plan.clone();
+        let share = move |_: &mut xpu_hal::HostKernelContext<'_>| {
+            guard.ran();
+            let deadline = Instant::now() + shared.options.timeout;
+            let stopped = || shared.stopping().then(|| shared.failure());
+            let work = plan.wait(deadline, stopped).map_err(|e| {
+                if matches!(e, Error::Timeout { .. }) {
+                    shared.fail(e.clone());
+                }
+                e.to_string()
+            })?;
+            work.participate_queued(rank, shared.spinner, deadline)
+                .map_err(|e| {
+                    if matches!(e, Error::Timeout { .. }) {
+                        shared.fail(e.clone());
+                    }
+                    e.to_string()
+                })
+        };
+        let launched = self.launch_host_function(stream, "collective share", share, &armed);
+        if launched.is_err() {
+            // The other ranks' shares must not wait for this one.
+            given_up.give_up();
         }
         launched
     }

@@ -26,6 +26,7 @@ impl Shared {
                 ),
             ));
         }
+        let deferred = arrival.deferred.clone();
         pending.arrivals[rank] = Some(arrival);
         if pending.arrivals.iter().all(Option::is_some) {
             let Some(pending) = st.pending.take() else {
@@ -34,6 +35,15 @@ impl Shared {
                     "internal error: no pending operation",
                 ));
             };
+            let deferred: Vec<Arc<grouped::Deferred>> = pending
+                .arrivals
+                .iter()
+                .flatten()
+                .filter_map(|a| a.deferred.clone())
+                .collect();
+            if !deferred.is_empty() {
+                return self.plan_deferred(st, rank, seq, &pending, &deferred);
+            }
             // Planned under the lock, so that a waiting rank finds either the operation
             // still pending or its share.
             if let Some((work, queued)) = self.plan_shared(seq, &pending) {
@@ -64,6 +74,10 @@ impl Shared {
             drop(st);
             self.wake();
             return result.map(|()| Outcome::Enqueued);
+        }
+        if let Some(d) = deferred {
+            // Called in a group: the rank's share waits for the plan on its stream.
+            return Ok(Outcome::Deferred(d));
         }
         let deadline = Instant::now() + self.options.timeout;
         // Spin briefly before sleeping (see `wait.rs`).
@@ -111,6 +125,83 @@ impl Shared {
         if self.sleepers.load(Ordering::Acquire) > 0 {
             self.arrived.notify_all();
         }
+    }
+
+    /// The last arrival at an operation some of whose ranks were called in a group
+    /// (`grouped.rs`): planned in shared memory, every share queued on its stream, the
+    /// deferred ranks handed the plan. An operation that cannot run so fails on every
+    /// rank.
+    fn plan_deferred(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        rank: usize,
+        seq: u64,
+        pending: &Pending,
+        deferred: &[Arc<grouped::Deferred>],
+    ) -> Result<Outcome> {
+        let planned = match self.plan_shared(seq, pending) {
+            Some((work, _)) => Ok(Arc::new(work)),
+            None => Err(match self.agreed(seq, pending) {
+                Err(e) => e,
+                Ok(desc) => Error::unsupported(format!(
+                    "{desc} #{seq} was called in a group but cannot run in shared memory on the ranks' streams (an override forces another algorithm, or a buffer has no host view)"
+                )),
+            }),
+        };
+        match &planned {
+            Ok(work) => {
+                self.ran_shared.fetch_add(1, Ordering::Relaxed);
+                st.shared = Some((seq, work.clone(), true));
+            }
+            Err(e) => {
+                if !matches!(e, Error::InvalidArgument { .. }) {
+                    self.set_failed(&mut st, e.clone());
+                }
+                st.finished = Some((seq, Err(e.clone())));
+            }
+        }
+        drop(st);
+        for d in deferred {
+            d.plan(planned.clone());
+        }
+        self.finished_seq.store(seq + 1, Ordering::Release);
+        self.wake();
+        match planned {
+            Ok(work) => self.take_part(rank, work, true),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The operation every rank asked for, or why they do not agree: a rank refused its
+    /// arguments, or ranks asked for different operations (a desync).
+    fn agreed(&self, seq: u64, pending: &Pending) -> Result<OpDesc> {
+        let mut first: Option<OpDesc> = None;
+        for (r, a) in pending.arrivals.iter().enumerate() {
+            let Some(a) = a else {
+                return Err(Error::backend_message(
+                    "collectives",
+                    "internal error: a rank is missing",
+                ));
+            };
+            let d = match &a.desc {
+                Ok(d) => *d,
+                Err(e) => return Err(self.refused(seq, r, Some(e))),
+            };
+            match first {
+                None => first = Some(d),
+                Some(f) if f != d => {
+                    return Err(Error::invalid(format!(
+                        "desync at operation #{seq}: {} called {f} but {} called {d}; every rank must call the same operations in the same order",
+                        self.rank_name(0),
+                        self.rank_name(r)
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        first.ok_or_else(|| {
+            Error::backend_message("collectives", "internal error: an operation of no ranks")
+        })
     }
 
     /// This rank's part of a shared-memory operation: its share now, or (`queued`) the
@@ -173,31 +264,13 @@ impl Shared {
 
     /// Checks that every rank asked for the same, then enqueues the operation.
     pub(super) fn run(&self, seq: u64, pending: Pending) -> Result<()> {
-        let mut ios = Vec::with_capacity(pending.arrivals.len());
-        let mut buffers = Vec::with_capacity(pending.arrivals.len());
-        let mut descs = Vec::with_capacity(pending.arrivals.len());
-        for (r, a) in pending.arrivals.into_iter().enumerate() {
-            let Some(a) = a else {
-                return Err(Error::backend_message(
-                    "collectives",
-                    "internal error: a rank is missing",
-                ));
-            };
-            match a.desc {
-                Ok(d) => descs.push(d),
-                Err(e) => return Err(self.refused(seq, r, Some(&e))),
-            }
-            ios.push(a.io);
-            buffers.push(a.buffers);
-        }
-        let first = descs[0];
-        if let Some((r, d)) = descs.iter().enumerate().find(|(_, d)| **d != first) {
-            return Err(Error::invalid(format!(
-                "desync at operation #{seq}: {} called {first} but {} called {d}; every rank must call the same operations in the same order",
-                self.rank_name(0),
-                self.rank_name(r)
-            )));
-        }
+        let first = self.agreed(seq, &pending)?;
+        let (ios, buffers): (Vec<RankIo>, Vec<RankBuffers>) = pending
+            .arrivals
+            .into_iter()
+            .flatten()
+            .map(|a| (a.io, a.buffers))
+            .unzip();
         // Shared memory was not possible (`plan_shared`): the best enqueued algorithm.
         let (algorithm, why) =
             self.options
