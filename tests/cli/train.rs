@@ -66,10 +66,11 @@ fn train_learns_modular_addition_on_host_devices() {
     assert!(first > 2.5 && last < 0.5, "{out}");
     assert!(summary["accuracy"].as_f64().unwrap() > 0.9, "{out}");
     assert_eq!(summary["devices"], serde_json::json!(["host:0", "host:1"]));
-    // Steps 1–10 and every 10th after submit their tasks (the models learn from
-    // them); most others replay a recorded step.
+    // Steps 1–10 submit their tasks (the models learn from them), and so does a step
+    // after a rebalancing changed the split (recorded anew); the others replay a
+    // recorded step (every 10th task by task, each task timed).
     let replayed = summary["replayed_steps"].as_u64().unwrap();
-    assert!((60..=98).contains(&replayed), "{summary}");
+    assert!((60..=109).contains(&replayed), "{summary}");
     // The timing figures: every device busy some of the time, the all-reduce's share
     // hidden under computation a fraction, replica memory held on both devices.
     for d in ["host:0", "host:1"] {

@@ -691,12 +691,14 @@ impl Trainer {
 
     /// One training step over the next global batch.
     ///
-    /// Steps whose timings feed a rebalancing (the first `rebalance_every`, then every
-    /// `rebalance_every`-th) submit their tasks one by one, so that the scheduler's
-    /// models learn from them. The others replay the step recorded with the current
-    /// split and loss scale ([`Scheduler::record`]): the same tasks, without their
-    /// submission cost, the inputs written into the same handles. The update (AdamW's
-    /// step count changes every step) is submitted every time.
+    /// The first `rebalance_every` steps, whose timings calibrate the scheduler's
+    /// models and feed a rebalancing each, submit their tasks one by one. The others
+    /// replay the step recorded with the current split and loss scale
+    /// ([`Scheduler::record`]): the same tasks, without their submission cost, the
+    /// inputs written into the same handles — every `rebalance_every`-th task by task
+    /// with every task timed ([`Scheduler::time_every_task`]), so that the models follow
+    /// the devices for the rebalancing after it. The update (AdamW's step count changes
+    /// every step) is submitted every time.
     pub fn step(&mut self) -> Result<StepReport> {
         let start = Instant::now();
         let flops_before: u64 = self.matmul_flops();
@@ -722,8 +724,13 @@ impl Trainer {
         let loss_scale = self.loss_scale.map(|s| s.scale);
         let key = (shares.clone(), loss_scale.map(f32::to_bits));
         match &self.replay {
-            Some(r) if !learning && r.key == key => {
-                self.sched.replay(&r.graph)?;
+            Some(r) if r.key == key && (!learning || step > every) => {
+                // A later step the rebalancing learns from replays task by task, every
+                // task timed (see below).
+                self.sched.time_every_task(learning);
+                let replayed = self.sched.replay(&r.graph);
+                self.sched.time_every_task(false);
+                replayed?;
                 self.replayed_flops += r.flops;
                 self.replayed += 1;
             }

@@ -185,8 +185,9 @@ impl CollectiveTask {
 
 impl State {
     /// Enqueues collective task `id`: every rank's data on its device, its stream behind
-    /// the points it depends on, then the ranks' calls made together (each rank's call
-    /// returns once all have arrived), each from a thread of its own.
+    /// the points it depends on, then the ranks' calls: from this thread, in a group
+    /// ([`Communicator::grouped`]) where the communicator allows it; else together, each
+    /// from a thread of its own (each rank's call returns once all have arrived).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn run_collective(
         &mut self,
@@ -246,19 +247,26 @@ impl State {
                 CollectiveTask::AllGather => rank.all_gather(send, recv, stream),
             }
         };
-        let outcomes: Vec<Result<()>> = std::thread::scope(|scope| {
-            let others: Vec<_> = (1..ranks.len())
-                .map(|r| scope.spawn(move || call(r)))
-                .collect();
-            let mut all = vec![call(0)];
-            for h in others {
-                all.push(h.join().unwrap_or_else(|_| {
-                    Err(Error::aborted("a rank's thread of the collective panicked"))
-                }));
-            }
-            all
-        });
-        if let Some(Err(e)) = outcomes.into_iter().find(Result::is_err) {
+        let outcome = if comm.can_group() {
+            // One thread calls every rank: no call waits for another, and no thread
+            // has to be woken on cores busy with the devices' work.
+            comm.grouped(|| (0..ranks.len()).try_for_each(call))
+        } else {
+            let outcomes: Vec<Result<()>> = std::thread::scope(|scope| {
+                let others: Vec<_> = (1..ranks.len())
+                    .map(|r| scope.spawn(move || call(r)))
+                    .collect();
+                let mut all = vec![call(0)];
+                for h in others {
+                    all.push(h.join().unwrap_or_else(|_| {
+                        Err(Error::aborted("a rank's thread of the collective panicked"))
+                    }));
+                }
+                all
+            });
+            outcomes.into_iter().find(Result::is_err).unwrap_or(Ok(()))
+        };
+        if let Err(e) = outcome {
             comm.abort();
             return Err(e);
         }

@@ -881,7 +881,8 @@ impl Scheduler {
     /// one task in 32 is, which keeps the cost of timing low but lets a model follow a
     /// device that changes speed (a straggler) only slowly. A caller that relies on the
     /// models tracking the devices (a trainer rebalancing its split) turns it on for the
-    /// work it learns from.
+    /// work it learns from. While it is on, a replayed graph runs task by task, each
+    /// timed, instead of in fused runs ([`Scheduler::replay`]).
     pub fn time_every_task(&self, on: bool) {
         self.lock().time_every = on;
     }
