@@ -744,3 +744,57 @@ fn a_training_step_with_an_all_reduce_records_and_replays() {
         assert_eq!(sched.read(*w).unwrap(), bytes(&vec![12.0; elems]));
     }
 }
+
+/// A replay profiled by runs keeps its runs, one span each; one profiled task by task
+/// splits them, a span per task; both compute the same values.
+#[test]
+fn a_replay_profiled_by_runs_keeps_them_and_one_profiled_by_tasks_splits_them() {
+    use xpu_scheduler::profile::SpanKind;
+    let Some(devs) = devices("host:0") else {
+        return;
+    };
+    let sched = Scheduler::new(&devs, options(Policy::Dmda)).unwrap();
+    let a = sched.create(64 * 4).unwrap();
+    let b = sched.create(64 * 4).unwrap();
+    let fill = Codelet::from_builtin(Builtin::Fill {
+        value: Scalar::F32(1.0),
+    });
+    let add = Codelet::from_builtin(Builtin::Accumulate {
+        op: BinaryOp::Sum,
+        dtype: DType::F32,
+    });
+    let graph = sched
+        .record(|s| {
+            s.submit(Task::new(&fill).write(b))?;
+            for _ in 0..4 {
+                s.submit(Task::new(&add).read_write(a).read(b))?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let tasks = |p: &xpu_scheduler::profile::Profile| -> Vec<String> {
+        p.spans
+            .iter()
+            .filter(|s| s.kind == SpanKind::Task)
+            .map(|s| s.name.clone())
+            .collect()
+    };
+    sched.start_profiling_runs().unwrap();
+    sched.replay(&graph).unwrap();
+    let runs = tasks(&sched.stop_profiling().unwrap());
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert!(runs[0].starts_with("run of 5 replayed tasks"), "{runs:?}");
+    sched.start_profiling().unwrap();
+    sched.replay(&graph).unwrap();
+    let split = tasks(&sched.stop_profiling().unwrap());
+    assert_eq!(split.len(), 5, "{split:?}");
+    // The recording and both replays each added 4 × 1.
+    assert_eq!(sched.read(a).unwrap().len(), 64 * 4);
+    let got: Vec<f32> = sched
+        .read(a)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert!(got.iter().all(|&v| v == 12.0), "{got:?}");
+}

@@ -250,7 +250,8 @@ pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
         Some(host1) => {
             let mut two = Trainer::new(&[host0.clone(), host1], config.clone())?;
             let (two_t, one_t) = compare(&mut two, &mut single, args)?;
-            two.scheduler().start_profiling()?;
+            // Runs as one span each: the round runs as it does unprofiled.
+            two.scheduler().start_profiling_runs()?;
             round(&mut two, args.steps)?;
             let overlap = two
                 .scheduler()

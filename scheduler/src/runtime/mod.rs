@@ -298,6 +298,8 @@ struct Profiling {
     origins: Vec<Option<(Event, f64)>>,
     spans: Vec<PendingSpan>,
     memory: Vec<MemorySample>,
+    /// Whether replayed runs are split into their tasks, to have a span each.
+    split_runs: bool,
 }
 
 struct Shared {

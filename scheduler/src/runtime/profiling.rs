@@ -5,8 +5,21 @@ use super::*;
 impl Scheduler {
     /// Starts recording a profile (see [`crate::profile`]): waits for the work already
     /// enqueued, then times every task and copy from here on. Restarts a profile that
-    /// is being recorded.
+    /// is being recorded. A replayed graph's runs are split into their tasks, each with
+    /// its span ([`Scheduler::replay`]), which costs the submitting thread per task.
     pub fn start_profiling(&self) -> Result<()> {
+        self.profile(true)
+    }
+
+    /// [`Scheduler::start_profiling`], except that a replayed graph's runs keep running
+    /// as one task each, with one span each (named after the run): replaying costs what
+    /// it costs unprofiled, so the profile shows the devices as they run then (their
+    /// busy shares, the overlap of collectives), at the grain of runs.
+    pub fn start_profiling_runs(&self) -> Result<()> {
+        self.profile(false)
+    }
+
+    fn profile(&self, split_runs: bool) -> Result<()> {
         let mut st = self.lock();
         let started = Instant::now();
         let mut origins = Vec::with_capacity(self.shared.devices.len());
@@ -27,6 +40,7 @@ impl Scheduler {
             origins,
             spans: Vec::new(),
             memory: Vec::new(),
+            split_runs,
         });
         Ok(())
     }

@@ -22,8 +22,10 @@
 //! so every item of it, with a message naming the run and the cause; a run that did not
 //! start because of another failure runs again whole. A run's handles must fit in half
 //! its device's memory together (longer stretches are cut into several runs), and while
-//! a profile is recorded or every task is timed ([`Scheduler::time_every_task`]) every
-//! item replays on its own, to have its span or its timing.
+//! a profile is recorded ([`Scheduler::start_profiling`]; not
+//! [`Scheduler::start_profiling_runs`]) or every task is timed
+//! ([`Scheduler::time_every_task`]) every item replays on its own, to have its span or
+//! its timing.
 //!
 //! [`Scheduler::plan`] turns a recorded graph into a [`crate::sim::CostGraph`] — the
 //! tasks' predicted times on each device from the performance models, the bytes each
@@ -349,9 +351,9 @@ impl Scheduler {
         let plan = graph
             .plan
             .get_or_init(|| replay_plan(&self.shared, &graph.items));
-        // While a profile is recorded, or every task is timed, every task runs on its
-        // own, to have its span or its timing.
-        let fused = st.profiling.is_none() && !st.time_every;
+        // While a profile that splits runs is recorded, or every task is timed, every
+        // task runs on its own, to have its span or its timing.
+        let fused = st.profiling.as_ref().is_none_or(|p| !p.split_runs) && !st.time_every;
         let base = st.next_task;
         st.next_task += graph.items.len() as u64;
         st.stats.tasks += graph.items.len() as u64;

@@ -338,7 +338,9 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
     // Timing every task costs throughput: only when the figures are asked for.
     let profiled = args.json || args.profile.is_some() || args.plot.is_some();
     let mut timeline = if profiled {
-        Some(Timeline::start(&trainer)?)
+        // Task by task only for a trace written to a file: otherwise replayed runs keep
+        // their unprofiled cost, and the figures describe the run as it goes unwatched.
+        Some(Timeline::start(&trainer, args.profile.is_some())?)
     } else {
         None
     };
@@ -437,8 +439,8 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
                 history.losses.retain(|(s, _)| *s <= recovery.resumed_at);
                 recoveries.push(recovery);
                 window = (0.0, 0, 0);
-                if timeline.is_some() {
-                    trainer.scheduler().start_profiling()?;
+                if let Some(t) = &timeline {
+                    t.restart(&trainer)?;
                 }
                 continue;
             }

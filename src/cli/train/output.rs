@@ -160,13 +160,26 @@ impl Reporter {
 pub struct Timeline {
     /// The windows so far, as one profile.
     pub whole: Option<Profile>,
+    /// Whether replayed runs are split into their tasks (a span each).
+    tasks: bool,
 }
 
 impl Timeline {
-    /// Starts profiling `trainer`'s scheduler.
-    pub fn start(trainer: &Trainer) -> Result<Timeline> {
-        trainer.scheduler().start_profiling()?;
-        Ok(Timeline { whole: None })
+    /// Starts profiling `trainer`'s scheduler: every task (`tasks`), or replayed runs
+    /// as one span each.
+    pub fn start(trainer: &Trainer, tasks: bool) -> Result<Timeline> {
+        let t = Timeline { whole: None, tasks };
+        t.restart(trainer)?;
+        Ok(t)
+    }
+
+    /// Starts a profile of the timeline's kind on `trainer`'s scheduler.
+    pub fn restart(&self, trainer: &Trainer) -> Result<()> {
+        if self.tasks {
+            trainer.scheduler().start_profiling()
+        } else {
+            trainer.scheduler().start_profiling_runs()
+        }
     }
 
     /// Ends the current window (returning it) and starts the next when `next`.
@@ -181,7 +194,7 @@ impl Timeline {
             Some(w) => w.append(window.clone(), offset),
         }
         if next {
-            trainer.scheduler().start_profiling()?;
+            self.restart(trainer)?;
         }
         Ok(window)
     }
