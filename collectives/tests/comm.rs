@@ -875,6 +875,27 @@ fn one_thread_calls_every_rank_in_a_group_on_busy_and_idle_streams() {
     );
 }
 
+/// Every rank of `c`, a stream and a buffer of `bytes` on its device each.
+fn streams_and_buffers(
+    c: &Communicator,
+    bytes: u64,
+) -> (
+    Vec<xpu_collectives::Rank>,
+    Vec<xpu_hal::Stream>,
+    Vec<xpu_hal::Allocation>,
+) {
+    let ranks = c.ranks();
+    let streams = ranks
+        .iter()
+        .map(|r| r.device().create_stream().unwrap())
+        .collect();
+    let bufs = ranks
+        .iter()
+        .map(|r| r.device().allocate(bytes).unwrap())
+        .collect();
+    (ranks, streams, bufs)
+}
+
 /// Groups are refused where a call could wait for another rank (a device that is not
 /// host addressable) and when nested; a call refused inside a group, or whose ranks
 /// disagree, fails the operation on every rank's stream instead of leaving the ranks
@@ -902,15 +923,7 @@ fn grouped_calls_that_cannot_run_fail_every_rank_instead_of_waiting() {
     }
     // Ranks that disagree (a desync) on large operations: the last to be called learns
     // of it, and the first's queued share fails instead of waiting.
-    let ranks = c.ranks();
-    let streams: Vec<_> = ranks
-        .iter()
-        .map(|r| r.device().create_stream().unwrap())
-        .collect();
-    let bufs: Vec<_> = ranks
-        .iter()
-        .map(|r| r.device().allocate(4 * 3000).unwrap())
-        .collect();
+    let (ranks, streams, bufs) = streams_and_buffers(&c, 4 * 3000);
     let started = Instant::now();
     let last = c.grouped(|| {
         ranks[0].all_reduce(&bufs[0], &bufs[0], DType::F32, ReduceOp::Sum, &streams[0])?;
@@ -929,15 +942,7 @@ fn grouped_calls_that_cannot_run_fail_every_rank_instead_of_waiting() {
     assert!(started.elapsed() < Duration::from_secs(30));
     // A call refused in a group (a buffer of the wrong size) fails the communicator.
     let c = comm(devices("host:0,1"), "", Duration::from_secs(60));
-    let ranks = c.ranks();
-    let streams: Vec<_> = ranks
-        .iter()
-        .map(|r| r.device().create_stream().unwrap())
-        .collect();
-    let bufs: Vec<_> = ranks
-        .iter()
-        .map(|r| r.device().allocate(4 * 3000).unwrap())
-        .collect();
+    let (ranks, streams, bufs) = streams_and_buffers(&c, 4 * 3000);
     let refused = c.grouped(|| {
         ranks[0].all_reduce(&bufs[0], &bufs[0], DType::F32, ReduceOp::Sum, &streams[0])?;
         ranks[1].all_reduce(

@@ -152,8 +152,8 @@ impl Rank {
         );
         let Some(staged) = staged else {
             return match shared? {
-                Outcome::Queued(work) => self.enqueue_share(work, &stream),
-                Outcome::Deferred(plan) => self.enqueue_deferred(plan, &stream),
+                Outcome::Queued(work) => self.enqueue_share(Share::Planned(work), &stream),
+                Outcome::Deferred(plan) => self.enqueue_share(Share::Deferred(plan), &stream),
                 Outcome::Enqueued | Outcome::Shared => Ok(()),
             };
         };
@@ -320,62 +320,34 @@ impl Rank {
     }
 
     /// Enqueues this rank's share of a shared-memory operation on its stream, as a host
-    /// function that runs when the stream gets there (`Work::participate_queued`).
-    fn enqueue_share(&self, work: Arc<Work>, stream: &Stream) -> Result<()> {
-        let abandon = work.clone();
-        let skipped = work.clone();
-        let guard = SkipGuard::new(move || skipped.abandon());
-        let armed = guard.armed();
-        let shared = self.shared.clone();
-        let rank = self.rank;
-        let share = move |_: &mut xpu_hal::HostKernelContext<'_>| {
-            guard.ran();
-            let deadline = Instant::now() + shared.options.timeout;
-            work.participate_queued(rank, shared.spinner, deadline)
-                .map_err(|e| {
-                    if matches!(e, Error::Timeout { .. }) {
-                        shared.fail(e.clone());
-                    }
-                    e.to_string()
-                })
-        };
-        let launched = self.launch_host_function(stream, "collective share", share, &armed);
-        if launched.is_err() {
-            // The other ranks' shares must not wait for this one.
-            abandon.abandon();
-        }
-        launched
-    }
-
-    /// Enqueues this rank's share of an operation it was called for in a group, as a
-    /// host function that waits for the operation's plan, then runs the share
-    /// (`grouped.rs`).
-    fn enqueue_deferred(&self, plan: Arc<grouped::Deferred>, stream: &Stream) -> Result<()> {
-        let skipped = plan.clone();
+    /// function that runs when the stream gets there (`Work::participate_queued`) —
+    /// for a rank called in a group, once the last rank has planned it (`grouped.rs`).
+    fn enqueue_share(&self, share: Share, stream: &Stream) -> Result<()> {
+        let skipped = share.clone();
         let guard = SkipGuard::new(move || skipped.give_up());
         let armed = guard.armed();
         let shared = self.shared.clone();
         let rank = self.rank;
-        let given_up = plan.clone();
-        let share = move |_: &mut xpu_hal::HostKernelContext<'_>| {
+        let given_up = share.clone();
+        let run = move |_: &mut xpu_hal::HostKernelContext<'_>| {
             guard.ran();
             let deadline = Instant::now() + shared.options.timeout;
-            let stopped = || shared.stopping().then(|| shared.failure());
-            let work = plan.wait(deadline, stopped).map_err(|e| {
+            let failed = |e: Error| {
                 if matches!(e, Error::Timeout { .. }) {
                     shared.fail(e.clone());
                 }
                 e.to_string()
-            })?;
+            };
+            let work = match &share {
+                Share::Planned(work) => work.clone(),
+                Share::Deferred(plan) => plan
+                    .wait(deadline, || shared.stopping().then(|| shared.failure()))
+                    .map_err(failed)?,
+            };
             work.participate_queued(rank, shared.spinner, deadline)
-                .map_err(|e| {
-                    if matches!(e, Error::Timeout { .. }) {
-                        shared.fail(e.clone());
-                    }
-                    e.to_string()
-                })
+                .map_err(failed)
         };
-        let launched = self.launch_host_function(stream, "collective share", share, &armed);
+        let launched = self.launch_host_function(stream, "collective share", run, &armed);
         if launched.is_err() {
             // The other ranks' shares must not wait for this one.
             given_up.give_up();
@@ -824,6 +796,25 @@ impl Rank {
             self.rank,
             &Slice::from_buffer(&d),
         )
+    }
+}
+
+/// Where a share queued on a stream finds its work.
+#[derive(Clone)]
+enum Share {
+    /// Planned already.
+    Planned(Arc<Work>),
+    /// Planned by the last rank to arrive at an operation called in a group.
+    Deferred(Arc<grouped::Deferred>),
+}
+
+impl Share {
+    /// The share will not run: the other ranks' must not wait for it.
+    fn give_up(&self) {
+        match self {
+            Share::Planned(work) => work.abandon(),
+            Share::Deferred(plan) => plan.give_up(),
+        }
     }
 }
 

@@ -206,6 +206,13 @@ impl Between<'_> {
         machines.iter().map(|g| g[at]).collect()
     }
 
+    /// This process's machine, its place there, and the processes at that place of
+    /// every machine (machines of equal sizes).
+    fn grid<'m>(&self, machines: &'m [Vec<usize>]) -> Result<(&'m [usize], usize, Vec<usize>)> {
+        let (mine, at) = self.machine_of(machines)?;
+        Ok((mine, at, Self::place(machines, at)))
+    }
+
     /// A large reduce-scatter over machines of equal sizes, in two dimensions: within
     /// each machine, the process at place `i` sums its machine's copies of the blocks of
     /// the processes at place `i` of every machine; those processes then swap the sums
@@ -219,8 +226,7 @@ impl Between<'_> {
         machines: &[Vec<usize>],
     ) -> std::result::Result<(), Failure> {
         let me = self.me();
-        let (mine, at) = self.machine_of(machines)?;
-        let ours = Self::place(machines, at);
+        let (mine, at, ours) = self.grid(machines)?;
         if mine.len() > 1 {
             let need = (mine.len() - 1) * ours.iter().map(|&p| blocks[p].1).sum::<usize>();
             if extra.len() < need {
@@ -281,8 +287,7 @@ impl Between<'_> {
         machines: &[Vec<usize>],
     ) -> std::result::Result<(), Failure> {
         let me = self.me();
-        let (mine, at) = self.machine_of(machines)?;
-        let ours = Self::place(machines, at);
+        let (mine, _, ours) = self.grid(machines)?;
         let theirs: Vec<(usize, usize)> = ours.iter().map(|&p| blocks[p]).collect();
         self.all_gather_among(&ours, data, &theirs)?;
         if mine.len() == 1 {
