@@ -960,6 +960,22 @@ fn grouped_calls_that_cannot_run_fail_every_rank_instead_of_waiting() {
     assert!(c.failed().is_some());
     assert!(streams[0].synchronize().is_err());
     assert!(started.elapsed() < Duration::from_secs(30));
+    // A group that fails after a rank queued its part (here: rank 1 is given rank 0's
+    // stream) fails the communicator, so that the queued part does not wait for it.
+    let c = comm(devices("host:0,1"), "", Duration::from_secs(60));
+    let (ranks, streams, bufs) = streams_and_buffers(&c, 4 * 3000);
+    let started = Instant::now();
+    let failed = c.grouped(|| {
+        ranks[0].all_reduce(&bufs[0], &bufs[0], DType::F32, ReduceOp::Sum, &streams[0])?;
+        ranks[1].all_reduce(&bufs[1], &bufs[1], DType::F32, ReduceOp::Sum, &streams[0])
+    });
+    assert!(
+        matches!(failed, Err(Error::InvalidArgument { .. })),
+        "{failed:?}"
+    );
+    assert!(c.failed().is_some());
+    assert!(streams[0].synchronize().is_err());
+    assert!(started.elapsed() < Duration::from_secs(30));
     // An override that forces an enqueued algorithm cannot run in a group.
     let c = comm(
         devices("host:0,1"),

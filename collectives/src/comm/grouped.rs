@@ -75,7 +75,10 @@ impl Communicator {
     ///
     /// Fails with [`Error::Unsupported`] where [`Communicator::can_group`] is false, and
     /// with [`Error::InvalidArgument`] when this thread is already in a group. A call
-    /// refused inside the group fails the communicator (see the module's doc).
+    /// refused inside the group, or `f` failing after a call was made, fails the
+    /// communicator: ranks called before have queued parts that would wait for the
+    /// others (see the module's doc). Thread-safe: other threads may call other ranks
+    /// meanwhile, grouped or not.
     pub fn grouped<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
         if !self.can_group() {
             return Err(Error::unsupported(
@@ -88,9 +91,27 @@ impl Communicator {
                 "this thread is already in a group of calls; groups do not nest",
             ));
         }
+        let seqs = || -> Vec<u64> {
+            self.shared
+                .seqs
+                .iter()
+                .map(|s| s.load(std::sync::atomic::Ordering::Acquire))
+                .collect()
+        };
+        let before = seqs();
         GROUP.with(|g| g.set(key(&self.shared)));
         let _leave = Leave(outer);
-        f()
+        let result = f();
+        if let Err(e) = &result {
+            if seqs() != before {
+                // Calls made before the error queued parts that the ranks not called
+                // would never match: they must not wait for them.
+                self.shared.fail(Error::aborted(format!(
+                    "a group of calls failed after some ranks had queued their parts ({e}); the communicator is now failed: make a new one"
+                )));
+            }
+        }
+        result
     }
 }
 
