@@ -43,7 +43,7 @@ pub struct Span {
     pub task: Option<u64>,
     /// The device's index in the scheduler.
     pub device: usize,
-    /// 0 for the task stream, 1 for the copy stream.
+    /// 0 for the task stream, 1 for the copy stream, 2 for the collectives' stream.
     pub stream: usize,
     /// Seconds from the profile's start.
     pub start: f64,

@@ -10,8 +10,9 @@ impl Scheduler {
     /// those are all its ranks; for one across processes, each process submits the
     /// collective with its own ranks' handles, every process in the same order.)
     /// It waits for what wrote those handles, and what reads them after waits for it,
-    /// like any task; the operation itself is enqueued on each rank's task stream, so
-    /// it overlaps the work other devices do meanwhile. Under the queued policies the
+    /// like any task; the operation itself is enqueued on each rank's device on a
+    /// stream of its own, so it overlaps the work every device does meanwhile,
+    /// including the rank's own device. Under the queued policies the
     /// call first waits until every task submitted before it has been dispatched.
     pub fn collective(
         &self,
@@ -184,8 +185,10 @@ impl CollectiveTask {
 }
 
 impl State {
-    /// Enqueues collective task `id`: every rank's data on its device, its stream behind
-    /// the points it depends on, then the ranks' calls: from this thread, in a group
+    /// Enqueues collective task `id` on each rank's collective stream (so that the
+    /// device's tasks go on while the rank waits for the others): every rank's data on
+    /// its device, its collective stream behind the points it depends on, then the
+    /// ranks' calls: from this thread, in a group
     /// ([`Communicator::grouped`]) where the communicator allows it; else together, each
     /// from a thread of its own (each rank's call returns once all have arrived).
     #[allow(clippy::too_many_arguments)]
@@ -205,7 +208,7 @@ impl State {
         let dep_points = self.dep_points(deps);
         let mut memory = Vec::with_capacity(ranks.len());
         for (r, &d) in ranks.iter().enumerate() {
-            let s = compute_stream(d);
+            let s = collective_stream(d);
             let m_send = self.replica(shared, send[r], d)?;
             if let Some(p) = self.fetch(shared, send[r], d, &m_send)? {
                 wait_for(&mut self.streams, s, p)?;
@@ -228,7 +231,7 @@ impl State {
                 .as_ref()
                 .is_some_and(|p| p.origins.get(d).is_some_and(Option::is_some));
             starts.push(if profiled {
-                Some(self.streams[compute_stream(d)].stream.record_event()?)
+                Some(self.streams[collective_stream(d)].stream.record_event()?)
             } else {
                 None
             });
@@ -272,13 +275,13 @@ impl State {
         }
         let mut points = Vec::with_capacity(ranks.len());
         for (r, &d) in ranks.iter().enumerate() {
-            let s = compute_stream(d);
+            let s = collective_stream(d);
             let point = self.streams[s].advance(s)?;
             if let Some(h) = self.handles.get_mut(&recv[r].id) {
                 h.written(d, point, send[r].id != recv[r].id, id);
             }
             self.stats.placed[d] += 1;
-            self.live[d].push_back((point.seq, id));
+            self.live[s].push_back((point.seq, id));
             points.push(point);
             if let (Some(start), Some(end)) =
                 (starts[r].take(), self.streams[s].event_after(point.seq))
@@ -289,7 +292,7 @@ impl State {
                         name: label.to_string(),
                         task: Some(id),
                         device: d,
-                        stream: 0,
+                        stream: 2,
                         bytes: send[r].len,
                         deps: Vec::new(),
                         start,

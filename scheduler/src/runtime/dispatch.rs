@@ -35,13 +35,13 @@ impl State {
         self.measurements = measurements;
         // Forget tasks every device has passed, oldest first (failed ones stay:
         // dependants must learn of the failure).
-        for d in 0..self.devices.len() {
-            let completed = self.streams[compute_stream(d)].completed;
-            while let Some(&(seq, id)) = self.live[d].front() {
+        for s in 0..self.live.len() {
+            let (completed, d) = (self.streams[s].completed, device_of(s));
+            while let Some(&(seq, id)) = self.live[s].front() {
                 if seq > completed {
                     break;
                 }
-                self.live[d].pop_front();
+                self.live[s].pop_front();
                 let done = self.tasks.get(&id).is_some_and(|t| {
                     t.failed.is_none()
                         && t.points()
@@ -552,7 +552,7 @@ impl State {
             },
         );
         self.stats.placed[d] += run.map_or(1, |r| r.items.len() as u64);
-        self.live[d].push_back((point.seq, id));
+        self.live[s].push_back((point.seq, id));
         Ok(())
     }
 }

@@ -227,8 +227,8 @@ struct State {
     queues: Queues,
     /// The graph being recorded, if any.
     recording: Option<record::Recording>,
-    /// Per device: dispatched tasks, oldest first, with the `seq` of their point on its
-    /// task stream, until the device has passed them.
+    /// Per stream: dispatched tasks, oldest first, with the `seq` of their point on it,
+    /// until the stream has passed them.
     live: Vec<VecDeque<(u64, u64)>>,
     /// Whether ready tasks go to per-device deques (`ws`) rather than the central queue.
     ws: bool,
@@ -368,12 +368,26 @@ impl std::fmt::Debug for Scheduler {
     }
 }
 
+/// The streams the scheduler keeps per device: tasks, copies, collectives.
+const STREAMS_PER_DEVICE: usize = 3;
+
 fn compute_stream(d: usize) -> usize {
-    2 * d
+    STREAMS_PER_DEVICE * d
 }
 
 fn copy_stream(d: usize) -> usize {
-    2 * d + 1
+    STREAMS_PER_DEVICE * d + 1
+}
+
+/// The stream of device `d` that collective tasks run on: their waits for the other
+/// ranks hold it, not the device's tasks, which go on meanwhile.
+fn collective_stream(d: usize) -> usize {
+    STREAMS_PER_DEVICE * d + 2
+}
+
+/// The device of stream `s`.
+fn device_of(s: usize) -> usize {
+    s / STREAMS_PER_DEVICE
 }
 
 impl Scheduler {
@@ -393,10 +407,12 @@ impl Scheduler {
             }
         }
         let n = devices.len();
-        let mut streams = Vec::with_capacity(2 * n);
+        let all = STREAMS_PER_DEVICE * n;
+        let mut streams = Vec::with_capacity(all);
         for d in devices {
-            streams.push(StreamSlot::new(d.create_stream()?, 2 * n));
-            streams.push(StreamSlot::new(d.create_stream()?, 2 * n));
+            for _ in 0..STREAMS_PER_DEVICE {
+                streams.push(StreamSlot::new(d.create_stream()?, all));
+            }
         }
         let dir = if options.no_persist {
             None
@@ -430,7 +446,7 @@ impl Scheduler {
                         })
                         .collect(),
                     models: PerfModels::new(dir),
-                    measurements: (0..2 * n).map(|_| VecDeque::new()).collect(),
+                    measurements: (0..all).map(|_| VecDeque::new()).collect(),
                     infos: Vec::with_capacity(n),
                     copies: 0,
                     clock: 0,
@@ -447,7 +463,7 @@ impl Scheduler {
                         ..Queues::default()
                     },
                     recording: None,
-                    live: (0..n).map(|_| VecDeque::new()).collect(),
+                    live: (0..all).map(|_| VecDeque::new()).collect(),
                     ws: options.policy == Policy::Ws,
                     shutdown: false,
                     unrecovered_loss: false,
@@ -703,7 +719,7 @@ impl Scheduler {
                     .iter()
                     .enumerate()
                     .map(|(s, slot)| {
-                        st.devices[s / 2]
+                        st.devices[device_of(s)]
                             .lost
                             .is_none()
                             .then(|| slot.stream.clone())

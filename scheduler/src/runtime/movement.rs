@@ -277,7 +277,7 @@ impl State {
             .iter()
             .enumerate()
             .map(|(s, slot)| {
-                if self.devices[s / 2].lost.is_some() {
+                if self.devices[device_of(s)].lost.is_some() {
                     return None;
                 }
                 slot.stream.synchronize().err()

@@ -76,7 +76,7 @@ impl State {
         for s in 0..n {
             // A lost device's streams are not waited for: what they have not finished
             // does not run.
-            if self.devices[s / 2].lost.is_none() {
+            if self.devices[device_of(s)].lost.is_none() {
                 if let Err(e) = self.streams[s].stream.synchronize() {
                     causes[s] = Some(e);
                 }
@@ -161,7 +161,7 @@ impl State {
             let Some(rec) = self.tasks.get(&id) else {
                 continue;
             };
-            let device = rec.point.stream / 2;
+            let device = device_of(rec.point.stream);
             let here = shared.devices[device].id();
             let cause = |s: usize| {
                 causes[s].as_ref().map_or_else(
