@@ -96,15 +96,16 @@ impl Row {
     }
 }
 
-/// `a` and `b` measured in interleaved rounds, after a warm-up step each.
+/// `a` and `b` measured in interleaved rounds, after `warmup` steps each.
 fn compare(
     a: &mut dyn Stepper,
     b: &mut dyn Stepper,
     args: &BenchTrainArgs,
+    warmup: u64,
 ) -> Result<(Stats, Stats)> {
     let (mut ta, mut tb) = (Vec::new(), Vec::new());
-    round(a, args.steps)?;
-    round(b, args.steps)?;
+    round(a, warmup)?;
+    round(b, warmup)?;
     for _ in 0..args.rounds {
         ta.push(round(a, args.steps)?);
         tb.push(round(b, args.steps)?);
@@ -214,11 +215,14 @@ pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
         .unwrap_or("?")
         .to_string();
     let micro_batches = config.global_batch / config.micro_batch;
+    // Each trainer is measured past its start: the first `rebalance_every` steps submit
+    // task by task while the models calibrate, and the step after records the replay.
+    let warmup = args.steps.max(2 * config.rebalance_every);
     let mut rows = Vec::new();
     // The scheduler's overhead.
     let mut single = Trainer::new(std::slice::from_ref(&host0), config.clone())?;
     let mut direct = DirectTrainer::new(&host0, config.clone())?;
-    let (xpu_t, direct_t) = compare(&mut single, &mut direct, args)?;
+    let (xpu_t, direct_t) = compare(&mut single, &mut direct, args, warmup)?;
     rows.push(Row {
         name: "trainer on host:0 vs the same ops without the scheduler",
         xpu: xpu_t,
@@ -234,7 +238,7 @@ pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
             ..config.clone()
         };
         let mut wide = Trainer::new(std::slice::from_ref(&host0), f32_config)?;
-        let (low_t, f32_t) = compare(&mut single, &mut wide, args)?;
+        let (low_t, f32_t) = compare(&mut single, &mut wide, args, warmup)?;
         rows.push(Row {
             name: "trainer on host:0 in --dtype vs in f32",
             xpu: low_t,
@@ -249,7 +253,7 @@ pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
     match one(registry, "host:1")? {
         Some(host1) => {
             let mut two = Trainer::new(&[host0.clone(), host1], config.clone())?;
-            let (two_t, one_t) = compare(&mut two, &mut single, args)?;
+            let (two_t, one_t) = compare(&mut two, &mut single, args, warmup)?;
             // Runs as one span each: the round runs as it does unprofiled.
             two.scheduler().start_profiling_runs()?;
             round(&mut two, args.steps)?;
@@ -296,7 +300,7 @@ pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
             Err(e) => return Err(e),
         };
         let mut mixed = Trainer::new(&[host0.clone(), other.clone()], config.clone())?;
-        let measured = compare(&mut mixed, &mut single, args);
+        let measured = compare(&mut mixed, &mut single, args, warmup);
         other.inject_fault(Fault::Slow(Duration::ZERO))?;
         let (mixed_t, one_t) = measured?;
         rows.push(Row {
