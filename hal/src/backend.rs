@@ -176,6 +176,12 @@ pub enum Fault {
     /// takes this much longer (replacing an earlier slowdown; zero ends it). Results
     /// do not change.
     Slow(Duration),
+    /// The device runs at this percentage of its speed (1 to 100): every operation its
+    /// streams run from now on takes `100 / percent` times as long as it does (replacing
+    /// an earlier throttle; 100 ends it). Results do not change. Where [`Fault::Slow`]
+    /// adds the same time to every operation, as a device of high latency would, this
+    /// stretches each in proportion to its work, as a device of lower throughput would.
+    Throttle(u32),
 }
 
 /// The faults injected into a device: one state a backend shares between the device
@@ -187,6 +193,8 @@ pub struct FaultState {
     lost: std::sync::atomic::AtomicBool,
     /// Nanoseconds added to every operation ([`Fault::Slow`]).
     delay_ns: std::sync::atomic::AtomicU64,
+    /// The percentage of its speed the device runs at ([`Fault::Throttle`]).
+    speed_percent: std::sync::atomic::AtomicU32,
 }
 
 impl FaultState {
@@ -196,6 +204,7 @@ impl FaultState {
             device: device.into(),
             lost: std::sync::atomic::AtomicBool::new(false),
             delay_ns: std::sync::atomic::AtomicU64::new(0),
+            speed_percent: std::sync::atomic::AtomicU32::new(100),
         })
     }
 
@@ -208,6 +217,9 @@ impl FaultState {
                 u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
                 Ordering::Release,
             ),
+            Fault::Throttle(percent) => self
+                .speed_percent
+                .store(percent.clamp(1, 100), Ordering::Release),
         }
     }
 
@@ -230,6 +242,16 @@ impl FaultState {
     /// The time to add to each operation (zero unless the device is a straggler).
     pub fn delay(&self) -> Duration {
         Duration::from_nanos(self.delay_ns.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// The time to add to an operation that took `took` ([`Fault::Throttle`]: zero
+    /// unless the device is throttled).
+    pub fn stretch(&self, took: Duration) -> Duration {
+        let percent = self
+            .speed_percent
+            .load(std::sync::atomic::Ordering::Acquire)
+            .clamp(1, 100);
+        took.mul_f64(f64::from(100 - percent) / f64::from(percent))
     }
 }
 
@@ -464,4 +486,30 @@ pub trait EventImpl: Send + Sync {
 
     /// The event as `Any`, for the owning backend to downcast.
     fn as_any(&self) -> &dyn Any;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Fault, FaultState};
+    use std::time::Duration;
+
+    #[test]
+    fn a_throttle_stretches_work_in_proportion_and_100_percent_ends_it() {
+        let f = FaultState::new("host:0");
+        let took = Duration::from_micros(300);
+        assert_eq!(f.stretch(took), Duration::ZERO);
+        f.inject(Fault::Throttle(50));
+        assert_eq!(f.stretch(took), took);
+        f.inject(Fault::Throttle(25));
+        assert_eq!(f.stretch(took), took * 3);
+        // A delay per operation is a separate knob, kept beside the throttle.
+        f.inject(Fault::Slow(Duration::from_micros(7)));
+        assert_eq!(
+            (f.delay(), f.stretch(took)),
+            (Duration::from_micros(7), took * 3)
+        );
+        f.inject(Fault::Throttle(100));
+        assert_eq!(f.stretch(took), Duration::ZERO);
+        assert!(!f.is_lost());
+    }
 }

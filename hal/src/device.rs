@@ -87,6 +87,13 @@ impl Device {
     /// be tested (`xpu train --inject-fault`). Backends without fault injection return
     /// `Unsupported`; the host backend and the sim-npu plugin have it.
     pub fn inject_fault(&self, fault: crate::backend::Fault) -> Result<()> {
+        if let crate::backend::Fault::Throttle(percent) = fault {
+            if !(1..=100).contains(&percent) {
+                return Err(crate::Error::invalid(format!(
+                    "a throttle of {percent}%: give the share of its speed the device keeps, 1 to 100 (100 ends the throttle)"
+                )));
+            }
+        }
         self.inner.imp.inject_fault(fault)
     }
 

@@ -1,6 +1,6 @@
 //! Performance models: how long a codelet takes on a kind of device, learned from runs.
 //!
-//! As in StarPU, a model is kept per (codelet, device architecture, data footprint): the
+//! As in StarPU, a model is kept per (codelet, device, data footprint): the
 //! history of measured times for each footprint (count, mean, deviation, Welford's
 //! running form), and across footprints a regression `t = a·n^b + c` fitted in log space
 //! to the per-footprint means, which predicts sizes never seen. A prediction prefers the
@@ -174,7 +174,8 @@ impl ArchModel {
     }
 }
 
-/// Every model of one codelet, by device architecture (`backend/device name`).
+/// Every model of one codelet, by device (`device id/device name`: two devices of one
+/// kind may run at different speeds).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct CodeletModel {
     /// The codelet's name.

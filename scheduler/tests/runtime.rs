@@ -251,6 +251,33 @@ fn a_written_handle_feeds_the_next_replay_with_its_new_value() {
     assert!(e.to_string().contains("give its whole value"), "{e}");
 }
 
+/// Each device learns models of its own, as StarPU keeps them per device: tasks timed on
+/// one host device teach nothing about another of the same kind, which may run at
+/// another speed (throttled, or sharing its cores).
+#[test]
+fn each_device_learns_models_of_its_own() {
+    let Some(devs) = devices("host:0,1") else {
+        return;
+    };
+    let sched = Scheduler::new(&devs, options(Policy::Dmda)).unwrap();
+    let elems = 4096;
+    let input = sched
+        .register(HostBuffer::from_bytes(&bytes(&vec![1.0; elems])).unwrap())
+        .unwrap();
+    let out = sched.create(elems as u64 * 4).unwrap();
+    let double = Codelet::from_builtin(Builtin::Scale {
+        alpha: Scalar::F32(2.0),
+    });
+    let task = || Task::new(&double).read(input).write(out);
+    sched.time_every_task(true);
+    for _ in 0..8 {
+        sched.submit(task().on(&devs[0])).unwrap();
+    }
+    sched.wait_all().unwrap();
+    assert!(sched.predict_task(&task(), 0).is_some());
+    assert_eq!(sched.predict_task(&task(), 1), None);
+}
+
 /// A replayed run keeps its operations validated once and binds them, each replay, to
 /// the replicas of the time: here the replicas it used are evicted between replays (a
 /// device of 1 MiB, other 256 KiB handles passing through), so it runs on new memory.

@@ -7,10 +7,11 @@
 //!   ([`xpu_train::direct`]);
 //! - **two devices**: the trainer on `host:0,1` against `host:0` alone at the same
 //!   global batch, and the share of the all-reduce hidden under computation;
-//! - **heterogeneous**: `host:0` with `plugin.simnpu:0`, and with `host:1`, slowed (an
-//!   injected straggler fault) to half the host's speed, against `host:0` alone (a
-//!   device already slower than that by itself is measured as it is).
-//!
+//! - **heterogeneous**: `host:0` with `plugin.simnpu:0`, and with `host:1`, slowed to
+//!   half the host's speed, against `host:0` alone: throttled (an injected fault that
+//!   stretches each operation in proportion to its work) where the backend can, else
+//!   by a delay per operation; a device already slower than that by itself is measured
+//!   as it is.
 //! - **precision**: with `--dtype bf16|f16`, every figure is in that dtype, and the
 //!   trainer on `host:0` is also measured against itself in `f32`.
 //!
@@ -140,27 +141,44 @@ fn micro_batch_seconds(trainer: &mut Trainer, micro_batches: u64) -> Result<f64>
     Ok(median(&mut t))
 }
 
-/// Makes `device` run at about `host_mb / speed` per micro-batch through an injected
-/// slowdown, found by the secant method over a few measured settings (a short sleep
-/// costs more than it asks for, so no single measurement predicts the rest). Returns
-/// the slowdown and the speed reached (the host's micro-batch time over its own).
+/// Makes `device` run at about `host_mb / speed` per micro-batch: as it is when it is
+/// that slow by itself; else throttled ([`Fault::Throttle`], each operation stretched
+/// in proportion to its work, as a device of lower throughput would run) where its
+/// backend can; else through a delay per operation found by the secant method over a
+/// few measured settings (a short sleep costs more than it asks for, so no single
+/// measurement predicts the rest). Returns how it was slowed and the speed reached
+/// (the host's micro-batch time over its own, each measured past the calibration
+/// steps).
 fn throttle(
     device: &Device,
     config: &TrainConfig,
     host_mb: f64,
     speed: f64,
-) -> Result<(Duration, f64)> {
+) -> Result<(String, f64)> {
     let micro_batches = config.global_batch / config.micro_batch;
     let mut alone = Trainer::new(std::slice::from_ref(device), config.clone())?;
+    for _ in 0..=config.rebalance_every {
+        alone.step()?;
+    }
     let want = host_mb / speed;
+    let t0 = micro_batch_seconds(&mut alone, micro_batches)?;
+    if t0 >= want {
+        return Ok(("as it is".into(), host_mb / t0));
+    }
+    let percent = ((100.0 * t0 / want).round() as u32).clamp(1, 100);
+    match device.inject_fault(Fault::Throttle(percent)) {
+        Ok(()) => {
+            let t = micro_batch_seconds(&mut alone, micro_batches)?;
+            return Ok((format!("throttled to {percent}% of its speed"), host_mb / t));
+        }
+        Err(Error::Unsupported { .. }) => {}
+        Err(e) => return Err(e),
+    }
     let mut measure = |d: f64| -> Result<f64> {
         device.inject_fault(Fault::Slow(Duration::from_secs_f64(d.max(0.0))))?;
         micro_batch_seconds(&mut alone, micro_batches)
     };
-    let (mut d0, mut t0) = (0.0, measure(0.0)?);
-    if t0 >= want {
-        return Ok((Duration::ZERO, host_mb / t0));
-    }
+    let (mut d0, mut t0) = (0.0, t0);
     let (mut d1, mut t1) = (100e-6, measure(100e-6)?);
     for _ in 0..4 {
         if (t1 - want).abs() <= 0.05 * want || t1 <= t0 {
@@ -171,7 +189,19 @@ fn throttle(
         d1 = next;
         t1 = measure(d1)?;
     }
-    Ok((Duration::from_secs_f64(d1.max(0.0)), host_mb / t1))
+    Ok((
+        format!("slowed by {} us per operation", (d1.max(0.0) * 1e6).round()),
+        host_mb / t1,
+    ))
+}
+
+/// Ends the slowdowns [`throttle`] may have injected into `device`.
+fn unthrottle(device: &Device) -> Result<()> {
+    device.inject_fault(Fault::Slow(Duration::ZERO))?;
+    match device.inject_fault(Fault::Throttle(100)) {
+        Err(Error::Unsupported { .. }) => Ok(()),
+        other => other,
+    }
 }
 
 /// Runs `xpu bench train`.
@@ -273,7 +303,7 @@ pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
         None => skipped.push("two devices: no host:1".to_string()),
     }
     // Host with a second device at half its speed: sim-npu, and host:1 (whose
-    // slowdown sleeps, leaving its core to host:0 and the scheduler).
+    // throttle sleeps, leaving its core to host:0 and the scheduler).
     for (sel, name) in [
         (
             "plugin.simnpu:0",
@@ -291,7 +321,7 @@ pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
             continue;
         };
         let host_mb = micro_batch_seconds(&mut single, micro_batches)?;
-        let (delay, speed) = match throttle(&other, &config, host_mb, 0.5) {
+        let (how, speed) = match throttle(&other, &config, host_mb, 0.5) {
             Ok(done) => done,
             Err(e @ Error::Unsupported { .. }) => {
                 skipped.push(format!("{name}: cannot slow {sel} down: {e}"));
@@ -301,7 +331,7 @@ pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
         };
         let mut mixed = Trainer::new(&[host0.clone(), other.clone()], config.clone())?;
         let measured = compare(&mut mixed, &mut single, args, warmup);
-        other.inject_fault(Fault::Slow(Duration::ZERO))?;
+        unthrottle(&other)?;
         let (mixed_t, one_t) = measured?;
         rows.push(Row {
             name,
@@ -310,10 +340,7 @@ pub fn run(registry: &Registry, args: &BenchTrainArgs) -> Result<()> {
             reference: one_t,
             target: Some(1.2),
             extra: Some((
-                format!(
-                    "{sel} speed / host:0's (slowed by {} us per operation; above 0.5 when it is slower by itself)",
-                    delay.as_micros()
-                ),
+                format!("{sel} speed / host:0's ({how}; above 0.5 when it is slower by itself)"),
                 speed,
             )),
         });

@@ -186,6 +186,27 @@ fn train_finds_a_straggler_and_rebalances_it() {
     assert_eq!(summary["final_loss"], calm["final_loss"]);
 }
 
+/// A device throttled mid-run to a quarter of its speed (`speed=25%`) is reported,
+/// ends with fewer micro-batches than the other, and the losses do not change.
+#[test]
+fn train_gives_a_throttled_device_a_smaller_share() {
+    let (_, calm) = lines(&ok(MLP_ON_TWO_HOSTS));
+    let mut args = MLP_ON_TWO_HOSTS.to_vec();
+    args.extend_from_slice(&["--inject-fault", "host:1@2:speed=25%"]);
+    let out = ok(&args);
+    let events = objects(&out);
+    assert!(
+        events
+            .iter()
+            .any(|v| v["inject_fault"] == "host:1" && v["fault"] == "speed 25%"),
+        "{out}"
+    );
+    let (steps, summary) = lines(&out);
+    let shares = steps.last().unwrap()["shares"].as_array().unwrap().clone();
+    assert!(shares[0].as_u64().unwrap() > 4, "{out}");
+    assert_eq!(summary["final_loss"], calm["final_loss"]);
+}
+
 /// The last device failing stops the run with an error that names the latest
 /// checkpoint on disk.
 #[test]
@@ -384,6 +405,26 @@ fn train_refuses_bad_options_with_the_reason() {
         (
             &["train", "--devices", "host:0", "--inject-fault", "host:0"][..],
             "DEVICE@STEP",
+        ),
+        (
+            &[
+                "train",
+                "--devices",
+                "host:0",
+                "--inject-fault",
+                "host:0@2:speed=0%",
+            ][..],
+            "1% to 100%",
+        ),
+        (
+            &[
+                "train",
+                "--devices",
+                "host:0",
+                "--inject-fault",
+                "host:0@2:speed=50",
+            ][..],
+            "1% to 100%",
         ),
     ] {
         let (code, out, err) = run(&mut xpu(args));

@@ -245,6 +245,24 @@ fn a_much_slower_device_gets_a_small_share_within_a_few_steps() {
         .unwrap();
 }
 
+/// A device of the same kind as the other but throttled to a quarter of its speed gets
+/// a smaller share: each device has models of its own, and the throttle's sleeps fall
+/// beside the work they stretch, where the task timings see them.
+#[test]
+fn a_throttled_device_of_the_same_kind_gets_a_smaller_share() {
+    use xpu_hal::backend::Fault;
+    let devices = host("host:0,1");
+    devices[1].inject_fault(Fault::Throttle(25)).unwrap();
+    let mut t = Trainer::new(&devices, TrainConfig::default()).unwrap();
+    for _ in 0..6 {
+        t.step().unwrap();
+    }
+    let shares = t.shares().to_vec();
+    devices[1].inject_fault(Fault::Throttle(100)).unwrap();
+    let slow_share = if t.devices().len() == 1 { 0 } else { shares[1] };
+    assert!(slow_share <= 2, "{shares:?}");
+}
+
 /// Replayed steps (recorded once, their inputs rewritten) train exactly as steps
 /// submitted task by task: on one device, a trainer that never rebalances replays from
 /// its second step, one that rebalances every 1000 steps submits all of them.

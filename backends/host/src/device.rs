@@ -174,7 +174,7 @@ impl DeviceImpl for HostDevice {
 
     fn inject_fault(&self, fault: Fault) -> Result<()> {
         match fault {
-            Fault::Lost | Fault::Slow(_) => self.faults.inject(fault),
+            Fault::Lost | Fault::Slow(_) | Fault::Throttle(_) => self.faults.inject(fault),
             other => {
                 return Err(Error::unsupported(format!(
                     "the host backend cannot inject {other:?}"

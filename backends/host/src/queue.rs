@@ -38,7 +38,7 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -54,11 +54,24 @@ const SPIN: Duration = Duration::from_micros(30);
 
 /// One unit of stream work.
 pub(crate) enum Job {
-    /// Work that returns its own result, and how many operations it does (an
-    /// injected slowdown delays each).
-    Work(Box<dyn FnOnce() -> Result<()> + Send>, u64),
+    /// Work that returns its own result, and what it costs.
+    Work(Box<dyn FnOnce() -> Result<()> + Send>, Cost),
     /// An event's point on the timeline.
     Mark(Arc<HostEvent>),
+}
+
+/// Owed injected delay is slept once it reaches this many nanoseconds (see `owe`).
+const OWED_SLEEP_NS: i64 = 50_000;
+
+/// What a job's work is, for an injected slowdown.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Cost {
+    /// The operations it does ([`xpu_hal::backend::Fault::Slow`] delays each).
+    pub ops: u64,
+    /// Whether its time is the device's own work, which
+    /// [`xpu_hal::backend::Fault::Throttle`] stretches: not a wait for other work, nor a
+    /// host function (which may spend its time waiting for other ranks).
+    pub stretches: bool,
 }
 
 /// A queued job, and the event to complete right after it (set when an event is
@@ -112,8 +125,9 @@ pub(crate) struct Timeline {
     /// The device's injected faults: once lost, nothing more runs or is accepted;
     /// slowed, every job takes longer.
     faults: Arc<FaultState>,
-    /// Injected delay not slept yet (nanoseconds; only the job runner touches it).
-    owed_ns: AtomicU64,
+    /// Injected delay not slept yet, in nanoseconds (negative: slept ahead of it; only
+    /// the job runner touches it).
+    owed_ns: AtomicI64,
 }
 
 impl Timeline {
@@ -138,7 +152,7 @@ impl Timeline {
             done_cv: Condvar::new(),
             device,
             faults,
-            owed_ns: AtomicU64::new(0),
+            owed_ns: AtomicI64::new(0),
         }
     }
 
@@ -433,7 +447,7 @@ fn worker(timeline: &Timeline) {
 fn run(job: Job, timeline: &Timeline) {
     match job {
         Job::Mark(mark) => mark.reached(),
-        Job::Work(work, ops) => {
+        Job::Work(work, cost) => {
             if timeline.has_error.load(Ordering::Acquire) {
                 // Skipped: an earlier job failed and the error has not been reported.
                 return;
@@ -443,23 +457,13 @@ fn run(job: Job, timeline: &Timeline) {
                 timeline.set_error(e);
                 return;
             }
+            // An injected straggler (a delay per operation) or throttle (a stretch in
+            // proportion to the work): the work takes longer, its result is the same.
             let delay = u64::try_from(timeline.faults.delay().as_nanos())
                 .unwrap_or(u64::MAX)
-                .saturating_mul(ops);
-            if delay > 0 {
-                // An injected straggler: the work takes longer, its result is the same.
-                // Short delays are owed and slept in one go once they reach a
-                // millisecond: a sleep costs tens of microseconds more than it asks
-                // for, which would make every short delay far too long.
-                let owed = timeline
-                    .owed_ns
-                    .fetch_add(delay, Ordering::Relaxed)
-                    .saturating_add(delay);
-                if owed >= 1_000_000 {
-                    timeline.owed_ns.store(0, Ordering::Relaxed);
-                    std::thread::sleep(Duration::from_nanos(owed));
-                }
-            }
+                .saturating_mul(cost.ops);
+            owe(timeline, delay);
+            let started = Instant::now();
             match catch_unwind(AssertUnwindSafe(work)) {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => timeline.set_error(e),
@@ -468,7 +472,40 @@ fn run(job: Job, timeline: &Timeline) {
                     &*payload,
                 )),
             }
+            if cost.stretches {
+                let stretch = timeline.faults.stretch(started.elapsed());
+                owe(
+                    timeline,
+                    u64::try_from(stretch.as_nanos()).unwrap_or(u64::MAX),
+                );
+            }
         }
+    }
+}
+
+/// Adds `ns` to the time the stream's injected slowdown owes, and sleeps what it owes
+/// once that reaches [`OWED_SLEEP_NS`]. A sleep costs tens of microseconds more than it
+/// asks for: the excess is credited against what later work owes, so that the device
+/// is as slow as asked over time, and each sleep still lands beside the work that
+/// owed most of it (where timing events around that work see it).
+fn owe(timeline: &Timeline, ns: u64) {
+    if ns == 0 {
+        return;
+    }
+    let ns = i64::try_from(ns).unwrap_or(i64::MAX);
+    let owed = timeline
+        .owed_ns
+        .fetch_add(ns, Ordering::Relaxed)
+        .saturating_add(ns);
+    if owed >= OWED_SLEEP_NS {
+        let start = Instant::now();
+        std::thread::sleep(Duration::from_nanos(owed.unsigned_abs()));
+        let slept = i64::try_from(start.elapsed().as_nanos()).unwrap_or(i64::MAX);
+        // What was owed less what was slept: negative when the sleep overshot.
+        timeline.owed_ns.fetch_sub(
+            slept.min(owed.saturating_add(OWED_SLEEP_NS)),
+            Ordering::Relaxed,
+        );
     }
 }
 
@@ -482,7 +519,10 @@ mod tests {
                 f();
                 Ok(())
             }),
-            1,
+            Cost {
+                ops: 1,
+                stretches: true,
+            },
         )
     }
 

@@ -14,7 +14,7 @@ use crate::event::HostEvent;
 use crate::kernel::HostKernel;
 use crate::memory::Region;
 use crate::ops;
-use crate::queue::{Job, Queue};
+use crate::queue::{Cost, Job, Queue};
 use crate::std_ops::{self, OpThreads};
 
 /// An in-order queue of work on a virtual host device, run by its own worker thread.
@@ -40,13 +40,25 @@ impl HostStream {
         })
     }
 
+    /// Queues `f`, one operation of the device's own work.
     fn work(&self, f: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
         self.work_of(1, f)
     }
 
-    /// Queues `f`, which does `ops` operations.
+    /// Queues `f`, `ops` operations of the device's own work.
     fn work_of(&self, ops: u64, f: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
-        self.queue.push(Job::Work(Box::new(f), ops)).map(|_| ())
+        self.push(
+            Cost {
+                ops,
+                stretches: true,
+            },
+            f,
+        )
+    }
+
+    /// Queues `f`, which costs `cost`.
+    fn push(&self, cost: Cost, f: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
+        self.queue.push(Job::Work(Box::new(f), cost)).map(|_| ())
     }
 
     /// Records an event and returns it as the concrete host type.
@@ -54,8 +66,15 @@ impl HostStream {
         self.queue.record()
     }
 
+    /// Queues a wait for other work: one operation, not stretched by a throttle.
     fn wait_until(&self, what: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
-        self.work(what)
+        self.push(
+            Cost {
+                ops: 1,
+                stretches: false,
+            },
+            what,
+        )
     }
 }
 
@@ -174,7 +193,12 @@ impl StreamImpl for HostStream {
     ) -> Result<()> {
         let _ = desc;
         let kernel = host_kernel(kernel)?.clone();
-        self.work(move || run_kernel(&kernel, dims, &args))
+        // A host function may wait for other ranks: not stretched by a throttle.
+        let cost = Cost {
+            ops: 1,
+            stretches: false,
+        };
+        self.push(cost, move || run_kernel(&kernel, dims, &args))
     }
 
     fn batch(&self, ops: Vec<BatchOp>) -> Result<()> {

@@ -153,6 +153,34 @@ fn an_injected_slowdown_delays_work_and_keeps_results() {
     assert_eq!(s.read(&a).unwrap(), vec![9u8; 64]);
 }
 
+/// A throttle keeps results; a share of speed outside 1 to 100 % is refused with the
+/// reason, and 100 % ends the throttle.
+#[test]
+fn a_throttled_device_keeps_its_results_and_bad_throttles_are_refused() {
+    use xpu_hal::backend::Fault;
+    let d = device(1 << 20);
+    let s = d.create_stream().unwrap();
+    let a = d.allocate(4096).unwrap();
+    for bad in [0, 101, u32::MAX] {
+        let e = d.inject_fault(Fault::Throttle(bad)).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+        assert!(e.to_string().contains("1 to 100"), "{e}");
+    }
+    d.inject_fault(Fault::Throttle(25)).unwrap();
+    let mut batch = s.batch();
+    for v in 1..=5u8 {
+        batch.fill(&a, Scalar::U8(v)).unwrap();
+    }
+    batch.submit().unwrap();
+    s.fill(a.slice(0, 16), Scalar::U8(9)).unwrap();
+    let mut want = vec![5u8; 4096];
+    want[..16].fill(9);
+    assert_eq!(s.read(&a).unwrap(), want);
+    d.inject_fault(Fault::Throttle(100)).unwrap();
+    s.fill(&a, Scalar::U8(7)).unwrap();
+    assert_eq!(s.read(&a).unwrap(), vec![7u8; 4096]);
+}
+
 #[test]
 fn a_panicking_kernel_becomes_an_error_and_the_stream_lives_on() {
     let d = device(1 << 20);

@@ -422,9 +422,12 @@ impl Scheduler {
                 .clone()
                 .or_else(crate::perfmodel::default_dir)
         };
+        // Each device has models of its own, as StarPU keeps them per device: two devices
+        // of one kind may still run at different speeds (one throttled, or sharing its
+        // cores with other work), and a shared model would predict their average.
         let archs = devices
             .iter()
-            .map(|d| format!("{}/{}", d.backend(), d.name()))
+            .map(|d| format!("{}/{}", d.id(), d.name()))
             .collect();
         let mut sched = Scheduler {
             shared: Arc::new(Shared {

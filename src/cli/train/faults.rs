@@ -1,5 +1,6 @@
-//! `--inject-fault DEVICE@STEP[:slow=DURATION]`: devices made to fail for real (lost,
-//! or a straggler), through their backend, when a step begins. Across processes a
+//! `--inject-fault DEVICE@STEP[:slow=DURATION|:speed=PERCENT%]`: devices made to fail
+//! for real (lost, a straggler whose every operation takes longer, or one throttled to
+//! a share of its speed), through their backend, when a step begins. Across processes a
 //! device is named with its process (`host:0@p1`, as the run lists its ranks) and only
 //! that process injects it; `process:N@STEP` makes process N die.
 
@@ -34,7 +35,7 @@ pub fn parse(
         .map(|text| {
             let bad = |why: &str| {
                 Error::invalid(format!(
-                    "--inject-fault `{text}`: {why}; give DEVICE@STEP (lost) or DEVICE@STEP:slow=DURATION (a straggler), e.g. host:1@40 or plugin.simnpu:0@20:slow=2ms"
+                    "--inject-fault `{text}`: {why}; give DEVICE@STEP (lost), DEVICE@STEP:slow=DURATION (a straggler) or DEVICE@STEP:speed=PERCENT% (throttled), e.g. host:1@40, plugin.simnpu:0@20:slow=2ms or host:1@20:speed=50%"
                 ))
             };
             let (name, when) = text.rsplit_once('@').ok_or_else(|| bad("no `@`"))?;
@@ -63,10 +64,22 @@ pub fn parse(
             let (step, fault) = match when.split_once(':') {
                 None => (when, Fault::Lost),
                 Some((step, what)) => {
-                    let d = what
-                        .strip_prefix("slow=")
-                        .ok_or_else(|| bad(&format!("unknown fault `{what}`")))?;
-                    (step, Fault::Slow(duration(d).map_err(|why| bad(&why))?))
+                    if let Some(d) = what.strip_prefix("slow=") {
+                        (step, Fault::Slow(duration(d).map_err(|why| bad(&why))?))
+                    } else if let Some(p) = what.strip_prefix("speed=") {
+                        let percent = p
+                            .strip_suffix('%')
+                            .and_then(|p| p.parse::<u32>().ok())
+                            .filter(|p| (1..=100).contains(p))
+                            .ok_or_else(|| {
+                                bad(&format!(
+                                    "`speed={p}`: give the share of its speed the device keeps, 1% to 100%"
+                                ))
+                            })?;
+                        (step, Fault::Throttle(percent))
+                    } else {
+                        return Err(bad(&format!("unknown fault `{what}`")));
+                    }
                 }
             };
             let step: u64 = step

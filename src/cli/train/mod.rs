@@ -139,11 +139,12 @@ pub struct TrainArgs {
     /// Make DEVICE fail for real (through its backend: host and sim-npu devices can)
     /// when step STEP begins, to see the run drop it and continue from the last
     /// checkpoint on the others; with `:slow=DURATION` (e.g. `host:1@20:slow=2ms`) it
-    /// becomes a straggler instead, every operation taking that much longer, to see
-    /// its share rebalanced. Under `mpirun --enable-recovery`, `process:N@STEP` makes
+    /// becomes a straggler instead, every operation taking that much longer, and with
+    /// `:speed=PERCENT%` (e.g. `host:1@20:speed=50%`, host devices) it runs at that
+    /// share of its speed, to see its share rebalanced. Under `mpirun --enable-recovery`, `process:N@STEP` makes
     /// process N die at that step instead, to see the others go on without it.
     /// Repeatable.
-    #[arg(long, value_name = "DEVICE@STEP[:slow=DURATION]")]
+    #[arg(long, value_name = "DEVICE@STEP[:slow=DURATION|:speed=PERCENT%]")]
     pub inject_fault: Vec<String>,
     /// Train the same steps again on these devices and report the precision of their
     /// losses and final weights against the run's (exit status 1 when outside the
@@ -382,6 +383,10 @@ pub fn run(registry: &Registry, args: &TrainArgs) -> Result<bool> {
                 xpu::backend::Fault::Slow(d) => (
                     format!("slow {} us", d.as_micros()),
                     format!("every operation now takes {d:?} longer"),
+                ),
+                xpu::backend::Fault::Throttle(p) => (
+                    format!("speed {p}%"),
+                    format!("it now runs at {p}% of its speed"),
                 ),
                 _ => ("lost".to_string(), "it fails".to_string()),
             };
