@@ -73,6 +73,10 @@ pub(crate) struct Replica {
     /// When set, the tasks submitted are also kept here (to predict a micro-batch's
     /// time on each device from the scheduler's models).
     pub(crate) recording: std::sync::Mutex<Option<Vec<Task>>>,
+    /// When set, every task of the step submitted for this replica is also kept here
+    /// (to predict, with the micro-batches' share taken out, the work each replica does
+    /// once per step whatever its share).
+    pub(crate) step_recording: std::sync::Mutex<Option<Vec<Task>>>,
     /// Floating-point operations of the matrix products submitted so far (the model
     /// FLOPs of the utilisation figure).
     pub(crate) matmul_flops: std::sync::atomic::AtomicU64,
@@ -210,6 +214,7 @@ impl Replica {
             targets,
             loss,
             recording: std::sync::Mutex::new(None),
+            step_recording: std::sync::Mutex::new(None),
             matmul_flops: std::sync::atomic::AtomicU64::new(0),
             fallback,
         })
@@ -514,19 +519,19 @@ impl Replica {
             .iter()
             .find(|(kind, _)| *kind == op.kind())
             .map_or(&self.device, |(_, d)| d);
-        sched.op(device, name, op, &mut |task| {
-            if let Some(kept) = self
-                .recording
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .as_mut()
-            {
-                kept.push(task.clone());
-            }
-        })?;
+        sched.op(device, name, op, &mut |task| self.note(task))?;
         self.matmul_flops
             .fetch_add(flops, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Keeps `task`, submitted for this replica, where its recorders are on.
+    pub(crate) fn note(&self, task: &Task) {
+        for recorder in [&self.recording, &self.step_recording] {
+            if let Some(kept) = recorder.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+                kept.push(task.clone());
+            }
+        }
     }
 
     /// Parameter `slot`, in the compute dtype.

@@ -326,6 +326,10 @@ fn differences(theirs: &str, ours: &str) -> (String, String) {
     (format!("`{theirs}`"), format!("`{ours}`"))
 }
 
+/// The share of the measured step time a new split must save to replace the current
+/// one.
+const SPLIT_GAIN: f64 = 0.03;
+
 /// How many times slower than before, against the others, a device must become to be
 /// reported as a straggler.
 pub const STRAGGLER_FACTOR: f64 = 1.5;
@@ -371,6 +375,12 @@ pub struct Trainer {
     shares: Vec<u64>,
     /// The tasks of one micro-batch (forward and backward), for predicted times.
     micro_batch_tasks: Vec<Task>,
+    /// Every task of one step of the first replica (collectives aside), and its share
+    /// then: with that many micro-batches taken out, the work a replica does once per
+    /// step whatever its share (zeroing, summing, the update), for predicted times.
+    step_tasks: (Vec<Task>, u64),
+    /// Step times of the splits used lately (replayed steps only).
+    measured: split::Measured,
     step: u64,
     /// Input tokens of one global batch.
     tokens_per_step: u64,
@@ -509,6 +519,8 @@ impl Trainer {
             replicas,
             shares,
             micro_batch_tasks: Vec::new(),
+            step_tasks: (Vec::new(), 0),
+            measured: split::Measured::default(),
             step: 0,
             tokens_per_step,
             predicted: Vec::new(),
@@ -723,6 +735,8 @@ impl Trainer {
         let learning = every > 0 && (step <= every || step.is_multiple_of(every));
         let loss_scale = self.loss_scale.map(|s| s.scale);
         let key = (shares.clone(), loss_scale.map(f32::to_bits));
+        // Only steps replayed untimed measure a split's speed.
+        let plain = !learning && self.replay.as_ref().is_some_and(|r| r.key == key);
         match &self.replay {
             Some(r) if r.key == key && (!learning || step > every) => {
                 // A later step the rebalancing learns from replays task by task, every
@@ -736,6 +750,7 @@ impl Trainer {
             }
             _ if !learning => {
                 self.replay = None;
+                self.record_step_tasks();
                 let before = self.matmul_flops();
                 let mut kept = None;
                 let graph = self.sched.record(|_| {
@@ -756,6 +771,7 @@ impl Trainer {
                 // the first steps (which calibrate the models anyway), every task is
                 // timed, so that the models follow a device that slowed down.
                 self.sched.time_every_task(step > every);
+                self.record_step_tasks();
                 let submitted = self.submit_step(&plan, &shares, loss_scale);
                 self.sched.time_every_task(false);
                 if let Some(kept) = submitted? {
@@ -771,6 +787,15 @@ impl Trainer {
             step,
             &mut self.loss_scale,
         )?;
+        if let Some(tasks) = self.replicas.first().and_then(|r| {
+            r.step_recording
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+        }) {
+            let share = shares.get(self.first_rank()).copied().unwrap_or(0);
+            self.step_tasks = (tasks, share);
+        }
         // The losses, in example order (each process's, gathered across processes).
         let rows = self.model.loss_rows();
         let ranges = split::ranges(&shares);
@@ -794,6 +819,9 @@ impl Trainer {
         let sum: f64 = self.everywhere(losses)?.iter().map(|&l| f64::from(l)).sum();
         self.sched.wait_all()?;
         self.step = step;
+        if plain {
+            self.measured.add(&shares, start.elapsed().as_secs_f64());
+        }
         // Early on, after every step (as soon as the models know every device); then
         // every `rebalance_every` steps.
         let devices = self.rank_names();
@@ -821,6 +849,16 @@ impl Trainer {
         })
     }
 
+    /// Keeps the first replica's tasks of the step about to be submitted, the first
+    /// time (see `step_tasks`).
+    fn record_step_tasks(&self) {
+        if self.step_tasks.0.is_empty() {
+            if let Some(r) = self.replicas.first() {
+                *r.step_recording.lock().unwrap_or_else(|p| p.into_inner()) = Some(Vec::new());
+            }
+        }
+    }
+
     /// Submits one step up to the summed gradients: the slots zeroed, every replica's
     /// micro-batches (of `shares`) in rounds aligned at the end, each bucket's blocks
     /// exchanged as soon as the backward pass has finished it, and the tree of `plan`
@@ -838,8 +876,9 @@ impl Trainer {
         });
         for r in &self.replicas {
             for g in &r.grad_slots {
-                self.sched
-                    .submit(Task::new(&zero).write(*g).on(&r.device))?;
+                let task = Task::new(&zero).write(*g).on(&r.device);
+                r.note(&task);
+                self.sched.submit(task)?;
             }
         }
         let rows = self.model.loss_rows();
@@ -1051,7 +1090,7 @@ impl Trainer {
         if self.ranks() < 2 {
             return Ok((Vec::new(), Vec::new()));
         }
-        let predicted = self.predictions()?;
+        let (predicted, fixed) = self.predictions()?;
         if !predicted.iter().all(Option::is_some) {
             return Ok((Vec::new(), Vec::new()));
         }
@@ -1059,7 +1098,7 @@ impl Trainer {
         // Early predictions rest on cold first runs: every device keeps at least one
         // micro-batch then, and only a later rebalancing may leave one out.
         let floor = u64::from(early || self.span().is_some());
-        let shares = split::at_least(split::fastest(total, &predicted), floor);
+        let shares = split::at_least(split::fastest(total, &predicted, &fixed), floor);
         let fastest = predicted
             .iter()
             .enumerate()
@@ -1074,13 +1113,16 @@ impl Trainer {
             .collect();
         let mut left_out = Vec::new();
         let mut kept_times = predicted.clone();
+        let mut kept_fixed = fixed.clone();
         if self.span().is_none() {
             let mut keep = Vec::new();
             kept_times.clear();
+            kept_fixed.clear();
             for (i, r) in std::mem::take(&mut self.replicas).into_iter().enumerate() {
                 if shares[i] > 0 || i == fastest || early {
                     keep.push(r);
                     kept_times.push(predicted[i]);
+                    kept_fixed.push(fixed[i]);
                     continue;
                 }
                 left_out.push(format!(
@@ -1103,10 +1145,18 @@ impl Trainer {
                 None
             };
         }
-        let before = std::mem::replace(
-            &mut self.shares,
-            split::at_least(split::fastest(total, &kept_times), floor),
-        );
+        let mut next = split::at_least(split::fastest(total, &kept_times, &kept_fixed), floor);
+        // The models' choice, checked against the step times measured with each split
+        // lately (forgotten when the devices change).
+        if !left_out.is_empty() || !slowed.is_empty() || next.len() != self.shares.len() {
+            self.measured.clear();
+        }
+        // (Across processes each would measure its own times, and they must agree on
+        // the split: the models decide alone there.)
+        if !early && next.len() == self.shares.len() && self.span().is_none() {
+            next = self.measured.choose(&self.shares, next, SPLIT_GAIN);
+        }
+        let before = std::mem::replace(&mut self.shares, next);
         let kept_names = self.rank_names();
         let stragglers = slowed
             .into_iter()
@@ -1128,12 +1178,63 @@ impl Trainer {
         Ok((left_out, stragglers))
     }
 
-    /// Every rank's predicted time of one micro-batch, in seconds: the sum over the
-    /// tasks of a micro-batch of the scheduler's predictions, over the tasks every
-    /// local device's model predicts, if at least half of them. `None` for a rank
-    /// without a prediction (across processes, those of a process without one).
-    fn predictions(&self) -> Result<Vec<Option<f64>>> {
-        let tasks = &self.micro_batch_tasks;
+    /// Every rank's predicted time of one micro-batch, in seconds, and of the work it
+    /// does once per step whatever its share (zero where it is not predicted): sums of
+    /// the scheduler's predictions over the tasks of a micro-batch, and over those of a
+    /// recorded step less its micro-batches, each over the tasks every local device's
+    /// model predicts, if at least half of them. `None` for a rank without a prediction
+    /// of its micro-batch (across processes, those of a process without one).
+    fn predictions(&self) -> Result<(Vec<Option<f64>>, Vec<f64>)> {
+        let per = self.predicted_sums(&self.micro_batch_tasks);
+        let mine: Vec<Option<f64>> = per.as_ref().map_or_else(
+            || vec![None; self.replicas.len()],
+            |p| p.iter().map(|&t| (t > 0.0).then_some(t)).collect(),
+        );
+        let (step_tasks, share) = &self.step_tasks;
+        let fixed: Vec<f64> = match (self.predicted_sums(step_tasks), &per) {
+            (Some(step), Some(per)) => step
+                .iter()
+                .zip(per)
+                .map(|(s, m)| (s - *share as f64 * m).max(0.0))
+                .collect(),
+            _ => vec![0.0; self.replicas.len()],
+        };
+        if self.span().is_none() {
+            return Ok((mine, fixed));
+        }
+        // Across processes, each process's ranks in its rows: NaN marks a rank without
+        // a prediction (NaN + 0 is NaN).
+        let ranks = self.ranks();
+        let mut all = vec![0f32; 2 * ranks];
+        let first = self.first_rank();
+        for (i, (p, f)) in mine.iter().zip(&fixed).enumerate() {
+            all[first + i] = p.map_or(f32::NAN, |t| t as f32);
+            all[ranks + first + i] = *f as f32;
+        }
+        let all = self.everywhere(all)?;
+        let (times, fixed) = all.split_at(ranks);
+        Ok((
+            times
+                .iter()
+                .map(|&t| (t.is_finite() && t > 0.0).then_some(f64::from(t)))
+                .collect(),
+            fixed
+                .iter()
+                .map(|&f| {
+                    if f.is_finite() {
+                        f64::from(f).max(0.0)
+                    } else {
+                        0.0
+                    }
+                })
+                .collect(),
+        ))
+    }
+
+    /// Per local replica, the sum of the predicted times of `tasks` on its device, over
+    /// the tasks every replica's model predicts; `None` unless that is at least half of
+    /// them.
+    fn predicted_sums(&self, tasks: &[Task]) -> Option<Vec<f64>> {
         let mut totals = vec![0.0f64; self.replicas.len()];
         let mut counted = 0usize;
         for t in tasks {
@@ -1149,24 +1250,7 @@ impl Trainer {
                 }
             }
         }
-        let known = !tasks.is_empty() && counted * 2 >= tasks.len();
-        let mine: Vec<Option<f64>> = totals
-            .iter()
-            .map(|&t| (known && t > 0.0).then_some(t))
-            .collect();
-        if self.span().is_none() {
-            return Ok(mine);
-        }
-        // Across processes: NaN marks a rank without a prediction (NaN + 0 is NaN).
-        let mut all = vec![0f32; self.ranks()];
-        for (slot, p) in all[self.first_rank()..].iter_mut().zip(&mine) {
-            *slot = p.map_or(f32::NAN, |t| t as f32);
-        }
-        Ok(self
-            .everywhere(all)?
-            .into_iter()
-            .map(|t| (t.is_finite() && t > 0.0).then_some(f64::from(t)))
-            .collect())
+        (!tasks.is_empty() && counted * 2 >= tasks.len()).then_some(totals)
     }
 
     /// The ranks (by index, `names` their devices) whose predicted micro-batch time rose
