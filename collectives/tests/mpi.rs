@@ -751,6 +751,20 @@ fn over_machines(mpi: &Mpi, machine: &str, devices: usize) -> Outcome {
             }
         }
     }
+    // Reduces and broadcasts rooted at every rank: first on its machine or not.
+    for root in 0..comm.size() {
+        for kind in [Collective::Reduce, Collective::Broadcast] {
+            for elems in [7, 40_003] {
+                let wrong =
+                    support::run_rooted(&comm, kind, DType::F32, ReduceOp::Sum, elems, false, root);
+                if wrong.iter().any(|&w| w != 0) {
+                    return Err(format!(
+                        "{kind} of {elems} × F32 at root {root}: wrong per rank {wrong:?}"
+                    ));
+                }
+            }
+        }
+    }
     Ok(())
 }
 

@@ -593,10 +593,13 @@ impl Rank {
                 Vec::new()
             },
             data: len,
+            // Grouped by machine, the process where a machine's data meets receives
+            // from the others of its machine.
             extra: if at_root {
                 len * (span.procs.len() - 1)
             } else {
-                0
+                let host = &span.me().host;
+                len * (span.procs.iter().filter(|p| &p.host == host).count() - 1)
             },
             source: None,
         };

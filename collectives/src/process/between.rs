@@ -606,13 +606,17 @@ impl Between<'_> {
     }
 
     /// Process `root`'s `data` becomes the reduction of every process's `data`; `extra`
-    /// holds `(processes - 1) × data.len()` bytes at the root.
+    /// holds `(processes - 1) × data.len()` bytes at the root, and on several machines
+    /// `(processes on this machine - 1) × data.len()` elsewhere.
     pub fn reduce_to(
         &mut self,
         data: &mut [u8],
         extra: &mut [u8],
         root: usize,
     ) -> std::result::Result<(), Failure> {
+        if let Some(machines) = self.machines() {
+            return self.reduce_by_machine(data, extra, root, &machines);
+        }
         let len = data.len();
         if self.me() != root {
             return self.swap(&[(root, &*data)], &mut []);

@@ -201,7 +201,21 @@ pub fn run(
     elems: usize,
     in_place: bool,
 ) -> Vec<usize> {
-    let case = Case::new(comm, kind, dtype, op, elems, in_place);
+    run_rooted(comm, kind, dtype, op, elems, in_place, comm.size() - 1)
+}
+
+/// [`run`] with `root` the root of a reduce or broadcast (the last rank in `run`).
+pub fn run_rooted(
+    comm: &Communicator,
+    kind: Collective,
+    dtype: DType,
+    op: ReduceOp,
+    elems: usize,
+    in_place: bool,
+    root: usize,
+) -> Vec<usize> {
+    let mut case = Case::new(comm, kind, dtype, op, elems, in_place);
+    case.root = root;
     std::thread::scope(|s| {
         let handles: Vec<_> = comm
             .ranks()

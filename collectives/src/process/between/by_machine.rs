@@ -15,6 +15,10 @@
 //! - **Large all-reduces on machines of unequal sizes** reduce at each machine's leader
 //!   (a reduce-scatter within the machine, then the blocks to the leader), all-reduce
 //!   among the leaders, and hand the result back.
+//! - **Reduces** combine each machine's data at one of its processes (the root on the
+//!   root's machine, the first process on the others), which send their machines' sums
+//!   to the root: one message per other machine crosses machines, instead of one per
+//!   process on them.
 //! - **Large broadcasts** send once to each other machine's first process, which
 //!   forwards to its machine.
 //! - **Large reduce-scatters and all-gathers** where every machine holds as many
@@ -98,6 +102,61 @@ impl Between<'_> {
             &members.iter().map(|&q| (q, &*data)).collect::<Vec<_>>(),
             &mut [],
         )
+    }
+
+    /// Process `root`'s `data` becomes the reduction of every process's `data`, combined
+    /// within each machine (in process order) at the root on its machine and at the
+    /// first process on the others, which send their machines' sums to the root; the
+    /// root combines those in machine order (the bits of the all-reduce). `extra` holds
+    /// `(processes on this machine − 1) × data.len()` bytes, and at the root
+    /// `(processes − 1) × data.len()`.
+    pub(super) fn reduce_by_machine(
+        &mut self,
+        data: &mut [u8],
+        extra: &mut [u8],
+        root: usize,
+        machines: &[Vec<usize>],
+    ) -> std::result::Result<(), Failure> {
+        let me = self.me();
+        let len = data.len();
+        let (mine, at) = self.machine_of(machines)?;
+        // Where this machine's data meets.
+        let target = if mine.contains(&root) { root } else { mine[0] };
+        if me != target {
+            return self.swap(&[(target, &*data)], &mut []);
+        }
+        let members: Vec<usize> = mine.iter().copied().filter(|&q| q != me).collect();
+        if !members.is_empty() {
+            let mut recvs = from_others(&members, extra, len)?;
+            self.swap(&[], &mut recvs)?;
+            let own = data.as_mut_ptr();
+            let mut sources: Vec<*mut u8> = recvs.iter_mut().map(|(_, b)| b.as_mut_ptr()).collect();
+            sources.insert(at, own);
+            // SAFETY: as in `all_reduce`: every source is `len` live, aligned bytes that
+            // only the reduction touches, and the destination is this process's own.
+            unsafe { self.reduce(&sources, own, len) }?;
+        }
+        if me != root {
+            return self.swap(&[(root, &*data)], &mut []);
+        }
+        // The other machines' sums, in machine order around this one's.
+        let senders: Vec<usize> = machines
+            .iter()
+            .filter(|g| !g.contains(&root))
+            .map(|g| g[0])
+            .collect();
+        if senders.is_empty() {
+            return Ok(());
+        }
+        let mut recvs = from_others(&senders, extra, len)?;
+        self.swap(&[], &mut recvs)?;
+        let place = machines.iter().position(|g| g.contains(&root)).unwrap_or(0);
+        let own = data.as_mut_ptr();
+        let mut sources: Vec<*mut u8> = recvs.iter_mut().map(|(_, b)| b.as_mut_ptr()).collect();
+        sources.insert(place, own);
+        // SAFETY: as above.
+        unsafe { self.reduce(&sources, own, len) }?;
+        Ok(())
     }
 
     /// The machine of `machines` that holds this process, and this process's place in it.
@@ -337,6 +396,7 @@ mod tests {
     enum Op {
         AllReduce,
         Broadcast(usize),
+        Reduce(usize),
         ReduceScatter,
         AllGather,
     }
@@ -380,6 +440,7 @@ mod tests {
         let (kind, reducing, root) = match op {
             Op::AllReduce => (Collective::AllReduce, true, None),
             Op::Broadcast(r) => (Collective::Broadcast, false, Some(r)),
+            Op::Reduce(r) => (Collective::Reduce, true, Some(r)),
             Op::ReduceScatter => (Collective::ReduceScatter, true, None),
             Op::AllGather => (Collective::AllGather, false, None),
         };
@@ -424,6 +485,7 @@ mod tests {
                         let done = match op {
                             Op::AllReduce => b.all_reduce(&mut data, &mut extra, 4),
                             Op::Broadcast(r) => b.broadcast(&mut data, r),
+                            Op::Reduce(r) => b.reduce_to(&mut data, &mut extra, r),
                             Op::ReduceScatter => b.reduce_scatter(&mut data, &mut extra, blocks),
                             Op::AllGather => b.all_gather(&mut data, blocks),
                         };
@@ -507,6 +569,31 @@ mod tests {
         // The root sends machine b's first process the data, once; nobody else crosses.
         assert!(across[2] >= LEN && across[2] <= LEN + 1024, "{across:?}");
         assert_eq!(across.iter().sum::<u64>(), across[2]);
+    }
+
+    #[test]
+    fn a_reduce_crosses_machines_once_per_other_machine() {
+        let machines = ["a", "b", "a", "b", "b", "a"];
+        // The root first on its machine or not, and on either machine.
+        for root in [0, 3, 4, 5] {
+            let (results, across) = run(&machines, &machines, Op::Reduce(root));
+            assert_eq!(results[root], sum(6), "root {root}");
+            // Only the other machine's meeting point (its first process) crosses, once.
+            let other = if machines[root] == "a" { 1 } else { 0 };
+            assert!(
+                across[other] >= LEN && across[other] <= LEN + 1024,
+                "root {root}: {across:?}"
+            );
+            assert_eq!(across.iter().sum::<u64>(), across[other], "root {root}");
+        }
+        // The flat algorithm on the same placement sends one message per process on
+        // the other machine.
+        let (flat, flat_across) = run(&["x"; 6], &machines, Op::Reduce(3));
+        assert_eq!(flat[3], sum(6));
+        assert!(
+            flat_across.iter().sum::<u64>() >= 3 * LEN,
+            "{flat_across:?}"
+        );
     }
 
     #[test]
