@@ -70,16 +70,7 @@ impl Between<'_> {
             return self.swap(&[], &mut [(leader, data)]);
         }
         // Within the machine, to the leader.
-        if !members.is_empty() {
-            let mut recvs = from_others(members, extra, len)?;
-            self.swap(&[], &mut recvs)?;
-            let own = data.as_mut_ptr();
-            let mut sources = vec![own];
-            sources.extend(recvs.iter_mut().map(|(_, b)| b.as_mut_ptr()));
-            // SAFETY: as in `all_reduce`: every source is `len` live, aligned bytes that
-            // only the reduction touches, and the destination is this process's own.
-            unsafe { self.reduce(&sources, own, len) }?;
-        }
+        self.receive_and_reduce(members, 0, data, extra)?;
         // Among the machines' leaders.
         let leaders: Vec<usize> = machines.iter().map(|g| g[0]).collect();
         let others: Vec<usize> = leaders.iter().copied().filter(|&q| q != me).collect();
@@ -118,7 +109,6 @@ impl Between<'_> {
         machines: &[Vec<usize>],
     ) -> std::result::Result<(), Failure> {
         let me = self.me();
-        let len = data.len();
         let (mine, at) = self.machine_of(machines)?;
         // Where this machine's data meets.
         let target = if mine.contains(&root) { root } else { mine[0] };
@@ -126,16 +116,7 @@ impl Between<'_> {
             return self.swap(&[(target, &*data)], &mut []);
         }
         let members: Vec<usize> = mine.iter().copied().filter(|&q| q != me).collect();
-        if !members.is_empty() {
-            let mut recvs = from_others(&members, extra, len)?;
-            self.swap(&[], &mut recvs)?;
-            let own = data.as_mut_ptr();
-            let mut sources: Vec<*mut u8> = recvs.iter_mut().map(|(_, b)| b.as_mut_ptr()).collect();
-            sources.insert(at, own);
-            // SAFETY: as in `all_reduce`: every source is `len` live, aligned bytes that
-            // only the reduction touches, and the destination is this process's own.
-            unsafe { self.reduce(&sources, own, len) }?;
-        }
+        self.receive_and_reduce(&members, at, data, extra)?;
         if me != root {
             return self.swap(&[(root, &*data)], &mut []);
         }
@@ -145,16 +126,32 @@ impl Between<'_> {
             .filter(|g| !g.contains(&root))
             .map(|g| g[0])
             .collect();
+        let place = machines.iter().position(|g| g.contains(&root)).unwrap_or(0);
+        self.receive_and_reduce(&senders, place, data, extra)
+    }
+
+    /// Receives `data.len()` bytes from each of `senders` (into `extra`) and combines
+    /// them into `data` with this process's own, which stands at `place` among them, in
+    /// that order.
+    fn receive_and_reduce(
+        &mut self,
+        senders: &[usize],
+        place: usize,
+        data: &mut [u8],
+        extra: &mut [u8],
+    ) -> std::result::Result<(), Failure> {
         if senders.is_empty() {
             return Ok(());
         }
-        let mut recvs = from_others(&senders, extra, len)?;
+        let len = data.len();
+        let mut recvs = from_others(senders, extra, len)?;
         self.swap(&[], &mut recvs)?;
-        let place = machines.iter().position(|g| g.contains(&root)).unwrap_or(0);
         let own = data.as_mut_ptr();
         let mut sources: Vec<*mut u8> = recvs.iter_mut().map(|(_, b)| b.as_mut_ptr()).collect();
-        sources.insert(place, own);
-        // SAFETY: as above.
+        sources.insert(place.min(sources.len()), own);
+        // SAFETY: as in `all_reduce`: every source is `len` live, aligned bytes that only
+        // the reduction touches (this process's data, or a chunk of `extra` that received
+        // as much), and the destination is this process's own.
         unsafe { self.reduce(&sources, own, len) }?;
         Ok(())
     }
