@@ -73,10 +73,12 @@ pub(crate) struct Replica {
     /// When set, the tasks submitted are also kept here (to predict a micro-batch's
     /// time on each device from the scheduler's models).
     pub(crate) recording: std::sync::Mutex<Option<Vec<Task>>>,
-    /// When set, every task of the step submitted for this replica is also kept here
-    /// (to predict, with the micro-batches' share taken out, the work each replica does
-    /// once per step whatever its share).
+    /// When set, every task of the step submitted for this replica outside its
+    /// micro-batches is also kept here (to predict the work each replica does once per
+    /// step whatever its share).
     pub(crate) step_recording: std::sync::Mutex<Option<Vec<Task>>>,
+    /// Whether the tasks submitted now are a micro-batch's (see [`Replica::micro_batch`]).
+    in_micro_batch: std::sync::atomic::AtomicBool,
     /// Floating-point operations of the matrix products submitted so far (the model
     /// FLOPs of the utilisation figure).
     pub(crate) matmul_flops: std::sync::atomic::AtomicU64,
@@ -215,6 +217,7 @@ impl Replica {
             loss,
             recording: std::sync::Mutex::new(None),
             step_recording: std::sync::Mutex::new(None),
+            in_micro_batch: std::sync::atomic::AtomicBool::new(false),
             matmul_flops: std::sync::atomic::AtomicU64::new(0),
             fallback,
         })
@@ -525,13 +528,27 @@ impl Replica {
         Ok(())
     }
 
-    /// Keeps `task`, submitted for this replica, where its recorders are on.
+    /// Keeps `task`, submitted for this replica, where its recorders are on (the step's
+    /// only outside micro-batches).
     pub(crate) fn note(&self, task: &Task) {
-        for recorder in [&self.recording, &self.step_recording] {
+        let in_micro_batch = self
+            .in_micro_batch
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let step = (!in_micro_batch).then_some(&self.step_recording);
+        for recorder in std::iter::once(&self.recording).chain(step) {
             if let Some(kept) = recorder.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
                 kept.push(task.clone());
             }
         }
+    }
+
+    /// Runs `submit`, which submits part of a micro-batch's work for this replica.
+    pub(crate) fn micro_batch<T>(&self, submit: impl FnOnce() -> Result<T>) -> Result<T> {
+        use std::sync::atomic::Ordering;
+        self.in_micro_batch.store(true, Ordering::Relaxed);
+        let out = submit();
+        self.in_micro_batch.store(false, Ordering::Relaxed);
+        out
     }
 
     /// Parameter `slot`, in the compute dtype.

@@ -375,10 +375,10 @@ pub struct Trainer {
     shares: Vec<u64>,
     /// The tasks of one micro-batch (forward and backward), for predicted times.
     micro_batch_tasks: Vec<Task>,
-    /// Every task of one step of the first replica (collectives aside), and its share
-    /// then: with that many micro-batches taken out, the work a replica does once per
-    /// step whatever its share (zeroing, summing, the update), for predicted times.
-    step_tasks: (Vec<Task>, u64),
+    /// The first replica's tasks of one step outside its micro-batches (collectives
+    /// aside): the work a replica does once per step whatever its share (zeroing,
+    /// summing, the update), for predicted times.
+    step_tasks: Vec<Task>,
     /// Step times of the splits used lately (replayed steps only).
     measured: split::Measured,
     step: u64,
@@ -519,7 +519,7 @@ impl Trainer {
             replicas,
             shares,
             micro_batch_tasks: Vec::new(),
-            step_tasks: (Vec::new(), 0),
+            step_tasks: Vec::new(),
             measured: split::Measured::default(),
             step: 0,
             tokens_per_step,
@@ -793,8 +793,7 @@ impl Trainer {
                 .unwrap_or_else(|p| p.into_inner())
                 .take()
         }) {
-            let share = shares.get(self.first_rank()).copied().unwrap_or(0);
-            self.step_tasks = (tasks, share);
+            self.step_tasks = tasks;
         }
         // The losses, in example order (each process's, gathered across processes).
         let rows = self.model.loss_rows();
@@ -852,7 +851,7 @@ impl Trainer {
     /// Keeps the first replica's tasks of the step about to be submitted, the first
     /// time (see `step_tasks`).
     fn record_step_tasks(&self) {
-        if self.step_tasks.0.is_empty() {
+        if self.step_tasks.is_empty() {
             if let Some(r) = self.replicas.first() {
                 *r.step_recording.lock().unwrap_or_else(|p| p.into_inner()) = Some(Vec::new());
             }
@@ -915,10 +914,10 @@ impl Trainer {
                 if keep && kept.is_none() && !last {
                     *r.recording.lock().unwrap_or_else(|p| p.into_inner()) = Some(Vec::new());
                 }
-                self.model.forward(&self.sched, r, mb)?;
+                r.micro_batch(|| self.model.forward(&self.sched, r, mb))?;
                 if !last {
                     for bucket in (0..buckets).rev() {
-                        self.model.backward(&self.sched, r, mb, bucket)?;
+                        r.micro_batch(|| self.model.backward(&self.sched, r, mb, bucket))?;
                     }
                     if let Some(tasks) =
                         r.recording.lock().unwrap_or_else(|p| p.into_inner()).take()
@@ -931,7 +930,7 @@ impl Trainer {
                 for bucket in (0..buckets).rev() {
                     for (r, mine) in self.replicas.iter().zip(&batches) {
                         if let Some(mb) = mine.last() {
-                            self.model.backward(&self.sched, r, mb, bucket)?;
+                            r.micro_batch(|| self.model.backward(&self.sched, r, mb, bucket))?;
                         }
                     }
                     for (i, r) in self.replicas.iter().enumerate() {
@@ -1098,7 +1097,9 @@ impl Trainer {
         // Early predictions rest on cold first runs: every device keeps at least one
         // micro-batch then, and only a later rebalancing may leave one out.
         let floor = u64::from(early || self.span().is_some());
-        let shares = split::at_least(split::fastest(total, &predicted, &fixed), floor);
+        // Whether a device is worth keeping is judged on its micro-batches alone (the
+        // per-step work, a small difference of predictions, only refines the split).
+        let shares = split::at_least(split::fastest(total, &predicted, &[]), floor);
         let fastest = predicted
             .iter()
             .enumerate()
@@ -1145,7 +1146,8 @@ impl Trainer {
                 None
             };
         }
-        let mut next = split::at_least(split::fastest(total, &kept_times, &kept_fixed), floor);
+        // Every device kept gets a micro-batch: it was kept on its micro-batches' speed.
+        let mut next = split::at_least(split::fastest(total, &kept_times, &kept_fixed), 1);
         // The models' choice, checked against the step times measured with each split
         // lately (forgotten when the devices change).
         if !left_out.is_empty() || !slowed.is_empty() || next.len() != self.shares.len() {
@@ -1181,8 +1183,8 @@ impl Trainer {
     /// Every rank's predicted time of one micro-batch, in seconds, and of the work it
     /// does once per step whatever its share (zero where it is not predicted): sums of
     /// the scheduler's predictions over the tasks of a micro-batch, and over those of a
-    /// recorded step less its micro-batches, each over the tasks every local device's
-    /// model predicts, if at least half of them. `None` for a rank without a prediction
+    /// recorded step outside its micro-batches, each over the tasks every local
+    /// device's model predicts, if at least half of them. `None` for a rank without a prediction
     /// of its micro-batch (across processes, those of a process without one).
     fn predictions(&self) -> Result<(Vec<Option<f64>>, Vec<f64>)> {
         let per = self.predicted_sums(&self.micro_batch_tasks);
@@ -1190,15 +1192,9 @@ impl Trainer {
             || vec![None; self.replicas.len()],
             |p| p.iter().map(|&t| (t > 0.0).then_some(t)).collect(),
         );
-        let (step_tasks, share) = &self.step_tasks;
-        let fixed: Vec<f64> = match (self.predicted_sums(step_tasks), &per) {
-            (Some(step), Some(per)) => step
-                .iter()
-                .zip(per)
-                .map(|(s, m)| (s - *share as f64 * m).max(0.0))
-                .collect(),
-            _ => vec![0.0; self.replicas.len()],
-        };
+        let fixed = self
+            .predicted_sums(&self.step_tasks)
+            .unwrap_or_else(|| vec![0.0; self.replicas.len()]);
         if self.span().is_none() {
             return Ok((mine, fixed));
         }
