@@ -244,6 +244,14 @@ impl FaultState {
         Duration::from_nanos(self.delay_ns.load(std::sync::atomic::Ordering::Acquire))
     }
 
+    /// Whether the device is throttled ([`Fault::Throttle`] below 100%): whether work
+    /// needs timing for [`FaultState::stretch`].
+    pub fn throttled(&self) -> bool {
+        self.speed_percent
+            .load(std::sync::atomic::Ordering::Acquire)
+            < 100
+    }
+
     /// The time to add to an operation that took `took` ([`Fault::Throttle`]: zero
     /// unless the device is throttled).
     pub fn stretch(&self, took: Duration) -> Duration {
@@ -499,6 +507,7 @@ mod tests {
         let took = Duration::from_micros(300);
         assert_eq!(f.stretch(took), Duration::ZERO);
         f.inject(Fault::Throttle(50));
+        assert!(f.throttled());
         assert_eq!(f.stretch(took), took);
         f.inject(Fault::Throttle(25));
         assert_eq!(f.stretch(took), took * 3);
@@ -509,6 +518,7 @@ mod tests {
             (Duration::from_micros(7), took * 3)
         );
         f.inject(Fault::Throttle(100));
+        assert!(!f.throttled());
         assert_eq!(f.stretch(took), Duration::ZERO);
         assert!(!f.is_lost());
     }

@@ -44,15 +44,7 @@ pub fn fastest(total: u64, times: &[Option<f64>], fixed: &[f64]) -> Vec<u64> {
     let Some(times) = known else {
         return proportional(total, &vec![None; times.len()]);
     };
-    let fixed: Vec<f64> = (0..times.len())
-        .map(|i| {
-            fixed
-                .get(i)
-                .copied()
-                .filter(|f| f.is_finite() && *f > 0.0)
-                .unwrap_or(0.0)
-        })
-        .collect();
+    let fixed: Vec<f64> = (0..times.len()).map(|i| fixed_time(fixed, i)).collect();
     let mut shares = vec![0u64; times.len()];
     if times.is_empty() {
         return shares;
@@ -72,23 +64,14 @@ pub fn fastest(total: u64, times: &[Option<f64>], fixed: &[f64]) -> Vec<u64> {
     shares
 }
 
-/// When the step ends with `shares`, given each replica's time for one micro-batch and
-/// for its work once per step (as [`fastest`] takes them); `None` when a time is
-/// missing.
-pub fn step_end(shares: &[u64], times: &[Option<f64>], fixed: &[f64]) -> Option<f64> {
-    let mut end = 0.0f64;
-    for (i, &n) in shares.iter().enumerate() {
-        let t = times.get(i).copied().flatten()?;
-        if n > 0 {
-            let f = fixed
-                .get(i)
-                .copied()
-                .filter(|f| f.is_finite() && *f > 0.0)
-                .unwrap_or(0.0);
-            end = end.max(f + n as f64 * t);
-        }
-    }
-    Some(end)
+/// Replica `i`'s time for its work once per step: none where it is missing, negative
+/// or not finite.
+fn fixed_time(fixed: &[f64], i: usize) -> f64 {
+    fixed
+        .get(i)
+        .copied()
+        .filter(|f| f.is_finite() && *f > 0.0)
+        .unwrap_or(0.0)
 }
 
 /// Rebalancings a measured step time is kept for: after that the devices may have
@@ -192,6 +175,20 @@ pub fn ranges(shares: &[u64]) -> Vec<std::ops::Range<u64>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// When the step ends with `shares`, given each replica's time for one micro-batch
+    /// and for its work once per step (as [`fastest`] takes them); `None` when a time
+    /// is missing.
+    fn step_end(shares: &[u64], times: &[Option<f64>], fixed: &[f64]) -> Option<f64> {
+        let mut end = 0.0f64;
+        for (i, &n) in shares.iter().enumerate() {
+            let t = times.get(i).copied().flatten()?;
+            if n > 0 {
+                end = end.max(fixed_time(fixed, i) + n as f64 * t);
+            }
+        }
+        Some(end)
+    }
 
     #[test]
     fn shares_follow_the_weights_and_add_up() {

@@ -463,7 +463,8 @@ fn run(job: Job, timeline: &Timeline) {
                 .unwrap_or(u64::MAX)
                 .saturating_mul(cost.ops);
             owe(timeline, delay);
-            let started = Instant::now();
+            // Timed only when a throttle will stretch it.
+            let started = (cost.stretches && timeline.faults.throttled()).then(Instant::now);
             match catch_unwind(AssertUnwindSafe(work)) {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => timeline.set_error(e),
@@ -472,7 +473,7 @@ fn run(job: Job, timeline: &Timeline) {
                     &*payload,
                 )),
             }
-            if cost.stretches {
+            if let Some(started) = started {
                 let stretch = timeline.faults.stretch(started.elapsed());
                 owe(
                     timeline,
