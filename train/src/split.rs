@@ -64,6 +64,54 @@ pub fn fastest(total: u64, times: &[Option<f64>], fixed: &[f64]) -> Vec<u64> {
     shares
 }
 
+/// When the step ends with `shares`, given each replica's time for one micro-batch
+/// and for its work once per step (as [`fastest`] takes them); `None` when a time
+/// is missing.
+pub fn step_end(shares: &[u64], times: &[Option<f64>], fixed: &[f64]) -> Option<f64> {
+    let mut end = 0.0f64;
+    for (i, &n) in shares.iter().enumerate() {
+        let t = times.get(i).copied().flatten()?;
+        if n > 0 {
+            end = end.max(fixed_time(fixed, i) + n as f64 * t);
+        }
+    }
+    Some(end)
+}
+
+/// `best` first, then every split one micro-batch away from it (taken from a replica
+/// with more than `min`) whose predicted step ends within `margin` of `best`'s
+/// (fastest first): the splits the models cannot tell apart, to be settled by
+/// measuring them. Only `best` when a prediction is missing.
+pub fn near(
+    best: &[u64],
+    times: &[Option<f64>],
+    fixed: &[f64],
+    min: u64,
+    margin: f64,
+) -> Vec<Vec<u64>> {
+    let Some(limit) = step_end(best, times, fixed).map(|e| e * (1.0 + margin)) else {
+        return vec![best.to_vec()];
+    };
+    let mut others: Vec<(f64, Vec<u64>)> = Vec::new();
+    for from in 0..best.len() {
+        for to in 0..best.len() {
+            if from == to || best[from] <= min {
+                continue;
+            }
+            let mut moved = best.to_vec();
+            moved[from] -= 1;
+            moved[to] += 1;
+            if let Some(end) = step_end(&moved, times, fixed).filter(|e| *e <= limit) {
+                others.push((end, moved));
+            }
+        }
+    }
+    others.sort_by(|a, b| a.0.total_cmp(&b.0));
+    std::iter::once(best.to_vec())
+        .chain(others.into_iter().map(|(_, s)| s))
+        .collect()
+}
+
 /// Replica `i`'s time for its work once per step: none where it is missing, negative
 /// or not finite.
 fn fixed_time(fixed: &[f64], i: usize) -> f64 {
@@ -82,29 +130,52 @@ const MEASURED_STEPS: u32 = 3;
 
 /// The measured step times of the splits used lately, to check the models' choice
 /// against: the models predict each micro-batch well but not all the work around it
-/// (sums, the update, waits at the all-reduces), so a split they put near another may
-/// be clearly slower in fact, and predictions near a boundary would flip between the
-/// two at every rebalancing (each flip costing a step submitted task by task).
+/// (sums, the update, waits at the all-reduces, what devices running side by side cost
+/// each other), so a split they put near another may be clearly slower in fact, and
+/// predictions near a boundary would flip between the two at every rebalancing (each
+/// flip costing a step submitted task by task).
+///
+/// A split's time is the mean over the steps since the rebalancing before them: its
+/// latest stretch, so that two splits tried one after the other are compared on
+/// machines in nearly the same state (a run speeds up over its first tens of steps,
+/// and another process may come or go).
 #[derive(Debug, Default, Clone)]
 pub struct Measured {
-    /// Per split: the sum of its step times in seconds, their count, and the
-    /// rebalancings since the last.
-    splits: Vec<(Vec<u64>, f64, u32, u32)>,
+    splits: Vec<Stretch>,
+}
+
+/// The steps run with one split since the rebalancing before them.
+#[derive(Debug, Clone)]
+struct Stretch {
+    shares: Vec<u64>,
+    /// The sum of the step times, in seconds.
+    seconds: f64,
+    steps: u32,
+    /// Rebalancings since the last step.
+    age: u32,
 }
 
 impl Measured {
-    /// Adds a step of `seconds` run with `shares`.
+    /// Adds a step of `seconds` run with `shares`: the first after a rebalancing
+    /// starts the split's stretch anew.
     pub fn add(&mut self, shares: &[u64], seconds: f64) {
         if !(seconds.is_finite() && seconds > 0.0) {
             return;
         }
-        match self.splits.iter_mut().find(|e| e.0 == shares) {
-            Some(e) => {
-                e.1 += seconds;
-                e.2 += 1;
-                e.3 = 0;
+        match self.splits.iter_mut().find(|e| e.shares == shares) {
+            Some(e) if e.age == 0 => {
+                e.seconds += seconds;
+                e.steps += 1;
             }
-            None => self.splits.push((shares.to_vec(), seconds, 1, 0)),
+            Some(e) => {
+                (e.seconds, e.steps, e.age) = (seconds, 1, 0);
+            }
+            None => self.splits.push(Stretch {
+                shares: shares.to_vec(),
+                seconds,
+                steps: 1,
+                age: 0,
+            }),
         }
     }
 
@@ -117,23 +188,31 @@ impl Measured {
     pub fn mean(&self, shares: &[u64]) -> Option<f64> {
         self.splits
             .iter()
-            .find(|e| e.0 == shares && e.2 >= MEASURED_STEPS)
-            .map(|e| e.1 / f64::from(e.2))
+            .find(|e| e.shares == shares && e.steps >= MEASURED_STEPS)
+            .map(|e| e.seconds / f64::from(e.steps))
     }
 
-    /// At a rebalancing: `candidate` (the models' choice) unless the current split is
-    /// measured and the candidate too, and the candidate is not faster by `gain` of the
-    /// current's time; a candidate not measured yet is tried. Then ages the
-    /// measurements, forgetting those not renewed for a few rebalancings.
-    pub fn choose(&mut self, current: &[u64], candidate: Vec<u64>, gain: f64) -> Vec<u64> {
-        let choice = match (self.mean(current), self.mean(&candidate)) {
-            (Some(now), Some(then)) if then > now * (1.0 - gain) => current.to_vec(),
-            _ => candidate,
+    /// At a rebalancing, given `candidates` (the models' choice first, then the splits
+    /// they put near it): the first not measured yet is tried; when all are, the
+    /// fastest measured, unless the current split is measured and that is not faster
+    /// by `gain` of the current's time. Then ages the measurements, forgetting those
+    /// not renewed for a few rebalancings.
+    pub fn choose(&mut self, current: &[u64], candidates: &[Vec<u64>], gain: f64) -> Vec<u64> {
+        let untried = candidates.iter().find(|c| self.mean(c).is_none());
+        let fastest = candidates
+            .iter()
+            .filter_map(|c| self.mean(c).map(|t| (t, c)))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        let choice = match (untried, fastest, self.mean(current)) {
+            (Some(c), _, _) => c.clone(),
+            (None, Some((t, _)), Some(now)) if t > now * (1.0 - gain) => current.to_vec(),
+            (None, Some((_, c)), _) => c.clone(),
+            (None, None, _) => current.to_vec(),
         };
         for e in &mut self.splits {
-            e.3 += 1;
+            e.age += 1;
         }
-        self.splits.retain(|e| e.3 <= MEASURED_FOR);
+        self.splits.retain(|e| e.age <= MEASURED_FOR);
         choice
     }
 }
@@ -175,20 +254,6 @@ pub fn ranges(shares: &[u64]) -> Vec<std::ops::Range<u64>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// When the step ends with `shares`, given each replica's time for one micro-batch
-    /// and for its work once per step (as [`fastest`] takes them); `None` when a time
-    /// is missing.
-    fn step_end(shares: &[u64], times: &[Option<f64>], fixed: &[f64]) -> Option<f64> {
-        let mut end = 0.0f64;
-        for (i, &n) in shares.iter().enumerate() {
-            let t = times.get(i).copied().flatten()?;
-            if n > 0 {
-                end = end.max(fixed_time(fixed, i) + n as f64 * t);
-            }
-        }
-        Some(end)
-    }
 
     #[test]
     fn shares_follow_the_weights_and_add_up() {
@@ -262,36 +327,87 @@ mod tests {
         let mut m = Measured::default();
         let (a, b) = (vec![5, 3], vec![6, 2]);
         // Nothing measured: the candidate is tried.
-        assert_eq!(m.choose(&a, b.clone(), 0.03), b);
+        assert_eq!(m.choose(&a, std::slice::from_ref(&b), 0.03), b);
         for _ in 0..3 {
             m.add(&b, 0.009);
         }
         // The current split measured, the candidate not: tried.
-        assert_eq!(m.choose(&b, a.clone(), 0.03), a);
+        assert_eq!(m.choose(&b, std::slice::from_ref(&a), 0.03), a);
         for _ in 0..2 {
             m.add(&a, 0.0105);
         }
         // Too few steps of the current one to judge: the candidate goes.
-        assert_eq!(m.choose(&a, b.clone(), 0.03), b);
+        assert_eq!(m.choose(&a, std::slice::from_ref(&b), 0.03), b);
+        // A step after a rebalancing starts the split's stretch anew.
         m.add(&a, 0.0105);
+        assert_eq!(m.mean(&a), None);
+        m.add(&a, 0.0105);
+        m.add(&a, 0.0105);
+        assert!(m.mean(&a).is_some_and(|t| (t - 0.0105).abs() < 1e-12));
         // Both measured: the slower candidate is refused, the faster one taken.
-        assert_eq!(m.choose(&b, a.clone(), 0.03), b);
-        assert_eq!(m.choose(&a, b.clone(), 0.03), b);
+        assert_eq!(m.choose(&b, std::slice::from_ref(&a), 0.03), b);
+        assert_eq!(m.choose(&a, std::slice::from_ref(&b), 0.03), b);
         // Within the gain, the current one stays.
         for _ in 0..3 {
             m.add(&[4, 4], 0.0088);
         }
-        assert_eq!(m.choose(&b, vec![4, 4], 0.03), b);
+        assert_eq!(m.choose(&b, &[vec![4, 4]], 0.03), b);
+        // Measured again, a split's latest stretch is its time.
+        for _ in 0..3 {
+            m.add(&b, 0.012);
+        }
+        assert!(m.mean(&b).is_some_and(|t| (t - 0.012).abs() < 1e-12));
+        assert_eq!(m.choose(&b, &[vec![4, 4]], 0.03), vec![4, 4]);
         // Measurements not renewed are forgotten: the candidate is tried again.
         for _ in 0..=MEASURED_FOR {
-            m.choose(&[7, 1], vec![7, 1], 0.03);
+            m.choose(&[7, 1], &[vec![7, 1]], 0.03);
         }
         assert_eq!(m.mean(&a), None);
-        assert_eq!(m.choose(&b, a.clone(), 0.03), a);
+        assert_eq!(m.choose(&b, std::slice::from_ref(&a), 0.03), a);
         // Bad times are not measurements; clearing forgets all.
         m.add(&b, f64::NAN);
         m.add(&b, -1.0);
         m.clear();
         assert_eq!(m.mean(&b), None);
+    }
+
+    #[test]
+    fn splits_the_models_cannot_tell_apart_are_measured_and_the_fastest_kept() {
+        // A device at about half speed: 5/3 ends at 5.7 units, 6/2 at 6.
+        let times = [Some(1.0), Some(1.9)];
+        let best = fastest(8, &times, &[]);
+        assert_eq!(best, [5, 3]);
+        assert_eq!(near(&best, &times, &[], 1, 0.1), [vec![5, 3], vec![6, 2]]);
+        // Nothing else within 1% (4/4 ends at 7.6).
+        assert_eq!(near(&best, &times, &[], 1, 0.01), [vec![5, 3]]);
+        // A share is not taken below `min`; a missing time gives the best alone.
+        assert_eq!(
+            near(&[7, 1], &[Some(1.0), Some(1.0)], &[], 1, 10.0),
+            [vec![7, 1], vec![6, 2]]
+        );
+        assert_eq!(near(&[4, 4], &[Some(1.0), None], &[], 0, 1.0), [vec![4, 4]]);
+        let mut m = Measured::default();
+        let (a, b) = (vec![5, 3], vec![6, 2]);
+        let both = [a.clone(), b.clone()];
+        // Each untried one is tried, the models' choice first.
+        assert_eq!(m.choose(&a, &both, 0.03), a);
+        for _ in 0..3 {
+            m.add(&a, 0.012);
+        }
+        assert_eq!(m.choose(&a, &both, 0.03), b);
+        for _ in 0..3 {
+            m.add(&b, 0.010);
+        }
+        // Both measured: the faster stays, though the models prefer the other.
+        assert_eq!(m.choose(&b, &both, 0.03), b);
+        // From the slower one, the faster is taken.
+        assert_eq!(m.choose(&a, &both, 0.03), b);
+        // Within the gain, the current one stays.
+        for _ in 0..3 {
+            m.add(&[4, 4], 0.0099);
+        }
+        assert_eq!(m.choose(&b, &[vec![4, 4], b.clone()], 0.03), b);
+        // No candidates: the current split.
+        assert_eq!(m.choose(&a, &[], 0.03), a);
     }
 }

@@ -329,6 +329,12 @@ fn differences(theirs: &str, ours: &str) -> (String, String) {
 /// The share of the measured step time a new split must save to replace the current
 /// one.
 const SPLIT_GAIN: f64 = 0.03;
+/// How far, as a share of the predicted step time, a split one micro-batch away from
+/// the models' choice may be predicted slower and still be measured against it: the
+/// models leave out what devices running side by side cost each other (shared cores,
+/// caches, memory bandwidth), so splits they put this close are settled by their
+/// measured step times.
+const NEAR_TIE: f64 = 0.1;
 
 /// How many times slower than before, against the others, a device must become to be
 /// reported as a straggler.
@@ -1156,7 +1162,8 @@ impl Trainer {
         // (Across processes each would measure its own times, and they must agree on
         // the split: the models decide alone there.)
         if !early && next.len() == self.shares.len() && self.span().is_none() {
-            next = self.measured.choose(&self.shares, next, SPLIT_GAIN);
+            let candidates = split::near(&next, &kept_times, &kept_fixed, 1, NEAR_TIE);
+            next = self.measured.choose(&self.shares, &candidates, SPLIT_GAIN);
         }
         let before = std::mem::replace(&mut self.shares, next);
         let kept_names = self.rank_names();
