@@ -13,10 +13,17 @@ use std::time::Duration;
 
 use crate::dtype::{BinaryOp, DType, Scalar};
 use crate::error::Result;
-use crate::event::Event;
+use crate::event::ForeignEvent;
 use crate::info::{DeviceInfo, MemoryInfo};
 use crate::kernel::{KernelDesc, KernelImpl, LaunchDims, RawKernelArg};
 use crate::memory::{HostSlice, RawAllocation, RawSlice};
+
+/// Locks `m`, going on with the data of a holder that panicked: backends catch panics
+/// at their boundaries and report them as errors, so the state behind a poisoned lock
+/// is still the last one a completed operation left.
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 pub use crate::progress::{EventOutcome, StreamProgress};
 
@@ -460,9 +467,10 @@ pub trait StreamImpl: Send + Sync {
     /// Makes later work wait for an event of the same backend (any of its devices).
     fn wait_event(&self, event: &Arc<dyn EventImpl>) -> Result<()>;
 
-    /// Makes later work wait for an event of another backend. The backend bridges on
-    /// the host: it must not start later work before `event.wait()` would return.
-    fn wait_foreign_event(&self, event: Event) -> Result<()>;
+    /// Makes later work wait for an event of another backend, or a user event. The
+    /// backend bridges on the host: it must not start later work before `event.wait()`
+    /// would return, and fails that work if it returns an error.
+    fn wait_foreign_event(&self, event: ForeignEvent) -> Result<()>;
 
     /// Blocks until all enqueued work is done; returns the first error since the last
     /// report.

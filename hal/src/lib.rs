@@ -63,7 +63,8 @@
 //! of any device of *any backend* may wait on it ([`Stream::wait_event`]). Waits within
 //! a backend are native (timeline semaphores, `cuStreamWaitEvent` …); waits across
 //! backends are bridged on the host by the waiting backend, which holds later work until
-//! the foreign event's `wait` returns. Failures of enqueued work are reported by the next
+//! the foreign event's `wait` returns. A [`UserEvent`] is completed or failed by the
+//! application itself, and streams wait on it the same way. Failures of enqueued work are reported by the next
 //! [`Stream::synchronize`] or [`Stream::query`] and by every event recorded after the
 //! failure; the stream is usable again once the error has been reported.
 //!
@@ -147,7 +148,7 @@ mod validate;
 pub use device::{Device, Kernel};
 pub use dtype::{BinaryOp, DType, Scalar};
 pub use error::{Error, MessageError, Result};
-pub use event::Event;
+pub use event::{Event, ForeignEvent, UserEvent};
 pub use half::{bf16, f16};
 pub use id::{DeviceId, DeviceSelector};
 pub use info::{topology_keys, Capabilities, DeviceInfo, DeviceKind, MemoryInfo};

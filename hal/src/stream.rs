@@ -548,8 +548,16 @@ impl Stream {
         if event.device().backend() == self.device().backend() {
             self.imp().wait_event(event.implementation())
         } else {
-            self.imp().wait_foreign_event(event.clone())
+            self.imp().wait_foreign_event(event.clone().into())
         }
+    }
+
+    /// Makes work enqueued after this call wait until `event` is completed; if it is
+    /// failed, that work fails with [`crate::Error::Aborted`] carrying its message
+    /// (reported by the next [`Stream::synchronize`] or [`Stream::query`], and by
+    /// events recorded after it). Works on every device; bridged on the host.
+    pub fn wait_user_event(&self, event: &crate::UserEvent) -> Result<()> {
+        self.imp().wait_foreign_event(event.foreign())
     }
 
     /// Blocks until all enqueued work is done; returns the first error of that work

@@ -245,7 +245,7 @@ impl StreamImpl for FaultyStream {
         self.inner.wait_event(&inner)
     }
 
-    fn wait_foreign_event(&self, event: Event) -> Result<()> {
+    fn wait_foreign_event(&self, event: xpu_hal::ForeignEvent) -> Result<()> {
         if self.fault == Fault::IgnoreWaits {
             return Ok(());
         }

@@ -3,7 +3,7 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdevice_attribute};
 use xpu_hal::backend::{DeviceImpl, StreamImpl};
@@ -18,9 +18,7 @@ use crate::memory::{CudaBuffer, StagingPool};
 use crate::stream::CudaStream;
 use crate::NAME;
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(crate) use xpu_hal::backend::lock;
 
 fn cu_device(index: c_int) -> Result<CUdevice> {
     let mut dev: CUdevice = 0;

@@ -62,7 +62,7 @@ use std::time::Duration;
 use cudarc::driver::sys::{self, CUdeviceptr, CUevent, CUstream};
 use xpu_hal::backend::{BuiltinOp, EventImpl, StreamImpl, StreamProgress};
 use xpu_hal::{
-    downcast_raw, Error, Event, HostSlice, KernelDesc, KernelImpl, LaunchDims, RawKernelArg,
+    downcast_raw, Error, ForeignEvent, HostSlice, KernelDesc, KernelImpl, LaunchDims, RawKernelArg,
     RawSlice, Result,
 };
 
@@ -238,7 +238,7 @@ impl Drop for FlagWord {
 /// helper thread. Dropping it lets the thread finish the waits queued and exit.
 struct ForeignWaiter {
     flag: Arc<FlagWord>,
-    tx: Sender<(u64, Event)>,
+    tx: Sender<(u64, ForeignEvent)>,
 }
 
 /// Failures of foreign events, by ticket, until the completion thread reports them.
@@ -260,7 +260,7 @@ impl ForeignErrors {
 }
 
 /// Waits for a foreign event; a failure (or a panic) is recorded with `ticket`.
-fn wait_foreign(event: &Event, ticket: u64, errors: &ForeignErrors) {
+fn wait_foreign(event: &ForeignEvent, ticket: u64, errors: &ForeignErrors) {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| event.wait()));
     let failure = match outcome {
         Ok(Ok(())) => return,
@@ -275,7 +275,11 @@ fn wait_foreign(event: &Event, ticket: u64, errors: &ForeignErrors) {
 
 /// The helper thread of a [`ForeignWaiter`]: waits for the events in ticket order and
 /// publishes each ticket once its event is done (or failed).
-fn run_foreign_waits(flag: Arc<FlagWord>, errors: Arc<ForeignErrors>, rx: Receiver<(u64, Event)>) {
+fn run_foreign_waits(
+    flag: Arc<FlagWord>,
+    errors: Arc<ForeignErrors>,
+    rx: Receiver<(u64, ForeignEvent)>,
+) {
     for (ticket, event) in rx {
         wait_foreign(&event, ticket, &errors);
         drop(event);
@@ -483,7 +487,7 @@ impl StreamShared {
     /// Makes the stream wait on the device for a foreign event: `cuStreamWaitValue32` on
     /// the stream's word (or the spin kernel where the device lacks it), which the
     /// helper thread advances once the event is done.
-    fn wait_foreign_on_device(&self, event: Event) -> Result<()> {
+    fn wait_foreign_on_device(&self, event: ForeignEvent) -> Result<()> {
         let mut st = lock(&self.submit);
         let (flag, tx) = match &st.foreign {
             Some(w) => (w.flag.clone(), w.tx.clone()),
@@ -884,7 +888,7 @@ impl StreamImpl for CudaStream {
         Ok(())
     }
 
-    fn wait_foreign_event(&self, event: Event) -> Result<()> {
+    fn wait_foreign_event(&self, event: ForeignEvent) -> Result<()> {
         self.shared.wait_foreign_on_device(event)
     }
 

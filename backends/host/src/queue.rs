@@ -92,9 +92,7 @@ struct Jobs {
     closed: bool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use xpu_hal::backend::lock;
 
 /// The state a stream's worker, its submitters and its waiters share.
 pub(crate) struct Timeline {

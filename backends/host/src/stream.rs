@@ -6,8 +6,8 @@ use std::time::Duration;
 use xpu_hal::backend::{BatchOp, BuiltinOp, EventImpl, FaultState, StreamImpl};
 use xpu_hal::ops::{Op, RawTensor};
 use xpu_hal::{
-    Error, Event, HostArg, HostKernelContext, HostSlice, KeptBatch, KernelDesc, KernelImpl,
-    LaunchDims, RawAllocation, RawKernelArg, RawSlice, Result,
+    Error, HostArg, HostKernelContext, HostSlice, KeptBatch, KernelDesc, KernelImpl, LaunchDims,
+    RawAllocation, RawKernelArg, RawSlice, Result,
 };
 
 use crate::event::HostEvent;
@@ -239,7 +239,7 @@ impl StreamImpl for HostStream {
         self.wait_until(move || event.wait(None))
     }
 
-    fn wait_foreign_event(&self, event: Event) -> Result<()> {
+    fn wait_foreign_event(&self, event: xpu_hal::ForeignEvent) -> Result<()> {
         self.wait_until(move || event.wait())
     }
 

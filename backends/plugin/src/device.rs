@@ -109,7 +109,17 @@ impl PluginDevice {
         });
         let (mut info, kernel_format) = properties(&shared)?;
         let extra = capabilities(&shared);
-        info.extra = extra.clone();
+        // What the host knows of the plugin, for reports and certificates, then what
+        // the plugin says of the device.
+        let plugin = &shared.plugin;
+        info.extra = [
+            format!("plugin_version={}", plugin.version),
+            format!("plugin_abi={}.{}", plugin.abi.0, plugin.abi.1),
+            format!("plugin_file={}", plugin.path.display()),
+        ]
+        .into_iter()
+        .chain(extra.iter().cloned())
+        .collect();
         info.capabilities.ops = crate::std_ops::supported(&shared);
         Ok(PluginDevice {
             shared,

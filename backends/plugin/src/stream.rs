@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use xpu_hal::backend::{BuiltinOp, EventImpl, StreamImpl};
 use xpu_hal::ops::{Op, RawTensor};
 use xpu_hal::{
-    downcast_raw, Access, BinaryOp, Error, Event, HostSlice, KernelDesc, KernelImpl, LaunchDims,
-    RawAllocation, RawKernelArg, RawSlice, Result, Scalar,
+    downcast_raw, Access, BinaryOp, Error, ForeignEvent, HostSlice, KernelDesc, KernelImpl,
+    LaunchDims, RawAllocation, RawKernelArg, RawSlice, Result, Scalar,
 };
 use xpu_plugin_sdk::abi::*;
 
@@ -29,9 +29,7 @@ pub(crate) type Held = Box<dyn Any + Send + Sync>;
 /// report of an aborted error (the ABI's `wait` returns only a number).
 pub(crate) type ForeignFailure = Arc<Mutex<Option<Error>>>;
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(crate) use xpu_hal::backend::lock;
 
 /// Adds the error of a failed foreign wait to an aborted error (`take`: and forgets it,
 /// for reports that consume the stream's error).
@@ -563,7 +561,7 @@ impl StreamImpl for PluginStream {
         }
     }
 
-    fn wait_foreign_event(&self, event: Event) -> Result<()> {
+    fn wait_foreign_event(&self, event: ForeignEvent) -> Result<()> {
         let context = Box::new(External {
             event,
             failure: self.shared.foreign.clone(),
@@ -626,7 +624,7 @@ impl StreamImpl for PluginStream {
 /// The context of an [`xpu_external_event`]: the foreign event and where to put its
 /// error.
 struct External {
-    event: Event,
+    event: ForeignEvent,
     failure: ForeignFailure,
 }
 

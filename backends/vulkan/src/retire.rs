@@ -16,7 +16,7 @@
 //! left once their fences have signalled, and the device destroys what is left when it
 //! is dropped (after waiting for the device to be idle).
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 use ash::vk;
 
@@ -43,9 +43,7 @@ pub(crate) struct Graveyard {
     entries: Mutex<Vec<Entry>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use xpu_hal::backend::lock;
 
 impl Graveyard {
     /// Retires `objects`, which nothing may use any more, and destroys those retired

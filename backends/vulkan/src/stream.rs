@@ -23,14 +23,14 @@
 
 use std::any::Any;
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ash::vk;
 use xpu_hal::backend::{BuiltinOp, EventImpl, StreamImpl, StreamProgress};
 use xpu_hal::{
-    downcast_raw, Error, Event, HostSlice, KernelDesc, KernelImpl, LaunchDims, RawKernelArg,
-    RawSlice, Result,
+    downcast_raw, Error, HostSlice, KernelDesc, KernelImpl, LaunchDims, RawKernelArg, RawSlice,
+    Result,
 };
 
 use crate::device::DeviceShared;
@@ -51,9 +51,7 @@ pub(crate) type Held = Arc<dyn Any + Send + Sync>;
 /// Host work run in stream order on the completion thread.
 pub(crate) type HostAction = Box<dyn FnOnce() -> Result<()> + Send>;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use xpu_hal::backend::lock;
 
 struct Recording {
     cmd: vk::CommandBuffer,
@@ -884,7 +882,7 @@ impl StreamImpl for VulkanStream {
         }
     }
 
-    fn wait_foreign_event(&self, event: Event) -> Result<()> {
+    fn wait_foreign_event(&self, event: xpu_hal::ForeignEvent) -> Result<()> {
         self.shared.host_step(Box::new(move || event.wait()))
     }
 

@@ -38,7 +38,7 @@ use xpu_collectives::{Algorithm, Collective, CommOptions, Communicator, Rank, Re
 use xpu_hal::{Allocation, DType, Device, Error, Stream};
 
 use crate::case::{Case, CaseContext, CaseError, CaseOutcome, Profile};
-use crate::cases::util::try_hold;
+use crate::cases::util::hold;
 
 /// Element counts every operation runs at: one element, an odd count smaller than most
 /// chunkings, and an odd count that splits unevenly over any number of ranks.
@@ -511,7 +511,7 @@ fn run_family(ctx: &CaseContext, family: Family, set: SetKind) -> CaseOutcome {
     let result = match family {
         Family::Op(kind) => sweep(kind, &devices, &topology, set != SetKind::Mixed),
         Family::SendRecv => send_recv(&devices, &topology),
-        Family::Barrier => barrier(ctx, &devices, &topology),
+        Family::Barrier => barrier(&devices, &topology),
     };
     result.map_err(|e| e.context(format!("{} {name}", set_phrase(set))))
 }
@@ -844,13 +844,10 @@ fn send_recv(devices: &[Device], topology: &Topology) -> CaseOutcome {
 // Barriers
 // ---------------------------------------------------------------------------------
 
-fn barrier(ctx: &CaseContext, devices: &[Device], topology: &Topology) -> CaseOutcome {
+fn barrier(devices: &[Device], topology: &Topology) -> CaseOutcome {
     let comm = communicator(devices, topology, "", SWEEP_TIMEOUT)?;
-    // Rank 0's stream is held before the barrier where anything in the run can hold
-    // it: then an event recorded behind the barrier on every other rank must not
-    // complete before rank 0 is released.
-    let hold_ctx = CaseContext::new(devices[0].clone(), ctx.peers.clone());
-    let held: Mutex<Option<String>> = Mutex::new(None);
+    // Rank 0's stream is held before the barrier: then an event recorded behind the
+    // barrier on every other rank must not complete before rank 0 is released.
     let after: Mutex<Vec<(usize, xpu_hal::Event)>> = Mutex::new(Vec::new());
     on_ranks(&comm, |rank, stream| {
         let me = rank.rank();
@@ -859,15 +856,7 @@ fn barrier(ctx: &CaseContext, devices: &[Device], topology: &Topology) -> CaseOu
             rank.barrier(stream)?;
         }
         stream.synchronize()?;
-        let hold = if me == 0 {
-            let hold = try_hold(&hold_ctx, stream)?;
-            if let Some(h) = &hold {
-                *held.lock().unwrap_or_else(|p| p.into_inner()) = Some(h.how().to_string());
-            }
-            hold
-        } else {
-            None
-        };
+        let hold = if me == 0 { Some(hold(stream)?) } else { None };
         rank.barrier(stream)?;
         if me != 0 {
             let event = stream.record_event()?;
@@ -880,11 +869,7 @@ fn barrier(ctx: &CaseContext, devices: &[Device], topology: &Topology) -> CaseOu
         // 0 looks at them (it enqueues nothing that rank 0's held stream could reach).
         rank.barrier(stream)?;
         if let Some(hold) = hold {
-            let how = held
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-                .unwrap_or_default();
+            let how = hold.how();
             for (r, event) in after.lock().unwrap_or_else(|p| p.into_inner()).iter() {
                 if event.query()? {
                     return Err(CaseError::fail(format!(

@@ -5,7 +5,7 @@ use xpu_hal::{HostBuffer, HostMemory};
 
 use crate::case::{Case, CaseContext, CaseError, CaseOutcome};
 use crate::cases::util::{
-    check_bytes, ensure, expect_invalid, expect_unsupported, pattern, try_hold, upload, MIB,
+    check_bytes, ensure, expect_invalid, expect_unsupported, hold, pattern, upload, MIB,
 };
 
 pub(crate) const CASES: &[Case] = &[
@@ -174,17 +174,15 @@ fn pinned(ctx: &CaseContext) -> CaseOutcome {
             format!("host buffers of different sizes pinned differently ({what})")
         })?;
         answer = Some(pinned);
-        // Queued behind held work where the run can hold the stream, so the copies
-        // are enqueued rather than done at once on an idle stream.
-        let hold = try_hold(ctx, &stream)?;
+        // Queued behind held work, so the copies are enqueued rather than done at once
+        // on an idle stream.
+        let held = hold(&stream)?;
         let range = dev.slice(dev_off, len as u64);
         stream.copy_from_host(&up, host_off as u64, range)?;
         // The buffer goes while its copy is in flight; the copy keeps it alive.
         drop(up);
         stream.copy_to_host(range, &down, host_off as u64)?;
-        if let Some(h) = &hold {
-            h.open();
-        }
+        held.open();
         stream.synchronize()?;
         let mut want = down_background;
         want[host_off..host_off + len].copy_from_slice(&up_data[host_off..host_off + len]);

@@ -3,22 +3,19 @@
 //!
 //! Where the device loads host functions, a gate kernel holds the first stream at a
 //! known point, so "the waiting stream has not run yet" is checked without relying on
-//! timing. On a device without them, a peer of the run that has them holds it instead:
-//! the stream waits on an event of the peer recorded behind a gate kernel. With
-//! neither, a burst of device copies keeps the first stream busy and only the data is
-//! checked; the cases that cannot be made deterministic that way skip. Failed work is
-//! made the same way: a failing kernel, or a wait on an event of a peer recorded after
-//! one.
+//! timing. On a device without them, a wait on a user event holds it instead (the
+//! contract's own path for waits on what the device did not record), so every case
+//! runs on a device alone. Failed work is made the same way: a failing kernel, or a
+//! wait on a user event that is failed.
 
 use std::time::{Duration, Instant};
 
-use xpu_hal::{Device, Error, HostBuffer, Stream};
+use xpu_hal::{Device, Error, HostBuffer, UserEvent};
 
 use crate::case::{Case, CaseContext, CaseError, CaseOutcome};
 use crate::cases::util::{
-    check_bytes, enqueue_busy_work, enqueue_sleep, ensure, expect_invalid, expect_timeout,
-    expect_unsupported, full_message, hold, host_function_peer, inject_failure, pattern, try_hold,
-    upload, Hold,
+    check_bytes, enqueue_sleep, ensure, expect_invalid, expect_timeout, expect_unsupported,
+    full_message, hold, inject_failure, pattern, upload, Hold,
 };
 
 pub(crate) const CASES: &[Case] = &[
@@ -63,6 +60,11 @@ pub(crate) const CASES: &[Case] = &[
         wait_on_failed,
     ),
     Case::core(
+        "event.user_event",
+        "a stream waiting on a user event runs its later work only once it is completed; a failed one fails that work as aborted with its message, a dropped pending one fails it too, and the stream works again",
+        user_event,
+    ),
+    Case::core(
         "event.self_wait",
         "a stream waiting on its own earlier event, or on a completed event, does not block",
         self_wait,
@@ -74,39 +76,22 @@ pub(crate) const CASES: &[Case] = &[
     ),
 ];
 
-/// Holds `stream` at its current end where the device or a peer loads host functions
-/// (the returned hold releases it), else keeps it busy with copies (`None`).
-fn hold_or_busy(ctx: &CaseContext, stream: &Stream) -> Result<Option<Hold>, CaseError> {
-    match try_hold(ctx, stream)? {
-        Some(h) => Ok(Some(h)),
-        None => {
-            enqueue_busy_work(ctx, stream)?;
-            Ok(None)
-        }
-    }
-}
-
 /// How long the waiting stream's event is given to complete, wrongly, while the first
 /// stream is held. A backend that honours the wait never completes it.
 const HELD_PROBE: Duration = Duration::from_millis(30);
 
 /// While the first stream is held, the waiting stream's event must not complete.
-fn check_held(gate: &Option<Hold>, waiter: &xpu_hal::Event, what: &str) -> CaseOutcome {
-    if let Some(g) = gate {
-        let result = waiter.wait_timeout(HELD_PROBE);
-        g.open();
-        match result {
-            Err(Error::Timeout { .. }) => {}
-            Ok(()) => {
-                return Err(CaseError::fail(format!(
-                    "{what}: the waiting stream finished its later work while the event it waits on was still held (by {}); the wait was not honoured",
-                    g.how()
-                )))
-            }
-            Err(e) => return Err(e.into()),
-        }
+fn check_held(gate: &Hold, waiter: &xpu_hal::Event, what: &str) -> CaseOutcome {
+    let result = waiter.wait_timeout(HELD_PROBE);
+    gate.open();
+    match result {
+        Err(Error::Timeout { .. }) => Ok(()),
+        Ok(()) => Err(CaseError::fail(format!(
+            "{what}: the waiting stream finished its later work while the event it waits on was still held (by {}); the wait was not honoured",
+            gate.how()
+        ))),
+        Err(e) => Err(e.into()),
     }
-    Ok(())
 }
 
 fn cross_stream(ctx: &CaseContext) -> CaseOutcome {
@@ -117,7 +102,7 @@ fn cross_stream(ctx: &CaseContext) -> CaseOutcome {
     let x = upload(&ctx.device, &a, &vec![0; data.len()])?;
     let y = upload(&ctx.device, &b, &vec![0; data.len()])?;
     let host = HostBuffer::from_bytes(&data)?;
-    let gate = hold_or_busy(ctx, &a)?;
+    let gate = hold(&a)?;
     a.copy_from_host(&host, 0, &x)?;
     let e = a.record_event()?;
     b.wait_event(&e)?;
@@ -140,7 +125,7 @@ fn cross_device_with(ctx: &CaseContext, peer: &Device) -> CaseOutcome {
     let x = upload(&ctx.device, &a, &data)?;
     let y = upload(peer, &b, &vec![0; data.len()])?;
     let host = HostBuffer::new(data.len())?;
-    let gate = hold_or_busy(ctx, &a)?;
+    let gate = hold(&a)?;
     a.copy_to_host(&x, &host, 0)?;
     let e = a.record_event()?;
     b.wait_event(&e)?;
@@ -182,7 +167,7 @@ fn cross_device(ctx: &CaseContext) -> CaseOutcome {
 
 fn query_pending(ctx: &CaseContext) -> CaseOutcome {
     let stream = ctx.device.create_stream()?;
-    let gate = hold(ctx, &stream)?;
+    let gate = hold(&stream)?;
     let e = stream.record_event()?;
     ensure(e.device() == &ctx.device, || {
         "an event reports another device than its stream's".to_string()
@@ -214,7 +199,7 @@ fn query_pending(ctx: &CaseContext) -> CaseOutcome {
 
 fn wait_timeout(ctx: &CaseContext) -> CaseOutcome {
     let stream = ctx.device.create_stream()?;
-    let gate = hold(ctx, &stream)?;
+    let gate = hold(&stream)?;
     let e = stream.record_event()?;
     let start = Instant::now();
     let result = e.wait_timeout(Duration::from_millis(20));
@@ -244,32 +229,21 @@ fn wait_timeout(ctx: &CaseContext) -> CaseOutcome {
 
 fn elapsed(ctx: &CaseContext) -> CaseOutcome {
     let stream = ctx.device.create_stream()?;
-    let host_fn = ctx.has_host_functions();
-    let peer = if host_fn {
-        None
-    } else {
-        host_function_peer(ctx)
-    };
-    // What lies between the two events, when it takes a known minimum time.
-    let mut timed = None;
+    // What lies between the two events takes a known minimum time.
     let start = Instant::now();
     let e1 = stream.record_event()?;
-    if host_fn {
+    let timed = if ctx.has_host_functions() {
         enqueue_sleep(&stream, 20)?;
-        timed = Some("a kernel that sleeps 20 ms".to_string());
-    } else if let Some(peer) = peer {
-        // The first event completes before the peer's kernel starts sleeping.
-        e1.wait()?;
-        let peer_stream = peer.create_stream()?;
-        enqueue_sleep(&peer_stream, 20)?;
-        stream.wait_event(&peer_stream.record_event()?)?;
-        timed = Some(format!(
-            "a wait on an event of {} behind a kernel that sleeps 20 ms",
-            peer.id()
-        ));
+        "a kernel that sleeps 20 ms"
     } else {
-        enqueue_busy_work(ctx, &stream)?;
-    }
+        // The first event completes before the wait starts.
+        e1.wait()?;
+        let gate = xpu_hal::UserEvent::new();
+        stream.wait_user_event(&gate)?;
+        std::thread::sleep(Duration::from_millis(20));
+        gate.complete()?;
+        "a wait on a user event completed 20 ms after the stream reached it"
+    };
     let e2 = stream.record_event()?;
     e2.wait()?;
     let wall = start.elapsed();
@@ -288,14 +262,12 @@ fn elapsed(ctx: &CaseContext) -> CaseOutcome {
             wall.as_secs_f64() * 1e3
         )
     })?;
-    if let Some(what) = timed {
-        ensure(d >= Duration::from_millis(15), || {
-            format!(
-                "elapsed time around {what} is {:.3} ms",
-                d.as_secs_f64() * 1e3
-            )
-        })?;
-    }
+    ensure(d >= Duration::from_millis(15), || {
+        format!(
+            "elapsed time around {timed} is {:.3} ms",
+            d.as_secs_f64() * 1e3
+        )
+    })?;
     let zero = e1.elapsed_since(&e1)?;
     ensure(zero <= Duration::from_millis(1), || {
         format!(
@@ -351,7 +323,7 @@ fn failed_work(ctx: &CaseContext) -> CaseOutcome {
     let data = pattern(0xE7, 333);
     let src = upload(&ctx.device, &stream, &data)?;
     let dst = ctx.device.allocate(333)?;
-    let failure = inject_failure(ctx, &stream, EVENT_FAILURE)?;
+    let failure = inject_failure(&stream, EVENT_FAILURE)?;
     let failed = &failure.what;
     let e1 = stream.record_event()?;
     stream.copy(&src, &dst)?;
@@ -386,6 +358,97 @@ fn failed_work(ctx: &CaseContext) -> CaseOutcome {
     )
 }
 
+/// The message a case fails a user event with.
+const USER_FAILURE: &str = "conformance: a user event failed on purpose 0xe9e";
+
+/// `result` must be an aborted error, whose message contains `needle` when given.
+fn expect_aborted(result: xpu_hal::Result<()>, needle: Option<&str>, what: &str) -> CaseOutcome {
+    match result {
+        Err(e @ Error::Aborted { .. }) => {
+            let message = full_message(&e);
+            ensure(needle.is_none_or(|n| message.contains(n)), || {
+                format!("{what}: the aborted error does not carry the user event's message `{}`: {message}", needle.unwrap_or_default())
+            })
+        }
+        Err(other) => Err(CaseError::fail(format!(
+            "{what}: a {} error ({other}); work that did not run because a waited-on event failed is aborted",
+            other.kind()
+        ))),
+        Ok(()) => Err(CaseError::fail(format!(
+            "{what}: no error; the work after the wait must fail as aborted"
+        ))),
+    }
+}
+
+fn user_event(ctx: &CaseContext) -> CaseOutcome {
+    let stream = ctx.device.create_stream()?;
+    let data = pattern(0xE9, 4097);
+    let src = upload(&ctx.device, &stream, &data)?;
+    let dst = upload(&ctx.device, &stream, &vec![0; data.len()])?;
+    // Completed: the later work waits for it.
+    let gate = UserEvent::new();
+    stream.wait_user_event(&gate)?;
+    stream.copy(&src, &dst)?;
+    let e = stream.record_event()?;
+    match e.wait_timeout(HELD_PROBE) {
+        Err(Error::Timeout { .. }) => {}
+        Ok(()) => {
+            return Err(CaseError::fail(
+                "work enqueued after a wait on a pending user event finished before the event was completed; the wait was not honoured",
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    }
+    ensure(!stream.query()?, || {
+        "the stream reports its work done while it waits on a pending user event".to_string()
+    })?;
+    gate.complete()?;
+    e.wait_timeout(Duration::from_secs(30)).map_err(|e| {
+        CaseError::fail(format!(
+            "work after a wait on a user event did not finish once the event was completed: {e}"
+        ))
+    })?;
+    check_bytes(
+        &stream.read(&dst)?,
+        &data,
+        "a copy enqueued after a wait on a user event, once the event was completed",
+    )?;
+    // A wait on a completed user event does not block.
+    stream.wait_user_event(&gate)?;
+    stream.synchronize()?;
+    // Failed: the later work fails with its message, once, and the stream goes on.
+    let gate = UserEvent::new();
+    stream.wait_user_event(&gate)?;
+    stream.copy(&src, &dst)?;
+    gate.fail(USER_FAILURE)?;
+    expect_aborted(
+        stream.synchronize(),
+        Some(USER_FAILURE),
+        "synchronizing a stream that waited on a failed user event",
+    )?;
+    stream.copy(&dst, &src)?;
+    stream.synchronize().map_err(|e| {
+        CaseError::fail(format!(
+            "the stream failed again after it reported the failed user event: {e}"
+        ))
+    })?;
+    // Dropped pending: nothing could complete it, so its waiters fail.
+    let gate = UserEvent::new();
+    stream.wait_user_event(&gate)?;
+    stream.copy(&src, &dst)?;
+    drop(gate);
+    expect_aborted(
+        stream.synchronize(),
+        None,
+        "synchronizing a stream that waited on a user event dropped before it was completed",
+    )?;
+    stream.synchronize().map_err(|e| {
+        CaseError::fail(format!(
+            "the stream failed again after it reported the dropped user event: {e}"
+        ))
+    })
+}
+
 fn wait_on_failed(ctx: &CaseContext) -> CaseOutcome {
     ctx.require_streams(2)?;
     let a = ctx.device.create_stream()?;
@@ -393,7 +456,7 @@ fn wait_on_failed(ctx: &CaseContext) -> CaseOutcome {
     if let Some(peer) = ctx.peers.first() {
         waiters.push((peer.clone(), peer.create_stream()?));
     }
-    let failure = inject_failure(ctx, &a, EVENT_FAILURE)?;
+    let failure = inject_failure(&a, EVENT_FAILURE)?;
     let e = a.record_event()?;
     for (device, b) in &waiters {
         let what = format!(

@@ -8,7 +8,7 @@ use xpu_hal::{BinaryOp, DType, Error, HostBuffer, MemoryInfo};
 
 use crate::case::{Case, CaseContext, CaseError, CaseOutcome};
 use crate::cases::util::{
-    check_bytes, encode, ensure, expect_invalid, expect_oom, expect_unsupported, pattern, try_hold,
+    check_bytes, encode, ensure, expect_invalid, expect_oom, expect_unsupported, hold, pattern,
     upload, Rng, MIB,
 };
 use crate::reference::from_i64;
@@ -321,10 +321,9 @@ fn free_in_flight(ctx: &CaseContext) -> CaseOutcome {
     let src = upload(&ctx.device, &stream, &data)?;
     let mid = ctx.device.allocate(size as u64)?;
     let mut host = HostBuffer::new(size)?;
-    // Where the device or a peer loads host functions, the stream is held so the frees
-    // below certainly happen while the copies are queued; without, they happen as soon
-    // as the calls return.
-    let gate = try_hold(ctx, &stream)?;
+    // The stream is held so the frees below certainly happen while the copies are
+    // queued.
+    let gate = hold(&stream)?;
     stream.copy(&src, &mid)?;
     stream.copy_to_host(&mid, &host, 0)?;
     src.free()?;
@@ -336,9 +335,7 @@ fn free_in_flight(ctx: &CaseContext) -> CaseOutcome {
         let garbage = pattern(900 + i, size);
         fresh.push(upload(&ctx.device, &other, &garbage)?);
     }
-    if let Some(g) = &gate {
-        g.open();
-    }
+    gate.open();
     stream.synchronize()?;
     check_bytes(
         host.as_slice()?,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use xpu_hal::{
     bf16, f16, Allocation, DType, Device, Error, HostArg, Kernel, KernelDesc, KernelParam,
-    KernelSource, LaunchDims, Scalar, Stream,
+    KernelSource, LaunchDims, Scalar, Stream, UserEvent,
 };
 
 use crate::case::{CaseContext, CaseError, CaseOutcome};
@@ -487,125 +487,82 @@ pub(crate) fn enqueue_slow_write(
     Ok(())
 }
 
-/// Keeps `stream` busy for a while with device copies, for devices where nothing can
-/// hold it at a known point: a best effort, so cases that rely on it only check
-/// results, never that work is still pending. Copies rather than builtin operations,
-/// so that it needs no dtype.
-pub(crate) fn enqueue_busy_work(ctx: &CaseContext, stream: &Stream) -> CaseOutcome {
-    let scratch = ctx.device.allocate(4 * MIB)?;
-    let half = scratch.slice(0, 2 * MIB);
-    let other = scratch.slice(2 * MIB, 2 * MIB);
-    for _ in 0..16 {
-        stream.copy(half, other)?;
-        stream.copy(other, half)?;
-    }
-    Ok(())
-}
-
 // ---------------------------------------------------------------------------------
-// Holding a stream, and failing its work, from a peer
+// Holding a stream, and failing its work, on any device
 // ---------------------------------------------------------------------------------
-
-/// The first peer of the run that loads host-function kernels.
-pub(crate) fn host_function_peer(ctx: &CaseContext) -> Option<&Device> {
-    ctx.peers.iter().find(|p| {
-        p.capabilities()
-            .supports_kernel_format(xpu_hal::KernelFormat::HostFunction)
-    })
-}
-
-/// The skip for cases that need a stream held at a known point.
-fn no_hold_reason() -> CaseError {
-    CaseError::skip(
-        "holding a stream at a known point needs host-function kernels on the device, or a device in the run that loads them",
-    )
-}
 
 /// A stream held at a known point until [`Hold::open`] is called or the hold dropped.
 ///
-/// On a device with host functions, a gate kernel on the stream itself; elsewhere the
-/// stream waits on an event of a peer whose stream runs a gate kernel, which holds
-/// any device whose waits on other devices' events are honoured.
+/// On a device with host functions, a gate kernel on the stream itself; on every other
+/// device, a wait on a [`UserEvent`] completed when the hold opens — the contract's own
+/// path for waits on what the device did not record (`stream_wait_external` for a
+/// plugin), so a device alone in the run is held too.
 pub(crate) struct Hold {
-    // Dropped first: the gate opens before the peer's stream is released.
-    gate: GateGuard,
-    _peer_stream: Option<Stream>,
-    how: String,
+    gate: HoldGate,
+    how: &'static str,
+}
+
+enum HoldGate {
+    Kernel(GateGuard),
+    User(UserEvent),
 }
 
 impl Hold {
     /// Releases the stream.
     pub(crate) fn open(&self) {
-        self.gate.open();
+        match &self.gate {
+            HoldGate::Kernel(g) => g.open(),
+            // Opening twice is fine: the second completion is refused, harmlessly.
+            HoldGate::User(e) => {
+                let _ = e.complete();
+            }
+        }
     }
 
     /// How the stream is held, for messages.
     pub(crate) fn how(&self) -> &str {
-        &self.how
+        self.how
     }
 }
 
-/// Holds `stream` at its current end, or `None` when neither its device nor any peer
-/// of the run loads host-function kernels.
-pub(crate) fn try_hold(ctx: &CaseContext, stream: &Stream) -> Result<Option<Hold>, CaseError> {
+impl Drop for Hold {
+    fn drop(&mut self) {
+        // Released, not failed (a user event dropped pending fails).
+        self.open();
+    }
+}
+
+/// Holds `stream` at its current end.
+pub(crate) fn hold(stream: &Stream) -> Result<Hold, CaseError> {
     if stream
         .device()
         .capabilities()
         .supports_kernel_format(xpu_hal::KernelFormat::HostFunction)
     {
-        return Ok(Some(Hold {
-            gate: hold_with_gate(stream)?,
-            _peer_stream: None,
-            how: "a host-function kernel waiting on a latch".to_string(),
-        }));
+        return Ok(Hold {
+            gate: HoldGate::Kernel(hold_with_gate(stream)?),
+            how: "a host-function kernel waiting on a latch",
+        });
     }
-    let Some(peer) = host_function_peer(ctx) else {
-        return Ok(None);
-    };
-    let peer_stream = peer.create_stream()?;
-    let gate = hold_with_gate(&peer_stream)?;
-    let event = peer_stream.record_event()?;
-    stream.wait_event(&event)?;
-    Ok(Some(Hold {
-        gate,
-        _peer_stream: Some(peer_stream),
-        how: format!(
-            "a wait on an event of {} recorded behind a host-function kernel waiting on a latch",
-            peer.id()
-        ),
-    }))
-}
-
-/// Holds `stream` at its current end, or skips when nothing in the run can.
-pub(crate) fn hold(ctx: &CaseContext, stream: &Stream) -> Result<Hold, CaseError> {
-    try_hold(ctx, stream)?.ok_or_else(no_hold_reason)
+    let event = UserEvent::new();
+    stream.wait_user_event(&event)?;
+    Ok(Hold {
+        gate: HoldGate::User(event),
+        how: "a wait on a user event not yet completed",
+    })
 }
 
 /// Failed work put on a stream by [`inject_failure`].
 pub(crate) struct Failure {
     /// What failed, for messages ("a failed kernel" …).
-    pub(crate) what: String,
-    peer_stream: Option<Stream>,
-}
-
-impl Drop for Failure {
-    fn drop(&mut self) {
-        if let Some(s) = &self.peer_stream {
-            // The peer's own report of the failure; the case is about the device.
-            let _ = s.synchronize();
-        }
-    }
+    pub(crate) what: &'static str,
 }
 
 /// Enqueues work on `stream` that fails with an error whose message contains
 /// `message`: a failing host-function kernel where the device loads them, elsewhere a
-/// wait on an event of a peer recorded after a failing host-function kernel. Skips when
-/// neither the device nor any peer loads host functions.
-pub(crate) fn inject_failure(
-    ctx: &CaseContext,
-    stream: &Stream,
-    message: &'static str,
-) -> Result<Failure, CaseError> {
+/// wait on a user event that is failed with `message` (its later work then fails as
+/// aborted).
+pub(crate) fn inject_failure(stream: &Stream, message: &'static str) -> Result<Failure, CaseError> {
     if stream
         .device()
         .capabilities()
@@ -613,25 +570,14 @@ pub(crate) fn inject_failure(
     {
         enqueue_failure(stream, message)?;
         return Ok(Failure {
-            what: "a failed kernel".to_string(),
-            peer_stream: None,
+            what: "a failed kernel",
         });
     }
-    let Some(peer) = host_function_peer(ctx) else {
-        return Err(CaseError::skip(
-            "failing work on demand needs host-function kernels on the device, or a device in the run that loads them",
-        ));
-    };
-    let peer_stream = peer.create_stream()?;
-    enqueue_failure(&peer_stream, message)?;
-    let event = peer_stream.record_event()?;
-    stream.wait_event(&event)?;
+    let event = UserEvent::new();
+    stream.wait_user_event(&event)?;
+    event.fail(message)?;
     Ok(Failure {
-        what: format!(
-            "a wait on an event of {} recorded after a failed kernel",
-            peer.id()
-        ),
-        peer_stream: Some(peer_stream),
+        what: "a wait on a user event that was failed",
     })
 }
 

@@ -18,9 +18,7 @@ use crate::pipeline::Pipeline;
 use crate::stream::{buffer_of, Held, StreamShared};
 use abi::{is_packed, PushConstants, ShaderKind, BINDING_ALIGN, MAX_GROUPS, WORKGROUP_SIZE};
 
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use xpu_hal::backend::lock;
 
 /// The pipeline for `kind`, built on first use.
 fn pipeline(dev: &DeviceShared, kind: ShaderKind) -> Result<Arc<Pipeline>> {

@@ -182,9 +182,7 @@ impl<T: HasLayout + Clone> Plan<T> {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use xpu_hal::backend::lock;
 
 fn too_large(what: &str) -> Error {
     Error::unsupported(format!(
