@@ -88,6 +88,15 @@ enum Command {
         /// XPU_REQUIRE); a trailing `*` is a prefix wildcard.
         #[arg(long, value_name = "BACKENDS")]
         require: Option<String>,
+        /// Write a certificate of the run to this file: the xpu and plugin ABI
+        /// versions, a hash of the suite, each device's identity (with its plugin
+        /// library's SHA-256), every result with its reason, the command and the date.
+        #[arg(long, value_name = "FILE", conflicts_with = "filter")]
+        certificate: Option<PathBuf>,
+        /// Rerun the profile of this certificate and check it: same suite, the same
+        /// devices (by identity), every case with the certified status.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["filter", "profile"])]
+        check_certificate: Option<PathBuf>,
     },
     /// Show the machine's topology: NUMA nodes, devices, and the link class, latency and
     /// bandwidth between every pair of devices.
@@ -353,6 +362,8 @@ fn run(cli: Cli) -> Result<bool> {
             filter,
             list,
             require,
+            certificate,
+            check_certificate,
         }) => cli::conformance::run(
             &registry,
             &cli::conformance::Options {
@@ -367,6 +378,8 @@ fn run(cli: Cli) -> Result<bool> {
                     Some(text) => xpu_conformance::parse_required(&text),
                     None => xpu_conformance::required_from_env(),
                 },
+                certificate,
+                check_certificate,
             },
         ),
         Some(Command::Bench(BenchCommand::Collectives {
@@ -529,6 +542,8 @@ fn run(cli: Cli) -> Result<bool> {
                     filter: None,
                     list: false,
                     required: Vec::new(),
+                    certificate: None,
+                    check_certificate: None,
                 },
             )
         }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use xpu::{DeviceSelector, Error, Registry, Result};
-use xpu_conformance::{Expectations, Profile, RunOptions, Status};
+use xpu_conformance::{Certificate, Expectations, Profile, RunContext, RunOptions, Status};
 
 /// What `xpu conformance` was asked to do.
 #[derive(Debug, Clone)]
@@ -26,6 +26,10 @@ pub struct Options {
     pub list: bool,
     /// Backends that must have at least one device in the run.
     pub required: Vec<String>,
+    /// Where to write a certificate of the run.
+    pub certificate: Option<PathBuf>,
+    /// A certificate to check by running its profile again.
+    pub check_certificate: Option<PathBuf>,
 }
 
 fn write_file(path: &PathBuf, text: &str, what: &str) -> Result<()> {
@@ -40,7 +44,14 @@ fn write_file(path: &PathBuf, text: &str, what: &str) -> Result<()> {
 /// Runs the suite; `Ok(true)` when every case passed, was skipped or failed as
 /// expected.
 pub fn run(registry: &Registry, options: &Options) -> Result<bool> {
-    let profile = Profile::from_str(&options.profile)?;
+    let checked = match &options.check_certificate {
+        Some(path) => Some(Certificate::read(path).map_err(Error::invalid)?),
+        None => None,
+    };
+    let profile_name = checked
+        .as_ref()
+        .map_or(options.profile.as_str(), |c| c.profile.as_str());
+    let profile = Profile::from_str(profile_name)?;
     let devices = registry.devices(&options.selector)?;
     let unmet = xpu_conformance::check_required(&options.required, &devices, &registry.backends());
     if devices.is_empty() && unmet.is_empty() {
@@ -64,8 +75,7 @@ pub fn run(registry: &Registry, options: &Options) -> Result<bool> {
     run_options.filter = options.filter.clone();
 
     println!(
-        "conformance profile `{}` on {} device(s): {}",
-        options.profile,
+        "conformance profile `{profile_name}` on {} device(s): {}",
         devices.len(),
         devices
             .iter()
@@ -124,10 +134,58 @@ pub fn run(registry: &Registry, options: &Options) -> Result<bool> {
         println!(
             "backend {backend}: {} the `{}` profile ({})",
             if verdict.passed { "passed" } else { "FAILED" },
-            options.profile,
+            profile_name,
             verdict.summary
         );
     }
     println!("{}", report.closing_line());
-    Ok(report.success())
+    if options.certificate.is_none() && checked.is_none() {
+        return Ok(report.success());
+    }
+    let suite = xpu_conformance::all_cases();
+    let context = RunContext {
+        xpu_version: env!("CARGO_PKG_VERSION"),
+        host_plugin_abi: xpu::plugin::HOST_ABI_VERSION,
+        command: std::env::args().collect(),
+        profile: profile_name,
+        suite: &suite,
+    };
+    let certificate = Certificate::new(&report, &devices, &context);
+    if let Some(path) = &options.certificate {
+        let text = certificate
+            .to_json()
+            .map_err(|e| Error::backend_message("xpu", e))?;
+        write_file(path, &text, "certificate")?;
+        println!(
+            "certificate written to {} ({}; suite {})",
+            path.display(),
+            if certificate.passed {
+                "passed"
+            } else {
+                "NOT passed: the failures above are in it"
+            },
+            certificate.suite_sha256
+        );
+    }
+    let Some(checked) = checked else {
+        return Ok(report.success());
+    };
+    let differences = checked.differences(&certificate);
+    println!();
+    if differences.is_empty() {
+        println!(
+            "the certificate of {} (xpu {}, suite {}) is confirmed: the same devices gave every certified result again",
+            checked.issued, checked.xpu_version, checked.suite_sha256
+        );
+        Ok(report.success())
+    } else {
+        println!(
+            "the certificate of {} (xpu {}) is NOT confirmed:",
+            checked.issued, checked.xpu_version
+        );
+        for d in &differences {
+            println!("  {d}");
+        }
+        Ok(false)
+    }
 }

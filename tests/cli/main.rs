@@ -534,3 +534,105 @@ fn the_collectives_bench_uses_a_plugins_own_library_where_it_has_one() {
     let own = bench(&[("XPU_SIMNPU_CCL", "off")]);
     assert!(own.iter().all(|a| a != "native"), "{own:?}");
 }
+
+#[test]
+fn a_conformance_certificate_is_written_and_checked_by_a_rerun() {
+    let cert = scratch("certificate.json");
+    let (code, out, err) = run(&mut xpu(&[
+        "conformance",
+        "--devices",
+        "host:0",
+        "--certificate",
+        cert.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("certificate written to"), "{out}");
+    let text = std::fs::read_to_string(&cert).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["format"], "xpu-conformance-certificate/1");
+    assert_eq!(v["passed"], true);
+    assert_eq!(v["profile"], "core");
+    assert_eq!(v["suite_sha256"].as_str().unwrap().len(), 64);
+    assert_eq!(v["devices"][0]["id"], "host:0");
+    assert!(v["issued"].as_str().unwrap().ends_with('Z'));
+    let results = v["results"].as_array().unwrap();
+    assert!(results.len() >= 80, "{}", results.len());
+    for r in results.iter().filter(|r| r["status"] == "skip") {
+        assert!(r["reason"].as_str().is_some_and(|s| !s.is_empty()), "{r}");
+    }
+
+    // The same device confirms it.
+    let (code, out, err) = run(&mut xpu(&[
+        "conformance",
+        "--devices",
+        "host:0",
+        "--check-certificate",
+        cert.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("is confirmed"), "{out}");
+
+    // Another device (another name) does not.
+    let (code, out, _) = run(&mut xpu(&[
+        "conformance",
+        "--devices",
+        "host:1",
+        "--check-certificate",
+        cert.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("NOT confirmed") && out.contains("no device of the rerun is host:0"),
+        "{out}"
+    );
+
+    // A certified result the device does not give again is named.
+    let mut tampered = v.clone();
+    let first_pass = tampered["results"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|r| r["status"] == "pass")
+        .unwrap();
+    first_pass["status"] = "fail".into();
+    let case = first_pass["case"].as_str().unwrap().to_string();
+    let bad = scratch("tampered.json");
+    std::fs::write(&bad, tampered.to_string()).unwrap();
+    let (code, out, _) = run(&mut xpu(&[
+        "conformance",
+        "--devices",
+        "host:0",
+        "--check-certificate",
+        bad.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!("{case} on host:0: certified fail, now pass")),
+        "{out}"
+    );
+
+    // Bad input: no file, not a certificate, a filtered run.
+    let (code, _, err) = run(&mut xpu(&[
+        "conformance",
+        "--check-certificate",
+        "/nonexistent/c.json",
+    ]));
+    assert_ne!(code, 0);
+    assert!(err.contains("cannot read the certificate"), "{err}");
+    std::fs::write(&bad, "{\"format\": 1}").unwrap();
+    let (code, _, err) = run(&mut xpu(&[
+        "conformance",
+        "--check-certificate",
+        bad.to_str().unwrap(),
+    ]));
+    assert_ne!(code, 0);
+    assert!(err.contains("not a conformance certificate"), "{err}");
+    let (code, _, err) = run(&mut xpu(&[
+        "conformance",
+        "--filter",
+        "copy",
+        "--certificate",
+        cert.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 2, "{err}");
+}

@@ -103,6 +103,7 @@
 
 mod case;
 mod cases;
+mod certificate;
 mod expectations;
 pub mod harness;
 pub mod precision;
@@ -113,6 +114,10 @@ mod runner;
 
 pub use case::{Case, CaseContext, CaseError, CaseOutcome, Profile};
 pub use cases::{all_cases, cases, find_case};
+pub use certificate::{
+    file_sha256, suite_hash, Certificate, CertifiedResult, DeviceIdentity, RunContext,
+    CERTIFICATE_FORMAT,
+};
 pub use expectations::{Expectation, Expectations};
 pub use report::{BackendVerdict, CaseResult, Report, ReportError, Status, Summary};
 pub use required::{

@@ -11,8 +11,8 @@ use xpu_conformance::{all_cases, run_cases, Expectations, Profile, RunOptions, S
 use xpu_hal::backend::{Backend, BuiltinOp, DeviceImpl, DeviceSummary, EventImpl, StreamImpl};
 use xpu_hal::ops::{Op, RawTensor, ReduceOp};
 use xpu_hal::{
-    BinaryOp, Device, DeviceInfo, DeviceSelector, Event, HostSlice, KernelDesc, KernelImpl,
-    LaunchDims, MemoryInfo, RawAllocation, RawKernelArg, RawSlice, Registry, Result,
+    BinaryOp, Device, DeviceInfo, DeviceSelector, HostSlice, KernelDesc, KernelImpl, LaunchDims,
+    MemoryInfo, RawAllocation, RawKernelArg, RawSlice, Registry, Result,
 };
 use xpu_host::{HostBackend, HostConfig};
 
