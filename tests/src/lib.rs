@@ -118,7 +118,7 @@ pub use certificate::{
     file_sha256, suite_hash, Certificate, CertifiedResult, DeviceIdentity, RunContext,
     CERTIFICATE_FORMAT,
 };
-pub use expectations::{Expectation, Expectations};
+pub use expectations::{DeviceFacts, Expectation, Expectations};
 pub use report::{BackendVerdict, CaseResult, Report, ReportError, Status, Summary};
 pub use required::{
     check_required, diagnostics_results, parse_required, required_from_env, DIAGNOSTICS_CASE,

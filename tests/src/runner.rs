@@ -13,7 +13,7 @@ use xpu_hal::Device;
 
 use crate::case::{instance_name, Case, CaseContext, CaseError, CaseOutcome, Profile};
 use crate::cases::cases;
-use crate::expectations::{Expectation, Expectations};
+use crate::expectations::{DeviceFacts, Expectation, Expectations};
 use crate::report::{CaseResult, Report, Status};
 
 /// How long one case may run before it counts as hung, unless
@@ -55,29 +55,42 @@ impl Default for RunOptions {
 
 /// The status and reason of a case's outcome under an optional expectation.
 ///
-/// | outcome | no expectation | expectation |
-/// |---------|----------------|-------------|
-/// | pass    | pass           | xpass       |
-/// | fail    | fail           | xfail       |
-/// | skip    | skip           | skip        |
+/// | outcome | no expectation | expectation | flaky expectation |
+/// |---------|----------------|-------------|-------------------|
+/// | pass    | pass           | xpass       | pass              |
+/// | fail    | fail           | xfail       | xfail             |
+/// | skip    | skip           | skip        | skip              |
+///
+/// A failure whose message the expectation's `message` pattern does not match is a
+/// failure: the entry expects another one.
 pub fn classify(
     outcome: &CaseOutcome,
     expectation: Option<&Expectation>,
 ) -> (Status, Option<String>) {
     match (outcome, expectation) {
         (Ok(()), None) => (Status::Pass, None),
+        (Ok(()), Some(e)) if e.flaky => (Status::Pass, None),
         (Ok(()), Some(e)) => (
             Status::Xpass,
             Some(format!(
-                "expected to fail ({}), but passed; remove the expectation for backend `{}`, case `{}`",
-                e.reason, e.backend, e.case
+                "expected to fail ({}), but passed; remove the expectation ({})",
+                e.reason,
+                e.describe()
             )),
         ),
         (Err(CaseError::Skip(reason)), _) => (Status::Skip, Some(reason.clone())),
         (Err(CaseError::Fail(message)), None) => (Status::Fail, Some(message.clone())),
-        (Err(CaseError::Fail(message)), Some(e)) => (
+        (Err(CaseError::Fail(message)), Some(e)) if e.expects_message(message) => (
             Status::Xfail,
             Some(format!("{} (failed with: {message})", e.reason)),
+        ),
+        (Err(CaseError::Fail(message)), Some(e)) => (
+            Status::Fail,
+            Some(format!(
+                "{message} (an expectation covers this case ({}), but for a failure matching `{}`, not this one)",
+                e.describe(),
+                e.message.as_deref().unwrap_or("*")
+            )),
         ),
     }
 }
@@ -151,7 +164,14 @@ pub fn run_one(
 ) -> CaseResult {
     let (outcome, elapsed) = run_guarded(case, ctx, timeout);
     let backend = ctx.device.backend().to_string();
-    let (status, reason) = classify(&outcome, expectations.lookup(&backend, case.name));
+    let info = ctx.device.info();
+    let facts = DeviceFacts {
+        backend: &backend,
+        name: &info.name,
+        vendor: &info.vendor,
+        driver: &info.driver,
+    };
+    let (status, reason) = classify(&outcome, expectations.lookup_for(&facts, case.name));
     CaseResult {
         case: case.name.to_string(),
         device: ctx.device.id().to_string(),

@@ -257,3 +257,58 @@ fn profiles_parse_and_select() {
     assert_eq!(training.len(), xpu_hal::ops::OpKind::ALL.len() + 1);
     assert!(training.iter().all(|c| c.name.starts_with("training.")));
 }
+
+#[test]
+fn an_expectation_singles_out_a_device_and_a_failure() {
+    let devices = host_devices(2).unwrap();
+    let status = |exp: Expectations, case: &str| -> Vec<(String, Status, String)> {
+        run_cases(CUSTOM, &devices, &options(exp), |_| {})
+            .results
+            .into_iter()
+            .filter(|r| r.case == case)
+            .map(|r| (r.device, r.status, r.reason.unwrap_or_default()))
+            .collect()
+    };
+    // One device by name: the other's failure stays a failure.
+    let mut e = Expectation::new("host", "custom.fails", "only device 1 is broken");
+    e.device = Some("* (virtual device 1)".into());
+    let got = status(Expectations { entries: vec![e] }, "custom.fails");
+    assert_eq!(got[0].1, Status::Fail, "{got:?}");
+    assert_eq!(got[1].1, Status::Xfail, "{got:?}");
+    // A driver the devices do not have: no device is covered.
+    let mut e = Expectation::new("host", "custom.fails", "driver 9 regressed");
+    e.driver = Some("xpu-host 9.*".into());
+    let got = status(Expectations { entries: vec![e] }, "custom.fails");
+    assert!(got.iter().all(|g| g.1 == Status::Fail), "{got:?}");
+    // The failure it expects, and another one.
+    let mut e = Expectation::new("host", "custom.fails", "off by one");
+    e.message = Some("expected 1, found *".into());
+    let got = status(
+        Expectations {
+            entries: vec![e.clone()],
+        },
+        "custom.fails",
+    );
+    assert!(got.iter().all(|g| g.1 == Status::Xfail), "{got:?}");
+    e.message = Some("*timed out*".into());
+    let got = status(Expectations { entries: vec![e] }, "custom.fails");
+    assert!(got.iter().all(|g| g.1 == Status::Fail), "{got:?}");
+    assert!(
+        got[0].2.contains("expected 1, found 2") && got[0].2.contains("*timed out*"),
+        "{got:?}"
+    );
+    // Flaky: a pass is a pass, a failure an expected failure.
+    let mut e = Expectation::new("host", "custom.*", "sometimes fails");
+    e.flaky = true;
+    let exp = Expectations { entries: vec![e] };
+    let report = run_cases(CUSTOM, &devices, &options(exp), |_| {});
+    assert!(report.success());
+    for r in &report.results {
+        let want = match r.case.as_str() {
+            "custom.fails" => Status::Xfail,
+            "custom.skips" => Status::Skip,
+            _ => Status::Pass,
+        };
+        assert_eq!(r.status, want, "{r:?}");
+    }
+}
