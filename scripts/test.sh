@@ -36,6 +36,11 @@ cargo run --locked --quiet -p xpu -- conformance --profile collectives --plugin 
 cargo run --locked --quiet -p xpu -- conformance --profile training --plugin "$plugins" \
   --devices '*' --json target/conformance/training.json \
   --junit target/conformance/training.xml || status=$?
+# The abi profile: each plugin's C table called directly (other devices skip it), with
+# both example plugins required.
+XPU_REQUIRE=plugin.simnpu,plugin.minimal cargo run --locked --quiet -p xpu -- conformance \
+  --profile abi --plugin "$plugins" --devices 'plugin.simnpu:*;plugin.minimal:*' \
+  --json target/conformance/abi.json --junit target/conformance/abi.xml || status=$?
 # Again on one host device with three operation threads, so that the host's split of
 # matmul and of the other operations over its threads is held to the same reference.
 XPU_REQUIRE=host XPU_HOST_THREADS=3 cargo run --locked --quiet -p xpu -- conformance --profile training \

@@ -97,6 +97,10 @@ enum Command {
         /// devices (by identity), every case with the certified status.
         #[arg(long, value_name = "FILE", conflicts_with_all = ["filter", "profile"])]
         check_certificate: Option<PathBuf>,
+        /// How long one case may run, in seconds, before it counts as a failure (a
+        /// device that hangs).
+        #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+        case_timeout: f64,
     },
     /// Show the machine's topology: NUMA nodes, devices, and the link class, latency and
     /// bandwidth between every pair of devices.
@@ -364,6 +368,7 @@ fn run(cli: Cli) -> Result<bool> {
             require,
             certificate,
             check_certificate,
+            case_timeout,
         }) => cli::conformance::run(
             &registry,
             &cli::conformance::Options {
@@ -380,6 +385,14 @@ fn run(cli: Cli) -> Result<bool> {
                 },
                 certificate,
                 check_certificate,
+                case_timeout: std::time::Duration::try_from_secs_f64(case_timeout)
+                    .ok()
+                    .filter(|t| !t.is_zero() && t.as_secs() <= 24 * 3600)
+                    .ok_or_else(|| {
+                        xpu::Error::invalid(format!(
+                            "--case-timeout {case_timeout}: give a number of seconds above 0 and at most a day"
+                        ))
+                    })?,
             },
         ),
         Some(Command::Bench(BenchCommand::Collectives {
@@ -544,6 +557,7 @@ fn run(cli: Cli) -> Result<bool> {
                     required: Vec::new(),
                     certificate: None,
                     check_certificate: None,
+                    case_timeout: xpu_conformance::DEFAULT_CASE_TIMEOUT,
                 },
             )
         }

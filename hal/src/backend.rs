@@ -167,6 +167,16 @@ pub trait DeviceImpl: Send + Sync {
         )))
     }
 
+    /// Runs the check named `check` of the contract beneath the HAL — for a plugin
+    /// device, the C ABI of `xpu_plugin.h`, called through the plugin's own table —
+    /// for the conformance suite's `abi` profile: `None` when the device has no such
+    /// lower contract (the default: a backend the HAL calls directly), `Some(Err)` with
+    /// what was wrong when the check fails (an unknown name included).
+    fn abi_check(&self, check: &str) -> Option<std::result::Result<(), String>> {
+        let _ = check;
+        None
+    }
+
     /// The device as `Any`, for code that knows the backend (benchmarks, tests).
     fn as_any(&self) -> &dyn Any;
 }

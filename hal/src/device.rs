@@ -83,6 +83,13 @@ impl Device {
         self.inner.imp.memory_info()
     }
 
+    /// Runs the check named `check` of the contract beneath the HAL (a plugin's C
+    /// ABI), for the conformance suite's `abi` profile: `None` when the device has no
+    /// such contract (see [`crate::backend::DeviceImpl::abi_check`]).
+    pub fn abi_check(&self, check: &str) -> Option<std::result::Result<(), String>> {
+        self.inner.imp.abi_check(check)
+    }
+
     /// Makes the device fail for real as `fault` says, so that recovery above it can
     /// be tested (`xpu train --inject-fault`). Backends without fault injection return
     /// `Unsupported`; the host backend and the sim-npu plugin have it.

@@ -30,6 +30,8 @@ pub struct Options {
     pub certificate: Option<PathBuf>,
     /// A certificate to check by running its profile again.
     pub check_certificate: Option<PathBuf>,
+    /// How long one case may run before it is a failure.
+    pub case_timeout: std::time::Duration,
 }
 
 fn write_file(path: &PathBuf, text: &str, what: &str) -> Result<()> {
@@ -73,6 +75,7 @@ pub fn run(registry: &Registry, options: &Options) -> Result<bool> {
     let mut run_options = RunOptions::new(profile);
     run_options.expectations = expectations;
     run_options.filter = options.filter.clone();
+    run_options.case_timeout = options.case_timeout;
 
     println!(
         "conformance profile `{profile_name}` on {} device(s): {}",

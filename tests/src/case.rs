@@ -24,11 +24,21 @@ pub enum Profile {
     /// The standard operations a training step is made of ([`xpu_hal::ops`]), each the
     /// device lists checked against the reference on every dtype it claims.
     Training,
+    /// The contract beneath the HAL, called directly: a plugin device's C table
+    /// (`xpu_plugin.h`) with argument structs of other sizes, NULL arguments, values
+    /// the ABI does not define, and the exact error codes, where the host's own
+    /// validation cannot stand in for the plugin's. Devices of other backends skip it.
+    Abi,
 }
 
 impl Profile {
     /// Every profile, in a stable order.
-    pub const ALL: [Profile; 3] = [Profile::Core, Profile::Collectives, Profile::Training];
+    pub const ALL: [Profile; 4] = [
+        Profile::Core,
+        Profile::Collectives,
+        Profile::Training,
+        Profile::Abi,
+    ];
 
     /// The lowercase name used on the command line (`"core"` …).
     pub const fn name(self) -> &'static str {
@@ -36,6 +46,7 @@ impl Profile {
             Profile::Core => "core",
             Profile::Collectives => "collectives",
             Profile::Training => "training",
+            Profile::Abi => "abi",
         }
     }
 }
@@ -55,7 +66,7 @@ impl FromStr for Profile {
             .find(|p| p.name().eq_ignore_ascii_case(s.trim()))
             .ok_or_else(|| {
                 xpu_hal::Error::invalid(format!(
-                    "unknown conformance profile `{s}`; expected one of core, collectives, training"
+                    "unknown conformance profile `{s}`; expected one of core, collectives, training, abi"
                 ))
             })
     }

@@ -42,6 +42,19 @@
  *   frees it with error_destroy, exactly once. Error codes are xpu_error_code values;
  *   the message should say what was asked, what was found and what to do.
  *   A plugin must never let a C++ exception or a Rust panic cross this boundary.
+ *   An error's code and message stay the same until error_destroy.
+ *
+ *   Whatever the host has already checked, a plugin refuses, without crashing:
+ *     - a NULL argument struct, or one whose struct_size is below its MIN_SIZE, with
+ *       XPU_ERROR_INVALID_ARGUMENT;
+ *     - a device index at or past device_count's, with XPU_ERROR_INVALID_ARGUMENT;
+ *     - a value of an enum it does not know (a builtin kind, a dtype), with
+ *       XPU_ERROR_UNSUPPORTED or XPU_ERROR_INVALID_ARGUMENT, when the call is made
+ *       (nothing is enqueued).
+ *   device_count gives the same count on every call. Memory running out is
+ *   XPU_ERROR_OUT_OF_MEMORY and no other code, also when each allocation alone would
+ *   fit; freeing the buffers gives all their memory back to memory_info's `free`.
+ *   (`xpu conformance --profile abi` calls the table directly to check these.)
  *
  * OWNERSHIP AND LIFETIMES
  *

@@ -436,6 +436,10 @@ impl DeviceImpl for PluginDevice {
             .map(|g| Box::new(g) as Box<dyn xpu_hal::group::CollectiveGroup>)
     }
 
+    fn abi_check(&self, check: &str) -> Option<std::result::Result<(), String>> {
+        Some(crate::abi_check::run(&self.shared, check))
+    }
+
     fn inject_fault(&self, fault: Fault) -> Result<()> {
         let plugin = &self.shared.plugin;
         let Some(f) = plugin.table.inject_fault else {

@@ -118,6 +118,7 @@
 //! Every object is `Send + Sync`. The header allows calls from any thread; the crate
 //! adds only the serialisation of enqueues on one stream described above.
 
+mod abi_check;
 mod backend;
 mod device;
 mod discover;

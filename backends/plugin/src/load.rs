@@ -367,9 +367,9 @@ pub(crate) struct Plugin {
     pub(crate) version: String,
     /// The plugin's `abi_major.abi_minor`.
     pub(crate) abi: (u32, u32),
-    /// The entry point's address, which tells libraries apart (loading one file twice
+    /// The entry point, whose address tells libraries apart (loading one file twice
     /// maps it once).
-    entry: usize,
+    entry: xpu_plugin_get_api_fn,
     diagnostics: Mutex<(Vec<String>, usize)>,
     _library: Arc<Library>,
 }
@@ -497,7 +497,7 @@ impl Plugin {
             plugin_name: name,
             version,
             abi: (major, minor),
-            entry: entry as usize,
+            entry,
             diagnostics: Mutex::new((Vec::new(), 0)),
             _library: Arc::new(Library {
                 _inner: ManuallyDrop::new(library),
@@ -507,7 +507,7 @@ impl Plugin {
 
     /// Whether `other` drives the same library (and so shares handles with this one).
     pub(crate) fn same_library(&self, other: &Plugin) -> bool {
-        self.entry == other.entry
+        self.entry as usize == other.entry as usize
     }
 
     /// Copies an error object out of the plugin and destroys it.
@@ -614,6 +614,11 @@ impl Plugin {
         } else {
             d.1 += 1;
         }
+    }
+
+    /// The plugin's entry point (the library stays loaded as long as the plugin).
+    pub(crate) fn entry_point(&self) -> xpu_plugin_get_api_fn {
+        self.entry
     }
 
     /// Everything [`Plugin::record`] kept.

@@ -71,6 +71,22 @@ fn alone(library: &Path, selector: &str) {
         );
     }
     assert!(ran >= 60, "only {ran} cases passed on {selector} alone");
+    // The plugin's C table, called directly.
+    let abi: Vec<_> = all_cases()
+        .into_iter()
+        .filter(|c| c.profile == Profile::Abi)
+        .collect();
+    assert!(abi.len() >= 7);
+    let report = run_cases(&abi, &devices, &RunOptions::new(Profile::Abi), |_| {});
+    for r in &report.results {
+        assert_eq!(
+            r.status,
+            Status::Pass,
+            "{} on {selector} alone: {:?}",
+            r.case,
+            r.reason
+        );
+    }
     drop(devices);
     drop(registry);
     assert!(

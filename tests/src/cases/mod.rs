@@ -14,10 +14,12 @@
 //! | `event`  | cross-stream and cross-device waits, queries, timeouts, timing, errors |
 //! | `pool`   | the caching allocator on the device: reuse with data intact, cross-stream fences, empty_cache, expandable growth |
 //! | `training` | (profile `training`) every standard operation the device lists against the reference on every dtype it claims: odd, large, strided and offset shapes, specials; refusals and stream errors for bad indices |
+//! | `abi` | (profile `abi`) a plugin's C table called directly: argument structs of other sizes, NULL arguments, enumeration, out of memory, error objects, undefined values, the entry point |
 //! | `collectives` | (profile `collectives`) communicators over the device alone, with a device of its backend, and with one of every other backend: every operation, algorithm, dtype and reduction, in place and out of place; timeouts, desyncs and abort |
 
 use crate::case::{Case, Profile};
 
+mod abi;
 mod batch;
 mod cast;
 mod collectives;
@@ -47,6 +49,7 @@ const MODULES: &[&[Case]] = &[
     pool::CASES,
     collectives::CASES,
     training::CASES,
+    abi::CASES,
 ];
 
 /// Every built-in case of every profile, in a stable order.
