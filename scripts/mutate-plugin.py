@@ -3,11 +3,12 @@
 
 Makes single-point mutants of backends/plugin/examples/c-minimal/minimal.c — a
 relational, logical or arithmetic operator swapped, an integer constant changed, an
-error return replaced by success, a statement deleted — builds each as a plugin, and
-runs the conformance suite on the plugin's devices alone (no other backend), the way a
-vendor qualifies a device. A mutant is killed when the run fails (a failed case, a
-crash, a hang past the deadline); it survives when the run passes. Mutants that do not
-compile are left out.
+argument check removed, an error return replaced by success, a statement deleted —
+builds each as a plugin, and runs the conformance suite on the plugin's devices alone
+(no other backend), the way a vendor qualifies a device: the abi, core and training
+profiles. A mutant is killed when a run fails (a failed case, a crash, a hang past the
+deadline); it survives when every run passes. Mutants that do not compile are left
+out.
 
 Usage:
   scripts/mutate-plugin.py [--xpu target/release/xpu] [--jobs 2] [--limit N]
@@ -147,7 +148,7 @@ def run_one(args, lines, index, mutant):
         if cc.returncode != 0:
             return index, "stillborn", ""
         env = {k: v for k, v in os.environ.items() if not k.startswith("XPU_")}
-        for profile in ("core", "training"):
+        for profile in ("abi", "core", "training"):
             try:
                 r = subprocess.run(
                     ["timeout", "-k", "5", str(args.deadline), args.xpu, "conformance",

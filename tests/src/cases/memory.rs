@@ -40,6 +40,16 @@ pub(crate) const CASES: &[Case] = &[
         over_capacity,
     ),
     Case::core(
+        "memory.fragmentation",
+        "after 400 allocations of odd sizes freed in a shuffled order, some reallocated, free memory is back to its starting value to the byte",
+        fragmentation,
+    ),
+    Case::core(
+        "memory.threads",
+        "8 threads allocating odd sizes, copying through them on streams of their own and freeing at once keep every byte and give all the memory back",
+        threads,
+    ),
+    Case::core(
         "memory.accounting",
         "free memory drops by an allocation's size and comes back after free and after drop",
         accounting,
@@ -341,6 +351,119 @@ fn free_in_flight(ctx: &CaseContext) -> CaseOutcome {
         host.as_slice()?,
         &data,
         "data copied through allocations freed while the copies were queued",
+    )
+}
+
+/// Free memory, as memory_info reports it, or a skip where the device reports none.
+fn free_bytes(ctx: &CaseContext) -> Result<u64, CaseError> {
+    Ok(info_or_skip(ctx)?.free)
+}
+
+/// Runs `round` until free memory after it equals free memory before it (other work
+/// on the device may allocate or free meanwhile), at most [`ACCOUNTING_ATTEMPTS`]
+/// times; fails with the last difference.
+fn exact_accounting(
+    ctx: &CaseContext,
+    what: &str,
+    mut round: impl FnMut(u64) -> CaseOutcome,
+) -> CaseOutcome {
+    let mut last = String::new();
+    for attempt in 0..ACCOUNTING_ATTEMPTS as u64 {
+        let before = free_bytes(ctx)?;
+        round(attempt)?;
+        let after = free_bytes(ctx)?;
+        if after == before {
+            return Ok(());
+        }
+        last = format!("free memory was {before} bytes before {what} and {after} after");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Err(CaseError::fail(format!(
+        "{last}, in each of {ACCOUNTING_ATTEMPTS} attempts"
+    )))
+}
+
+fn fragmentation(ctx: &CaseContext) -> CaseOutcome {
+    let max = ctx.device.capabilities().max_allocation.max(1);
+    exact_accounting(
+        ctx,
+        "400 odd-sized allocations and their frees",
+        |attempt| {
+            let mut rng = Rng::new(0xF4A6 + attempt);
+            let mut live = Vec::new();
+            for i in 0..400u64 {
+                // Mostly small and odd, some of a page and more, a few large.
+                let size = match i % 10 {
+                    0 => 4096 * (1 + rng.below(8)) + rng.below(3),
+                    1 => (1 + rng.below(4)) * MIB / 2 + 1,
+                    _ => 1 + rng.below(3000),
+                }
+                .min(max);
+                live.push(ctx.device.allocate(size)?);
+                // Free some at random as we go, so that holes open between live ones.
+                if rng.below(3) == 0 {
+                    let at = rng.below(live.len() as u64) as usize;
+                    live.swap_remove(at).free()?;
+                }
+            }
+            // Shuffled frees, with reallocations of other sizes into the holes.
+            while !live.is_empty() {
+                let at = rng.below(live.len() as u64) as usize;
+                let a = live.swap_remove(at);
+                let size = a.size();
+                a.free()?;
+                if rng.below(4) == 0 {
+                    let again = ctx.device.allocate((size / 2).max(1) + rng.below(7))?;
+                    again.free()?;
+                }
+            }
+            Ok(())
+        },
+    )
+}
+
+fn threads(ctx: &CaseContext) -> CaseOutcome {
+    let max = ctx.device.capabilities().max_allocation.max(1);
+    exact_accounting(
+        ctx,
+        "8 threads allocating, copying and freeing",
+        |attempt| {
+            let results: Vec<CaseOutcome> = std::thread::scope(|scope| {
+                let workers: Vec<_> = (0..8u64)
+                    .map(|t| {
+                        scope.spawn(move || -> CaseOutcome {
+                            let stream = ctx.device.create_stream()?;
+                            let mut rng = Rng::new(0x7E4D + 97 * t + attempt);
+                            for i in 0..24u64 {
+                                let size = (1 + rng.below(20_000)).min(max);
+                                let data = pattern(t * 1000 + i, size as usize);
+                                let a = upload(&ctx.device, &stream, &data)?;
+                                let b = ctx.device.allocate(size)?;
+                                stream.copy(&a, &b)?;
+                                if rng.below(2) == 0 {
+                                    // Freed with the copy from it still queued.
+                                    a.free()?;
+                                }
+                                check_bytes(
+                                    &stream.read(&b)?,
+                                    &data,
+                                    &format!("thread {t}, allocation {i} ({size} bytes)"),
+                                )?;
+                            }
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                workers
+                    .into_iter()
+                    .map(|w| {
+                        w.join()
+                            .unwrap_or_else(|_| Err(CaseError::fail("a worker thread panicked")))
+                    })
+                    .collect()
+            });
+            results.into_iter().collect()
+        },
     )
 }
 
