@@ -7,8 +7,8 @@ use xpu_hal::{
 
 use crate::case::{Case, CaseContext, CaseError, CaseOutcome};
 use crate::cases::util::{
-    check_bytes, check_values, encode, enqueue_slow_write, expect_invalid, kernel_kind, pattern,
-    portable_kernel, require_host_functions, small_values, upload, Rng, NUMERIC,
+    check_bytes, check_values, encode, enqueue_slow_write, expect_invalid, hold, kernel_kind,
+    pattern, portable_kernel, require_host_functions, small_values, upload, Rng, MIB, NUMERIC,
 };
 use crate::reference::{self, from_i64};
 
@@ -27,6 +27,11 @@ pub(crate) const CASES: &[Case] = &[
         "stream.order_kernel",
         "a copy from the host, a device copy, two kernel launches (host function or WGSL), a device copy and a copy to the host queued without synchronizing run in order",
         order_kernel,
+    ),
+    Case::core(
+        "stream.order_behind_wait",
+        "large and small copies queued behind a held wait, and on a second stream behind an event of the first, run in order once released; nothing runs while held",
+        order_behind_wait,
     ),
     Case::core(
         "stream.many_small_ops",
@@ -369,5 +374,61 @@ fn foreign_memory(ctx: &CaseContext) -> CaseOutcome {
         &peer_stream.read(&foreign)?,
         &data,
         "the other device's memory after refused operations",
+    )
+}
+
+fn order_behind_wait(ctx: &CaseContext) -> CaseOutcome {
+    ctx.require_streams(2)?;
+    let a = ctx.device.create_stream()?;
+    let b = ctx.device.create_stream()?;
+    let big = (4 * MIB)
+        .min(ctx.device.capabilities().max_allocation / 2)
+        .max(64);
+    let n = big as usize;
+    let first = pattern(0x0B1, n);
+    let patch = pattern(0x0B2, 13);
+    let x = upload(&ctx.device, &a, &vec![0; n])?;
+    let y = upload(&ctx.device, &a, &vec![0; n])?;
+    let up = HostBuffer::from_bytes(&first)?;
+    let small = HostBuffer::from_bytes(&patch)?;
+    let mut down = HostBuffer::new(n)?;
+    let gate = hold(&a)?;
+    // Large, small over it, large again from the result, then the second stream.
+    a.copy_from_host(&up, 0, &x)?;
+    a.copy_from_host(&small, 0, x.slice(7, 13))?;
+    a.copy(&x, &y)?;
+    a.copy_from_host(&small, 0, x.slice(big - 13, 13))?;
+    let ea = a.record_event()?;
+    b.wait_event(&ea)?;
+    b.copy_to_host(&y, &down, 0)?;
+    let eb = b.record_event()?;
+    // Held: nothing after the wait may have run, on either stream.
+    let early = eb.wait_timeout(std::time::Duration::from_millis(30));
+    gate.open();
+    match early {
+        Err(xpu_hal::Error::Timeout { .. }) => {}
+        Ok(()) => {
+            return Err(CaseError::fail(format!(
+                "work queued behind a held stream ({}) finished before it was released",
+                gate.how()
+            )))
+        }
+        Err(e) => return Err(e.into()),
+    }
+    b.synchronize()?;
+    a.synchronize()?;
+    let mut want_y = first.clone();
+    want_y[7..20].copy_from_slice(&patch);
+    check_bytes(
+        down.as_slice()?,
+        &want_y,
+        "a large copy made after a small one over it, read on a second stream after an event of the first",
+    )?;
+    let mut want_x = want_y;
+    want_x[n - 13..].copy_from_slice(&patch);
+    check_bytes(
+        &a.read(&x)?,
+        &want_x,
+        "a small copy queued after a large copy that read the same allocation",
     )
 }
