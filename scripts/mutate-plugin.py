@@ -25,6 +25,7 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -132,6 +133,28 @@ def mutants(text):
     return lines, out
 
 
+def suite(args, lib, profile, env):
+    """Runs one profile on the mutant; None when it passes, else why it failed. Stops
+    at the first failed case: one is enough to kill the mutant."""
+    cmd = ["timeout", "-k", "5", str(args.deadline), args.xpu, "conformance", "--plugin", lib,
+           "--devices", "plugin.minimal:*", "--profile", profile, "--case-timeout", "10"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, errors="replace", start_new_session=True)
+    last = ""
+    for line in proc.stdout:
+        if line.startswith("FAIL"):
+            # The whole group: `timeout` and the suite under it.
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return f"{profile}: {line.strip()}"
+        if line.strip():
+            last = line.strip()
+    code = proc.wait()
+    if code != 0:
+        return f"{profile}: exit {code}: {last}"
+    return None
+
+
 def run_one(args, lines, index, mutant):
     i, name, new_line = mutant
     mutated = lines[:]
@@ -149,18 +172,9 @@ def run_one(args, lines, index, mutant):
             return index, "stillborn", ""
         env = {k: v for k, v in os.environ.items() if not k.startswith("XPU_")}
         for profile in ("abi", "core", "training"):
-            try:
-                r = subprocess.run(
-                    ["timeout", "-k", "5", str(args.deadline), args.xpu, "conformance",
-                     "--plugin", lib, "--devices", "plugin.minimal:*", "--profile", profile,
-                     "--case-timeout", "10"],
-                    capture_output=True, text=True, env=env)
-            except OSError as e:
-                return index, "error", str(e)
-            if r.returncode != 0:
-                fails = [l for l in r.stdout.splitlines() if l.startswith("FAIL")]
-                why = fails[0] if fails else (r.stdout + r.stderr).strip().splitlines()[-1:] or ["exit"]
-                return index, "killed", f"{profile}: exit {r.returncode}: {why if isinstance(why, str) else why[0]}"
+            verdict = suite(args, lib, profile, env)
+            if verdict is not None:
+                return index, "killed", verdict
         return index, "survived", ""
 
 

@@ -47,6 +47,8 @@
  *   Whatever the host has already checked, a plugin refuses, without crashing:
  *     - a NULL argument struct, or one whose struct_size is below its MIN_SIZE, with
  *       XPU_ERROR_INVALID_ARGUMENT;
+ *     - a NULL handle (device, buffer, stream, event, kernel) where the function needs
+ *       one, with XPU_ERROR_INVALID_ARGUMENT, also when its other handles are valid;
  *     - a device index at or past device_count's, with XPU_ERROR_INVALID_ARGUMENT;
  *     - a value of an enum it does not know (a builtin kind, a dtype), with
  *       XPU_ERROR_UNSUPPORTED or XPU_ERROR_INVALID_ARGUMENT, when the call is made
@@ -236,7 +238,11 @@ typedef struct xpu_device_close_args {
 } xpu_device_close_args;
 #define XPU_DEVICE_CLOSE_ARGS_MIN_SIZE XPU_STRUCT_SIZE(xpu_device_close_args, device)
 
-/* Static properties of a device. Strings are valid until the device is closed. */
+/* Static properties of a device. Strings are valid until the device is closed; name,
+ * vendor and driver are never NULL nor empty. kind is an xpu_device_kind and dtype_mask
+ * has bits of xpu_dtype values only; memory_bytes > 0 and 1 <= max_allocation <=
+ * memory_bytes. A device that names a kernel_format comes with kernel_load,
+ * kernel_launch and kernel_destroy, and a power-of-two kernel_arg_alignment. */
 typedef struct xpu_device_properties_args {
   size_t struct_size;
   const xpu_extension_base* extensions;

@@ -9,6 +9,12 @@
 //!   left alone; structs smaller than their `MIN_SIZE` are `XPU_ERROR_INVALID_ARGUMENT`.
 //! - `null_arguments` — every function of the table refuses a NULL argument struct
 //!   with `XPU_ERROR_INVALID_ARGUMENT`.
+//! - `null_handles` — a NULL device, buffer, stream or event where the function needs
+//!   one is `XPU_ERROR_INVALID_ARGUMENT`, also when the other handles are valid.
+//! - `properties` — the device's name, vendor and driver are non-empty strings, its
+//!   kind and dtypes are values the ABI defines, its memory and largest allocation are
+//!   positive and consistent, and a device that names a kernel format has kernel
+//!   functions and a power-of-two argument alignment.
 //! - `enumeration` — `device_count` is the same on every call, and opening an index at
 //!   or past it is `XPU_ERROR_INVALID_ARGUMENT`.
 //! - `out_of_memory` — allocations that each fit but together do not end in
@@ -36,6 +42,8 @@ use crate::load::{Args, Func, Plugin, HOST_ABI};
 pub(crate) const CHECKS: &[&str] = &[
     "struct_sizes",
     "null_arguments",
+    "null_handles",
+    "properties",
     "enumeration",
     "out_of_memory",
     "error_objects",
@@ -85,6 +93,8 @@ pub(crate) fn run(device: &DeviceShared, name: &str) -> Result<(), String> {
     let result = match name {
         "struct_sizes" => struct_sizes(plugin, device),
         "null_arguments" => null_arguments(plugin),
+        "null_handles" => null_handles(plugin, device),
+        "properties" => properties(plugin, device),
         "enumeration" => enumeration(plugin),
         "out_of_memory" => out_of_memory(plugin, device),
         "error_objects" => error_objects(plugin),
@@ -347,6 +357,280 @@ fn null_arguments(plugin: &Plugin) -> Result<(), String> {
         Ok(())
     } else {
         Err(wrong.join("; "))
+    }
+}
+
+/// Calls `f` with `args` and requires `XPU_ERROR_INVALID_ARGUMENT`, collecting what went
+/// otherwise into `wrong`.
+///
+/// # Safety
+/// `f` is the plugin's function for `A`; `args` is valid apart from the NULL handle the
+/// check is about.
+unsafe fn refuses<A>(
+    plugin: &Plugin,
+    f: Func<A>,
+    mut args: A,
+    what: &str,
+    wrong: &mut Vec<String>,
+) {
+    // SAFETY: the caller's contract.
+    let outcome = unsafe { plugin.call_raw(f, &mut args, "") };
+    if let Err(m) = expect_code(
+        outcome,
+        error_code::INVALID_ARGUMENT,
+        "XPU_ERROR_INVALID_ARGUMENT",
+        what,
+    ) {
+        wrong.push(m);
+    }
+}
+
+fn null_handles(plugin: &Plugin, device: &DeviceShared) -> Result<(), String> {
+    let t = &plugin.table;
+    let d = device.handle.0;
+    let mut wrong = Vec::new();
+    // A live stream and event, for the calls where the other handle is the NULL one.
+    let mut sc = xpu_stream_create_args::new();
+    sc.device = d;
+    // SAFETY: a fresh argument struct with the open device.
+    unsafe { plugin.call_raw(t.stream_create, &mut sc, "stream_create") }
+        .map_err(|e| e.to_string())?;
+    let stream = sc.stream;
+    // SAFETY (every call below): the plugin's own functions, with argument structs
+    // that are valid apart from the NULL handle each is about.
+    unsafe {
+        let mut a = xpu_buffer_allocate_args::new();
+        a.size = 64;
+        refuses(
+            plugin,
+            t.buffer_allocate,
+            a,
+            "buffer_allocate on a NULL device",
+            &mut wrong,
+        );
+        refuses(
+            plugin,
+            t.device_properties,
+            xpu_device_properties_args::new(),
+            "device_properties of a NULL device",
+            &mut wrong,
+        );
+        refuses(
+            plugin,
+            t.memory_info,
+            xpu_memory_info_args::new(),
+            "memory_info of a NULL device",
+            &mut wrong,
+        );
+        refuses(
+            plugin,
+            t.stream_create,
+            xpu_stream_create_args::new(),
+            "stream_create on a NULL device",
+            &mut wrong,
+        );
+        refuses(
+            plugin,
+            t.device_close,
+            xpu_device_close_args::new(),
+            "device_close of a NULL device",
+            &mut wrong,
+        );
+        refuses(
+            plugin,
+            t.buffer_free,
+            xpu_buffer_free_args::new(),
+            "buffer_free of a NULL buffer",
+            &mut wrong,
+        );
+        refuses(
+            plugin,
+            t.stream_synchronize,
+            xpu_stream_args::new(),
+            "stream_synchronize of a NULL stream",
+            &mut wrong,
+        );
+        refuses(
+            plugin,
+            t.stream_destroy,
+            xpu_stream_args::new(),
+            "stream_destroy of a NULL stream",
+            &mut wrong,
+        );
+        refuses(
+            plugin,
+            t.stream_query,
+            xpu_stream_query_args::new(),
+            "stream_query of a NULL stream",
+            &mut wrong,
+        );
+        let mut host = [0u8; 8];
+        let mut c = xpu_copy_args::new();
+        c.host = host.as_mut_ptr().cast();
+        refuses(
+            plugin,
+            t.copy_host_to_device,
+            c,
+            "copy_host_to_device on a NULL stream",
+            &mut wrong,
+        );
+        refuses(
+            plugin,
+            t.copy_device_to_host,
+            c,
+            "copy_device_to_host on a NULL stream",
+            &mut wrong,
+        );
+        refuses(
+            plugin,
+            t.copy_device_to_device,
+            xpu_copy_args::new(),
+            "copy_device_to_device on a NULL stream",
+            &mut wrong,
+        );
+        refuses(
+            plugin,
+            t.builtin,
+            xpu_builtin_args::new(),
+            "builtin on a NULL stream",
+            &mut wrong,
+        );
+        refuses(
+            plugin,
+            t.event_record,
+            xpu_event_record_args::new(),
+            "event_record on a NULL stream",
+            &mut wrong,
+        );
+        refuses(
+            plugin,
+            t.event_query,
+            xpu_event_query_args::new(),
+            "event_query of a NULL event",
+            &mut wrong,
+        );
+        refuses(
+            plugin,
+            t.event_wait,
+            xpu_event_wait_args::new(),
+            "event_wait on a NULL event",
+            &mut wrong,
+        );
+        refuses(
+            plugin,
+            t.event_destroy,
+            xpu_event_args::new(),
+            "event_destroy of a NULL event",
+            &mut wrong,
+        );
+        let mut w = xpu_stream_wait_event_args::new();
+        w.stream = stream;
+        refuses(
+            plugin,
+            t.stream_wait_event,
+            w,
+            "stream_wait_event on a NULL event (the stream live)",
+            &mut wrong,
+        );
+        let mut w = xpu_stream_wait_event_args::new();
+        let mut r = xpu_event_record_args::new();
+        r.stream = stream;
+        if plugin
+            .call_raw(t.event_record, &mut r, "event_record")
+            .is_ok()
+        {
+            w.event = r.event;
+            refuses(
+                plugin,
+                t.stream_wait_event,
+                w,
+                "stream_wait_event on a NULL stream (the event live)",
+                &mut wrong,
+            );
+            let mut e = xpu_event_args::new();
+            e.event = r.event;
+            let _ = plugin.call_raw(t.event_destroy, &mut e, "event_destroy");
+        }
+        if let Some(k) = &t.kernels {
+            refuses(
+                plugin,
+                k.load,
+                xpu_kernel_load_args::new(),
+                "kernel_load on a NULL device",
+                &mut wrong,
+            );
+            refuses(
+                plugin,
+                k.launch,
+                xpu_kernel_launch_args::new(),
+                "kernel_launch on a NULL stream and kernel",
+                &mut wrong,
+            );
+        }
+        let mut s = xpu_stream_args::new();
+        s.stream = stream;
+        if let Err(e) = plugin.call_raw(t.stream_destroy, &mut s, "stream_destroy") {
+            plugin.record(format!("{}: abi check: {e}", device.id));
+        }
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("; "))
+    }
+}
+
+fn properties(plugin: &Plugin, device: &DeviceShared) -> Result<(), String> {
+    let mut p = xpu_device_properties_args::new();
+    p.device = device.handle.0;
+    // SAFETY: a fresh argument struct with the open device.
+    unsafe { plugin.call_raw(plugin.table.device_properties, &mut p, "device_properties") }
+        .map_err(|e| e.to_string())?;
+    let mut wrong = Vec::new();
+    for (field, value) in [("name", p.name), ("vendor", p.vendor), ("driver", p.driver)] {
+        // SAFETY: a string the plugin returned, valid until the device is closed.
+        match unsafe { text(value) } {
+            Some(t) if !t.trim().is_empty() => {}
+            Some(_) => wrong.push(format!("{field} is empty")),
+            None => wrong.push(format!("{field} is NULL")),
+        }
+    }
+    if p.kind > device_kind::OTHER {
+        wrong.push(format!("kind {} is not an xpu_device_kind", p.kind));
+    }
+    let defined = (1u32 << 7) - 1;
+    if p.dtype_mask & !defined != 0 {
+        wrong.push(format!(
+            "dtype_mask {:#x} has bits of no xpu_dtype (defined: {defined:#x})",
+            p.dtype_mask
+        ));
+    }
+    if p.memory_bytes == 0 {
+        wrong.push("memory_bytes is 0".to_string());
+    }
+    if p.max_allocation == 0 || p.max_allocation > p.memory_bytes {
+        wrong.push(format!(
+            "max_allocation is {}, not between 1 and memory_bytes ({})",
+            p.max_allocation, p.memory_bytes
+        ));
+    }
+    if !p.kernel_format.is_null() {
+        if plugin.table.kernels.is_none() {
+            wrong.push(
+                "the device names a kernel format but the plugin has no kernel_load, kernel_launch and kernel_destroy".to_string(),
+            );
+        }
+        if !p.kernel_arg_alignment.is_power_of_two() {
+            wrong.push(format!(
+                "kernel_arg_alignment {} is not a power of two",
+                p.kernel_arg_alignment
+            ));
+        }
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("device_properties: {}", wrong.join("; ")))
     }
 }
 

@@ -50,6 +50,16 @@ abi_cases!(
         "every function of the table refuses NULL arguments with XPU_ERROR_INVALID_ARGUMENT"
     ),
     (
+        "abi.null_handles",
+        "null_handles",
+        "a NULL device, buffer, stream or event where a function needs one is XPU_ERROR_INVALID_ARGUMENT, also beside valid handles"
+    ),
+    (
+        "abi.properties",
+        "properties",
+        "name, vendor and driver are non-empty, kind and dtypes are defined values, memory and the largest allocation are consistent, and a kernel format comes with kernel functions and a power-of-two alignment"
+    ),
+    (
         "abi.enumeration",
         "enumeration",
         "device_count is stable, and opening an index at or past it is XPU_ERROR_INVALID_ARGUMENT"
