@@ -396,8 +396,8 @@ fn null_handles(plugin: &Plugin, device: &DeviceShared) -> Result<(), String> {
     unsafe { plugin.call_raw(t.stream_create, &mut sc, "stream_create") }
         .map_err(|e| e.to_string())?;
     let stream = sc.stream;
-    // SAFETY (every call below): the plugin's own functions, with argument structs
-    // that are valid apart from the NULL handle each is about.
+    // SAFETY: every call below passes the plugin's own function with an argument
+    // struct that is valid apart from the NULL handle the call is about.
     unsafe {
         let mut a = xpu_buffer_allocate_args::new();
         a.size = 64;
