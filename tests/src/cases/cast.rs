@@ -144,6 +144,10 @@ fn float_to_int(ctx: &CaseContext) -> CaseOutcome {
         1.0e19,
         -1.0e19,
         -0.0,
+        // The edges of i64: 2^63 saturates, -2^63 is exact, the float below 2^63 fits.
+        9_223_372_036_854_775_808.0,
+        -9_223_372_036_854_775_808.0,
+        9_223_372_036_854_774_784.0,
     ];
     let dtypes = supported(ctx);
     let mut tested = false;
@@ -388,6 +392,12 @@ fn float_specials(ctx: &CaseContext) -> CaseOutcome {
         3.0e-8,
         1.0e-9,
         -1.0e-9,
+        // Ties between f16 subnormals (steps of 2^-24), which round to the even one.
+        2.5 * 2f64.powi(-24),
+        2.25 * 2f64.powi(-24),
+        -3.5 * 2f64.powi(-24),
+        2f64.powi(-25),
+        0.75 * 2f64.powi(-24),
     ];
     let floats: Vec<DType> = supported(ctx)
         .into_iter()
