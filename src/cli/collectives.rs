@@ -221,7 +221,7 @@ fn slowest_everywhere(
         .chunks_exact(8)
         .map(|c| {
             let v = f64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
-            Duration::from_secs_f64(v.max(0.0) / 1e6)
+            Duration::try_from_secs_f64(v.max(0.0) / 1e6).unwrap_or(Duration::MAX)
         })
         .collect();
     let wrong = stream.read(&counted)?;
@@ -381,6 +381,9 @@ struct Measured {
 /// (which wake the streams' workers) would disturb the latencies measured between them,
 /// so they follow all the samples instead.
 const INTERLEAVE_FROM: u64 = 64 << 10;
+
+/// The most iterations (`-n`, `-w`) a size may take: every timing is kept.
+const MAX_ITERS: usize = 10_000_000;
 
 /// Measures one mode; with `reference`, each latency sample is followed by a sample of
 /// the ceiling (every rank copying `size` bytes within its own device at once), so that
@@ -595,6 +598,12 @@ pub fn run(devices: Vec<Device>, o: &Options) -> Result<bool> {
         return Err(Error::invalid(
             "need -b <= -e, a step factor -f of at least 2, and at least one iteration -n",
         ));
+    }
+    if o.iters > MAX_ITERS || o.warmup > MAX_ITERS {
+        return Err(Error::invalid(format!(
+            "-n {} and -w {}: at most {MAX_ITERS} iterations each (their timings are kept)",
+            o.iters, o.warmup
+        )));
     }
     let mut selector = Selector::from_env()?;
     if let Some(a) = &o.algorithm {

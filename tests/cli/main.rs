@@ -279,6 +279,33 @@ fn bad_input_is_a_clear_error_with_exit_code_2() {
     ]));
     assert_eq!(code, 2);
     assert!(err.contains("missing.json"), "{err}");
+
+    // Times and counts past what can be honoured are refused, not a panic or an abort.
+    let bench = [
+        "bench",
+        "collectives",
+        "--devices",
+        "host:0,1",
+        "-b",
+        "8",
+        "-e",
+        "8",
+    ];
+    for t in ["inf", "1e300", "NaN", "0", "-3"] {
+        let (code, _, err) = run(xpu(&bench).env("XPU_COLL_TIMEOUT", t));
+        assert_eq!(code, 2, "XPU_COLL_TIMEOUT={t}: {err}");
+        assert!(err.contains("XPU_COLL_TIMEOUT"), "{err}");
+    }
+    let mut many = bench.to_vec();
+    many.extend(["-n", "100000000000000"]);
+    let (code, _, err) = run(&mut xpu(&many));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("at most 10000000 iterations"), "{err}");
+    for t in ["0", "inf", "1e300"] {
+        let (code, _, err) = run(&mut xpu(&["conformance", "--case-timeout", t]));
+        assert_eq!(code, 2, "--case-timeout {t}: {err}");
+        assert!(err.contains("--case-timeout"), "{err}");
+    }
 }
 
 #[test]

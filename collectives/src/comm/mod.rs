@@ -86,23 +86,39 @@ pub struct CommOptions {
     pub selector: Selector,
 }
 
+/// The longest timeout `XPU_COLL_TIMEOUT` may set: deadlines are computed from it, and
+/// a wait of longer is a wait forever in all but name.
+const MAX_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
+
 impl CommOptions {
+    /// Refuses a timeout of zero or of more than 30 days, with the reason.
+    pub fn validate(&self) -> Result<()> {
+        if self.timeout.is_zero() || self.timeout > MAX_TIMEOUT {
+            return Err(Error::invalid(format!(
+                "a communicator timeout of {:?}: give more than zero and at most {} s (30 days)",
+                self.timeout,
+                MAX_TIMEOUT.as_secs()
+            )));
+        }
+        Ok(())
+    }
+
     /// The defaults: `XPU_COLL_TIMEOUT` seconds (default 300) and the `XPU_COLL_ALGO`
     /// overrides.
     pub fn from_env() -> Result<Self> {
         let timeout = match std::env::var("XPU_COLL_TIMEOUT") {
             Ok(v) => {
-                let secs: f64 = v
-                    .trim()
+                v.trim()
                     .parse()
                     .ok()
-                    .filter(|s: &f64| *s > 0.0)
+                    .and_then(|s: f64| Duration::try_from_secs_f64(s).ok())
+                    .filter(|d| !d.is_zero() && *d <= MAX_TIMEOUT)
                     .ok_or_else(|| {
                         Error::invalid(format!(
-                        "XPU_COLL_TIMEOUT is `{v}`; give the timeout in seconds, a positive number"
-                    ))
-                    })?;
-                Duration::from_secs_f64(secs)
+                            "XPU_COLL_TIMEOUT is `{v}`; give the timeout in seconds, a positive number of at most {} (30 days)",
+                            MAX_TIMEOUT.as_secs()
+                        ))
+                    })?
             }
             Err(_) => Duration::from_secs(300),
         };
@@ -268,6 +284,7 @@ impl Communicator {
         topology: Topology,
         options: CommOptions,
     ) -> Result<Self> {
+        options.validate()?;
         if devices.is_empty() {
             return Err(Error::invalid(
                 "a communicator needs at least one device; give the ranks' devices",
@@ -578,5 +595,29 @@ impl Shared {
 
     fn rank_name(&self, r: usize) -> String {
         format!("rank {r} ({})", self.devices[r].id())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeout_of_zero_or_past_30_days_is_refused() {
+        let mut o = CommOptions::default();
+        assert!(o.validate().is_ok());
+        for t in [
+            Duration::ZERO,
+            Duration::MAX,
+            MAX_TIMEOUT + Duration::from_nanos(1),
+        ] {
+            o.timeout = t;
+            assert!(
+                matches!(o.validate(), Err(Error::InvalidArgument { .. })),
+                "{t:?}"
+            );
+        }
+        o.timeout = MAX_TIMEOUT;
+        assert!(o.validate().is_ok());
     }
 }

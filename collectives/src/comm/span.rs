@@ -1022,6 +1022,7 @@ impl Communicator {
         devices: Vec<Device>,
         options: CommOptions,
     ) -> Result<Communicator> {
+        options.validate()?;
         let peers = mpi.peers(options.timeout)?;
         // The machine this process runs on, as the others group it: MPI's processor
         // name unless XPU_NODE_NAME says otherwise (containers whose host names differ
@@ -1161,6 +1162,7 @@ impl Communicator {
         devices: Vec<Device>,
         options: CommOptions,
     ) -> Result<Communicator> {
+        options.validate()?;
         let me = peers.index();
         let n = peers.count();
         let joining = Joining {
