@@ -41,6 +41,15 @@ struct Element {
     children: Vec<Element>,
 }
 
+/// How deep elements may nest: a real machine's `<system>`, `<cpu>`, bridges and devices
+/// are a few levels; the limit keeps a hostile file from exhausting the stack (the tree
+/// is walked and dropped recursively) or memory.
+const MAX_DEPTH: usize = 64;
+
+/// The largest topology file read, in bytes (NCCL's dumps of large machines are tens
+/// of kilobytes).
+const MAX_FILE_BYTES: u64 = 16 << 20;
+
 fn parse_elements(text: &str, origin: &str) -> Result<Element> {
     let bad = |pos: u64, what: String| {
         Error::invalid(format!(
@@ -53,7 +62,15 @@ fn parse_elements(text: &str, origin: &str) -> Result<Element> {
         let pos = reader.buffer_position();
         let event = reader.read_event().map_err(|e| bad(pos, e.to_string()))?;
         match event {
-            Event::Start(start) => stack.push(element(&start, pos, &bad)?),
+            Event::Start(start) => {
+                if stack.len() > MAX_DEPTH {
+                    return Err(bad(
+                        pos,
+                        format!("elements nest more than {MAX_DEPTH} deep; a machine's PCI tree is far shallower"),
+                    ));
+                }
+                stack.push(element(&start, pos, &bad)?)
+            }
             Event::Empty(start) => {
                 let e = element(&start, pos, &bad)?;
                 if let Some(parent) = stack.last_mut() {
@@ -232,6 +249,13 @@ fn walk_pci(
 
 /// Reads an NCCL topology file.
 pub fn load(path: &std::path::Path) -> Result<HostTopology> {
+    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    if size > MAX_FILE_BYTES {
+        return Err(Error::invalid(format!(
+            "the topology file {} is {size} bytes, more than the {MAX_FILE_BYTES} a topology file can be; give the file NCCL_TOPO_DUMP_FILE or `xpu topo --xml` wrote",
+            path.display()
+        )));
+    }
     let text = std::fs::read_to_string(path).map_err(|e| {
         Error::invalid(format!(
             "cannot read the topology file {}: {e}; check the path given by --topo-file or XPU_TOPO_FILE",

@@ -223,6 +223,23 @@ fn bad_files_are_refused_with_reasons() {
         let e = nccl_xml::parse(text, "t.xml").unwrap_err().to_string();
         assert!(e.contains(wanted) && e.contains("t.xml"), "{text}: {e}");
     }
+    // A million nested bridges: refused at the depth limit, without exhausting the
+    // stack or memory.
+    let deep = format!(
+        "<system version=\"1\"><cpu numaid=\"0\">{}{}</cpu></system>",
+        "<pci busid=\"0000:01:00.0\">".repeat(1_000_000),
+        "</pci>".repeat(1_000_000)
+    );
+    let e = nccl_xml::parse(&deep, "deep.xml").unwrap_err().to_string();
+    assert!(e.contains("nest more than"), "{e}");
+    // A nesting as deep as allowed still reads.
+    let depth = 60;
+    let ok = format!(
+        "<system version=\"1\"><cpu numaid=\"0\">{}{}</cpu></system>",
+        "<pci busid=\"0000:01:00.0\">".repeat(depth),
+        "</pci>".repeat(depth)
+    );
+    assert!(nccl_xml::parse(&ok, "ok.xml").is_ok());
 }
 
 #[test]
