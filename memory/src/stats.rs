@@ -19,15 +19,18 @@ pub struct Stat {
 }
 
 impl Stat {
+    // Saturating: the lifetime totals of a long-running process may pass 2^64 bytes,
+    // and a statistic that wraps to a small number would mislead more than one that
+    // stops at the maximum.
     pub(crate) fn increase(&mut self, n: u64) {
-        self.current += n;
-        self.allocated += n;
+        self.current = self.current.saturating_add(n);
+        self.allocated = self.allocated.saturating_add(n);
         self.peak = self.peak.max(self.current);
     }
 
     pub(crate) fn decrease(&mut self, n: u64) {
         self.current = self.current.saturating_sub(n);
-        self.freed += n;
+        self.freed = self.freed.saturating_add(n);
     }
 
     pub(crate) fn reset_peak(&mut self) {
@@ -184,4 +187,23 @@ pub struct TraceEvent {
     pub stream: StreamId,
     /// Nanoseconds since the allocator was created.
     pub timestamp_ns: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn totals_stop_at_the_maximum_instead_of_wrapping() {
+        let mut s = Stat::default();
+        s.increase(u64::MAX - 1);
+        s.increase(10);
+        assert_eq!(
+            (s.current, s.allocated, s.peak),
+            (u64::MAX, u64::MAX, u64::MAX)
+        );
+        s.decrease(u64::MAX);
+        s.decrease(5);
+        assert_eq!((s.current, s.freed), (0, u64::MAX));
+    }
 }
