@@ -399,9 +399,12 @@ impl Plugin {
     /// Loads the library at `path` (already checked by the caller) and validates its
     /// table. `given` is the path to name in messages.
     pub(crate) fn open(path: &Path, given: &Path) -> Result<Plugin, LoadErrorKind> {
-        let library = load_library(path).map_err(|e| LoadErrorKind::NotALibrary {
-            message: e.to_string(),
-        })?;
+        // Never unmapped, also when the plugin is refused below: its initialisers have
+        // run and may have started threads that run its code.
+        let library =
+            ManuallyDrop::new(load_library(path).map_err(|e| LoadErrorKind::NotALibrary {
+                message: e.to_string(),
+            })?);
         // SAFETY: `xpu_plugin_get_api_fn` is the type the header gives the entry point.
         // The function pointer is copied out of the symbol but the library it points
         // into stays loaded as long as the returned `Plugin` (forever, see `Library`).
@@ -499,9 +502,7 @@ impl Plugin {
             abi: (major, minor),
             entry,
             diagnostics: Mutex::new((Vec::new(), 0)),
-            _library: Arc::new(Library {
-                _inner: ManuallyDrop::new(library),
-            }),
+            _library: Arc::new(Library { _inner: library }),
         })
     }
 

@@ -469,3 +469,12 @@ fn load_and_open_time() {
     );
     // A figure to read, not an assertion: speed is measured, not asserted in tests.
 }
+
+#[test]
+fn a_refused_plugin_whose_thread_runs_its_code_is_not_unmapped() {
+    // Its constructor started a thread that runs the library's code for half a second
+    // after the refusal; unmapping the library under it would crash this process.
+    let e = refused(&support::bad("THREAD_REFUSED"));
+    assert_eq!(e.cause(), &LoadErrorKind::Refused { host: (1, 4) });
+    std::thread::sleep(std::time::Duration::from_millis(700));
+}
