@@ -106,6 +106,9 @@ impl std::fmt::Debug for PluginBackend {
     }
 }
 
+/// The most devices a plugin may claim: more is a broken plugin, not a machine.
+const MAX_DEVICES: u32 = 4096;
+
 impl Backend for PluginBackend {
     fn name(&self) -> &str {
         &self.plugin.backend
@@ -125,6 +128,15 @@ impl Backend for PluginBackend {
                 ),
             )
         })?;
+        if count > MAX_DEVICES {
+            return Err(Error::unavailable(
+                self.plugin.backend.clone(),
+                format!(
+                    "the plugin {} claims {count} devices, more than the {MAX_DEVICES} a plugin may have; it is broken",
+                    self.plugin.path.display()
+                ),
+            ));
+        }
         Ok((0..count)
             .map(|index| DeviceSummary {
                 index,

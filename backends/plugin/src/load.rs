@@ -2,7 +2,7 @@
 //! crate. Everything that touches the library's memory directly lives here; the HAL
 //! objects call the plugin only through [`Plugin::call`].
 
-use std::ffi::{c_char, CStr};
+use std::ffi::c_char;
 use std::mem::{offset_of, size_of, ManuallyDrop, MaybeUninit};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -391,9 +391,34 @@ pub(crate) unsafe fn plugin_string(p: *const c_char) -> String {
     if p.is_null() {
         return String::new();
     }
-    // SAFETY: non-null and NUL-terminated by the caller's contract.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    // Up to the NUL, or MAX_STRING_LEN bytes of a string that has none within them.
+    let mut bytes = Vec::new();
+    for i in 0..MAX_STRING_LEN {
+        // SAFETY: NUL-terminated by the caller's contract, and read only up to the NUL.
+        let b = unsafe { p.add(i).cast::<u8>().read() };
+        if b == 0 {
+            break;
+        }
+        bytes.push(b);
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    // Control characters (a terminal's escape sequences) are shown escaped: the
+    // strings reach terminals and logs.
+    text.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
 }
+
+/// The most bytes of a plugin string read: names, versions and messages are short, and
+/// a string without its NUL must not make the host read on.
+const MAX_STRING_LEN: usize = 4096;
 
 impl Plugin {
     /// Loads the library at `path` (already checked by the caller) and validates its
@@ -713,6 +738,21 @@ mod tests {
         assert!(!valid_name("a b"));
         assert!(!valid_name("a.b"));
         assert!(!valid_name(&"a".repeat(MAX_NAME_LEN + 1)));
+    }
+
+    #[test]
+    fn plugin_strings_are_bounded_and_escaped() {
+        let s = b"v1\x1b[2J\x07ok\0";
+        // SAFETY: a NUL-terminated byte string.
+        let text = unsafe { plugin_string(s.as_ptr().cast()) };
+        assert_eq!(text, "v1\\u{1b}[2J\\u{7}ok");
+        let mut long = vec![b'x'; MAX_STRING_LEN + 100];
+        long.push(0);
+        // SAFETY: NUL-terminated; read only up to MAX_STRING_LEN bytes.
+        let text = unsafe { plugin_string(long.as_ptr().cast()) };
+        assert_eq!(text.len(), MAX_STRING_LEN);
+        // SAFETY: NULL is allowed.
+        assert_eq!(unsafe { plugin_string(std::ptr::null()) }, "");
     }
 
     /// The argument structs' sizes follow `XPU_STRUCT_SIZE`, not `sizeof`.

@@ -241,6 +241,16 @@ fn an_invalid_name() {
     assert!(e.to_string().contains("\"Bad Name!\""), "{e}");
 }
 
+/// A plugin claiming 2^32 - 1 devices is an unavailable backend, with the reason,
+/// rather than four billion device summaries.
+#[test]
+fn a_plugin_claiming_billions_of_devices_is_unavailable() {
+    let backend = PluginBackend::load(support::bad("HUGE_COUNT")).unwrap();
+    let e = backend.enumerate().unwrap_err();
+    assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+    assert!(e.to_string().contains("claims 4294967295 devices"), "{e}");
+}
+
 /// Unknown error codes become backend errors carrying the raw code; a NULL message is
 /// survived.
 #[test]
