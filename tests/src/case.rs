@@ -234,6 +234,10 @@ pub struct Case {
     /// The check. It must not panic (the runner turns a panic into a failure anyway)
     /// and must leave the device usable for the next case.
     pub run: fn(&CaseContext) -> CaseOutcome,
+    /// Whether the case needs the devices to itself: it measures the devices' free
+    /// memory to the byte, or takes all of it. Harnesses that run cases in parallel
+    /// ([`crate::harness`]) run it alone.
+    pub exclusive: bool,
 }
 
 impl Case {
@@ -248,7 +252,14 @@ impl Case {
             profile: Profile::Core,
             description,
             run,
+            exclusive: false,
         }
+    }
+
+    /// This case, run alone where cases run in parallel (see [`Case::exclusive`]).
+    pub const fn alone(mut self) -> Self {
+        self.exclusive = true;
+        self
     }
 
     /// The name of this case run on `device`, as reports and test harnesses print it:

@@ -6,6 +6,7 @@
 //! `cargo test -- copy.` filters as usual; a skip shows as `ignored` with its reason, an
 //! expected failure as `ignored` with the expectation's reason.
 
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
@@ -24,6 +25,10 @@ pub fn trials(
     timeout: Duration,
 ) -> Vec<Trial> {
     let mut out = Vec::with_capacity(cases.len() * devices.len());
+    // Trials run in parallel; a case that needs the devices to itself (it measures
+    // free memory to the byte, or takes all of it) runs alone: it takes this lock
+    // exclusively, every other trial shares it.
+    let alone = Arc::new(RwLock::new(()));
     for index in 0..devices.len() {
         let Some(ctx) = context_for(devices, index) else {
             continue;
@@ -32,10 +37,17 @@ pub fn trials(
             let case = *case;
             let ctx = ctx.clone();
             let expectations = expectations.clone();
+            let alone = alone.clone();
             out.push(Trial::ignorable_test(
                 case.display_name(&ctx.device),
                 move || {
-                    let result = run_one(&case, &ctx, &expectations, timeout);
+                    let result = if case.exclusive {
+                        let _all = alone.write().unwrap_or_else(PoisonError::into_inner);
+                        run_one(&case, &ctx, &expectations, timeout)
+                    } else {
+                        let _shared = alone.read().unwrap_or_else(PoisonError::into_inner);
+                        run_one(&case, &ctx, &expectations, timeout)
+                    };
                     let reason = result.reason.unwrap_or_default();
                     match result.status {
                         Status::Pass => Ok(Completion::Completed),

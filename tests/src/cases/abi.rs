@@ -15,6 +15,7 @@ const fn abi(
         profile: Profile::Abi,
         description,
         run,
+        exclusive: true,
     }
 }
 

@@ -105,6 +105,7 @@ macro_rules! family_cases {
                     profile: Profile::Collectives,
                     description: concat!($what, " ", $where),
                     run: $fn_name,
+                    exclusive: false,
                 },
             )*
             Case {
@@ -112,18 +113,21 @@ macro_rules! family_cases {
                 profile: Profile::Collectives,
                 description: "when a rank never calls an all-reduce, every waiting rank gets a timeout naming the missing rank, and the communicator is failed for the late rank too",
                 run: timeout_names_missing_rank,
+                exclusive: false,
             },
             Case {
                 name: "collectives.desync_on_every_rank",
                 profile: Profile::Collectives,
                 description: "ranks calling all-reduces of different sizes all get a desync error naming both calls, and the communicator still works afterwards",
                 run: desync_on_every_rank,
+                exclusive: false,
             },
             Case {
                 name: "collectives.abort_releases_waiting_rank",
                 profile: Profile::Collectives,
                 description: "abort releases a rank waiting for the others with an aborted error, and later calls fail at once",
                 run: abort_releases_waiting_rank,
+                exclusive: false,
             },
         ];
     };

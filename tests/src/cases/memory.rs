@@ -43,17 +43,17 @@ pub(crate) const CASES: &[Case] = &[
         "memory.fragmentation",
         "after 400 allocations of odd sizes freed in a shuffled order, some reallocated, free memory is back to its starting value to the byte",
         fragmentation,
-    ),
+    ).alone(),
     Case::core(
         "memory.threads",
         "8 threads allocating odd sizes, copying through them on streams of their own and freeing at once keep every byte and give all the memory back",
         threads,
-    ),
+    ).alone(),
     Case::core(
         "memory.accounting",
         "free memory drops by an allocation's size and comes back after free and after drop",
         accounting,
-    ),
+    ).alone(),
     Case::core(
         "memory.free_in_flight",
         "freeing memory that queued work still uses lets that work complete correctly",
@@ -98,7 +98,7 @@ pub(crate) const CASES: &[Case] = &[
         "memory.growable_accounting",
         "free memory drops by what a growable allocation grows and comes back when it shrinks and when it is freed",
         growable_accounting,
-    ),
+    ).alone(),
     Case::core(
         "memory.growable_resize_after_free",
         "resizing a freed growable allocation is an invalid-argument error",

@@ -24,7 +24,7 @@ pub(crate) const CASES: &[Case] = &[
         "pool.empty_cache",
         "memory the pool caches counts as used on the device until empty_cache returns it",
         empty_cache,
-    ),
+    ).alone(),
     Case::core(
         "pool.expandable_growth",
         "with virtual memory, the pool grows one segment in place: earlier blocks keep their data and empty_cache shrinks the free tail",

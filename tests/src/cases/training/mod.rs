@@ -32,6 +32,7 @@ macro_rules! training_cases {
                 profile: Profile::Training,
                 description: $what,
                 run: $run,
+                exclusive: false,
             },)*
         ];
     };
