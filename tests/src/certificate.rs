@@ -99,9 +99,9 @@ impl DeviceIdentity {
 
     /// What identifies the hardware and software, leaving out where the plugin file
     /// lies: the fields a rerun must match.
-    fn key(&self) -> (String, &str, &str, &str, Option<&str>, Vec<&str>) {
+    fn key(&self) -> (&str, &str, &str, &str, Option<&str>, Vec<&str>) {
         (
-            self.backend.clone(),
+            &self.backend,
             &self.name,
             &self.vendor,
             &self.driver,

@@ -401,19 +401,17 @@ pub(crate) unsafe fn plugin_string(p: *const c_char) -> String {
         }
         bytes.push(b);
     }
-    let text = String::from_utf8_lossy(&bytes);
     // Control characters (a terminal's escape sequences) are shown escaped: the
     // strings reach terminals and logs.
-    text.chars()
-        .flat_map(|c| {
-            let escaped: Vec<char> = if c.is_control() {
-                c.escape_default().collect()
-            } else {
-                vec![c]
-            };
-            escaped
-        })
-        .collect()
+    let mut text = String::with_capacity(bytes.len());
+    for c in String::from_utf8_lossy(&bytes).chars() {
+        if c.is_control() {
+            text.extend(c.escape_default());
+        } else {
+            text.push(c);
+        }
+    }
+    text
 }
 
 /// The most bytes of a plugin string read: names, versions and messages are short, and

@@ -9,7 +9,7 @@ use xpu_hal::{BinaryOp, DType, Error, HostBuffer, MemoryInfo};
 use crate::case::{Case, CaseContext, CaseError, CaseOutcome};
 use crate::cases::util::{
     check_bytes, encode, ensure, expect_invalid, expect_oom, expect_unsupported, hold, pattern,
-    upload, Rng, MIB,
+    upload, Rng, ACCOUNTING_ATTEMPTS, MIB,
 };
 use crate::reference::from_i64;
 
@@ -275,10 +275,6 @@ fn info_or_skip(ctx: &CaseContext) -> Result<MemoryInfo, CaseError> {
         other => Ok(other?),
     }
 }
-
-/// How often an accounting measurement is repeated before it counts as wrong: other
-/// work on the device may allocate or free between two snapshots.
-const ACCOUNTING_ATTEMPTS: usize = 20;
 
 fn accounting(ctx: &CaseContext) -> CaseOutcome {
     let size = (8 * MIB)

@@ -7,7 +7,7 @@ use xpu_hal::{DType, MemoryInfo, Scalar};
 use xpu_memory::{Config, DeviceAllocator, DeviceBlock};
 
 use crate::case::{Case, CaseContext, CaseError, CaseOutcome};
-use crate::cases::util::{check_bytes, ensure, pattern, MIB};
+use crate::cases::util::{check_bytes, ensure, pattern, ACCOUNTING_ATTEMPTS, MIB};
 
 pub(crate) const CASES: &[Case] = &[
     Case::core(
@@ -140,11 +140,6 @@ fn cross_stream_fence(ctx: &CaseContext) -> CaseOutcome {
 fn memory_free(ctx: &CaseContext) -> Result<MemoryInfo, CaseError> {
     Ok(ctx.device.memory_info()?)
 }
-
-/// How often a measurement of the device's free memory is repeated before it counts as
-/// wrong: other work on the device (other cases of the run) may allocate or free
-/// between two snapshots.
-const ACCOUNTING_ATTEMPTS: usize = 20;
 
 fn empty_cache(ctx: &CaseContext) -> CaseOutcome {
     let pool = pool(ctx);

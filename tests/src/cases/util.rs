@@ -16,6 +16,11 @@ use crate::case::{CaseContext, CaseError, CaseOutcome};
 /// 1 MiB, the size of the larger buffers (kept small so the suite stays fast).
 pub(crate) const MIB: u64 = 1 << 20;
 
+/// How often a measurement of the device's free memory is repeated before it counts as
+/// wrong: other work on the device (other cases of the run) may allocate or free
+/// between two snapshots.
+pub(crate) const ACCOUNTING_ATTEMPTS: usize = 20;
+
 // ---------------------------------------------------------------------------------
 // Pseudo-random data
 // ---------------------------------------------------------------------------------
